@@ -1,0 +1,39 @@
+//! Float conversions, each one PTX instruction with its rounding mode spelled out.
+use core::arch::asm;
+
+/// fp16 bits to f32 (exact).
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let r: f32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) h,
+             options(nostack, pure, nomem))
+    };
+    r
+}
+
+/// f32 to fp16 bits, round to nearest even (`strata_gpu_shared::f16::f32_to_f16`).
+#[inline(always)]
+pub fn f32_to_f16(x: f32) -> u16 {
+    let r: u16;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rn.f16.f32 {r}, {x};", r = out(reg16) r, x = in(reg32) x,
+             options(nostack, pure, nomem))
+    };
+    r
+}
+
+/// f32 to i32, round to nearest even; saturates out of range, NaN gives 0
+/// (`f32::round_ties_even` then `as i32` on the host).
+#[inline(always)]
+pub fn f32_to_i32_rne(x: f32) -> i32 {
+    let r: i32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rni.s32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+             options(nostack, pure, nomem))
+    };
+    r
+}

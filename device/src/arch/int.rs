@@ -1,0 +1,29 @@
+//! Integer SIMD-within-a-register operations.
+use core::arch::asm;
+
+/// `c + sum of the four signed byte products of a and b` (`dp4a.s32.s32`).
+#[inline(always)]
+pub fn dp4a(a: u32, b: u32, c: i32) -> i32 {
+    let r: i32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("dp4a.s32.s32 {r}, {a}, {b}, {c};",
+             r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c,
+             options(nostack, pure, nomem))
+    };
+    r
+}
+
+/// Byte permute (`prmt.b32`): result byte i is byte `(sel >> 4i) & 7` of the 8-byte value
+/// `hi:lo` (selector bit 3 of each nibble, the sign-replicate mode, is not used by Strata).
+#[inline(always)]
+pub fn prmt(lo: u32, hi: u32, sel: u32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("prmt.b32 {r}, {a}, {b}, {s};",
+             r = out(reg32) r, a = in(reg32) lo, b = in(reg32) hi, s = in(reg32) sel,
+             options(nostack, pure, nomem))
+    };
+    r
+}

@@ -1,0 +1,112 @@
+//! Explicit memory operations. Rust pointers carry no alignment the backend can use, so plain
+//! dereferences become byte or 4-byte loads; wide loads are spelled out here instead.
+//!
+//! Global loads use the read-only (non-coherent) path: only for data no thread of the same
+//! launch writes.
+use core::arch::asm;
+
+/// 2-byte read-only global load. `p` must be 2-byte aligned and point at device memory that
+/// stays valid and unwritten for the whole launch (the caller's contract, hence `unsafe`).
+#[inline(always)]
+pub unsafe fn ld_nc_u16(p: *const u8) -> u16 {
+    let r: u16;
+    asm!("ld.global.nc.u16 {r}, [{p}];", r = out(reg16) r, p = in(reg64) p,
+         options(nostack, readonly, pure));
+    r
+}
+
+/// 4-byte read-only global load; `p` 4-byte aligned, otherwise as [`ld_nc_u16`].
+#[inline(always)]
+pub unsafe fn ld_nc_u32(p: *const u8) -> u32 {
+    let r: u32;
+    asm!("ld.global.nc.u32 {r}, [{p}];", r = out(reg32) r, p = in(reg64) p,
+         options(nostack, readonly, pure));
+    r
+}
+
+/// 16-byte read-only global load; `p` 16-byte aligned, otherwise as [`ld_nc_u16`].
+#[inline(always)]
+pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!("ld.global.nc.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+         a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+         p = in(reg64) p, options(nostack, readonly, pure));
+    [a, b, c, d]
+}
+
+/// Two 2-byte loads at `p` and `p + 2` joined little-endian into one word: the 4-byte read of
+/// a field that is only 2-byte aligned (Q8_0 and IQ4_NL quants sit after a 2-byte scale).
+#[inline(always)]
+pub unsafe fn ld_nc_u32_a2(p: *const u8) -> u32 {
+    ld_nc_u16(p) as u32 | (ld_nc_u16(p.add(2)) as u32) << 16
+}
+
+/// Global stores. `p` must be aligned to the stored size and point at device memory this
+/// thread alone writes during the launch.
+#[inline(always)]
+pub unsafe fn st_u8(p: *mut u8, v: u8) {
+    asm!("st.global.u8 [{p}], {v};", p = in(reg64) p, v = in(reg16) v as u16, options(nostack));
+}
+
+#[inline(always)]
+pub unsafe fn st_u16(p: *mut u8, v: u16) {
+    asm!("st.global.u16 [{p}], {v};", p = in(reg64) p, v = in(reg16) v, options(nostack));
+}
+
+#[inline(always)]
+pub unsafe fn st_f32(p: *mut f32, v: f32) {
+    asm!("st.global.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack));
+}
+
+// The block's dynamic shared memory (size set at launch). One declaration for the module.
+core::arch::global_asm!(".extern .shared .align 16 .b8 strata_smem[];");
+
+/// Typed view of the dynamic shared memory as `u32` words. Kernels index it in words; the
+/// 16-byte operations take an index that is a multiple of 4.
+#[derive(Clone, Copy)]
+pub struct Smem {
+    base: u64,
+}
+
+impl Smem {
+    /// The block's dynamic shared memory. Indices passed to the accessors must stay below the
+    /// `shared_mem_bytes / 4` the launch asked for (the caller's contract).
+    #[inline(always)]
+    pub fn dynamic() -> Smem {
+        let base: u64;
+        // SAFETY: takes the address of the module's shared-memory symbol; reads nothing.
+        unsafe { asm!("mov.u64 {b}, strata_smem;", b = out(reg64) base, options(nostack, pure, nomem)) };
+        Smem { base }
+    }
+
+    #[inline(always)]
+    pub unsafe fn st_v4(self, word: u32, v: [u32; 4]) {
+        asm!("st.shared.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
+             p = in(reg64) self.base + 4 * word as u64,
+             a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+             options(nostack));
+    }
+
+    #[inline(always)]
+    pub unsafe fn ld_v4(self, word: u32) -> [u32; 4] {
+        let (a, b, c, d): (u32, u32, u32, u32);
+        asm!("ld.shared.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+             p = in(reg64) self.base + 4 * word as u64, options(nostack, readonly));
+        [a, b, c, d]
+    }
+
+    #[inline(always)]
+    pub unsafe fn st_u32(self, word: u32, v: u32) {
+        asm!("st.shared.u32 [{p}], {v};", p = in(reg64) self.base + 4 * word as u64,
+             v = in(reg32) v, options(nostack));
+    }
+
+    #[inline(always)]
+    pub unsafe fn ld_u32(self, word: u32) -> u32 {
+        let r: u32;
+        asm!("ld.shared.u32 {r}, [{p}];", r = out(reg32) r,
+             p = in(reg64) self.base + 4 * word as u64, options(nostack, readonly));
+        r
+    }
+}

@@ -1,0 +1,25 @@
+//! The GPU vocabulary kernels are written in: one small set of operations, each a thin wrapper
+//! over one PTX instruction or intrinsic. HIP spells the same operations in
+//! `device/hip/strata_hip.h`, under the same names where it can.
+//!
+//! | module | operations |
+//! |---|---|
+//! | [`index`] | thread / block / lane / warp indices |
+//! | [`sync`] | `sync_threads`, `sync_lds` (LDS-only barrier), `trap` |
+//! | [`warp`] | `shfl_xor_*`, `warp_sum_f32` (butterfly), `warp_max_f32`, `warp_sum_i32` |
+//! | [`int`] | `dp4a`, `prmt` (byte permute) |
+//! | [`mem`] | read-only global loads (2, 4, 16 bytes), stores, typed dynamic shared memory |
+//! | [`convert`] | fp16 <-> f32, f32 -> i32 round-to-nearest-even |
+
+pub mod convert;
+pub mod index;
+pub mod int;
+pub mod mem;
+pub mod sync;
+pub mod warp;
+
+pub use sync::trap;
+
+/// Threads in a warp. HIP builds for AMD target wave32 (gfx11/gfx12) so the kernels' lane math
+/// is the same on both vendors.
+pub const WARP: u32 = 32;

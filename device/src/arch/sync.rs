@@ -1,0 +1,26 @@
+//! Barriers and traps.
+use core::arch::asm;
+
+/// Block-wide barrier for global and shared memory (`__syncthreads`).
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: a barrier; every thread of the block must reach it, which callers guarantee by
+    // calling it outside divergent control flow.
+    unsafe { core::arch::nvptx::_syncthreads() }
+}
+
+/// Barrier that only orders shared-memory (LDS) traffic. On NVIDIA `bar.sync` already orders
+/// shared memory, so this is `bar.sync 0`; the HIP twin must wait for LDS explicitly on AMD
+/// (`s_wait_dscnt 0` / `s_waitcnt lgkmcnt(0)`), which is why it is a separate name.
+#[inline(always)]
+pub fn sync_lds() {
+    // SAFETY: as `sync_threads`.
+    unsafe { asm!("bar.sync 0;", options(nostack)) }
+}
+
+/// Aborts the kernel (the launch then fails with an error the host reports by kernel name).
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: `trap` ends the thread; nothing after it runs.
+    unsafe { asm!("trap;", options(noreturn, nostack)) }
+}

@@ -1,0 +1,59 @@
+//! Warp shuffles and the reductions built on them. All lanes of the warp must take part.
+use core::arch::asm;
+
+const FULL: u32 = 0xffff_ffff;
+
+/// Value of `v` in lane `lane ^ mask`.
+#[inline(always)]
+pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only warp shuffle with the full member mask; callers keep the whole warp
+    // converged. Deliberately not `pure`: a pure asm may be sunk into a branch that only some
+    // lanes take (e.g. `if lane == 0 { store(sum) }`), and a shuffle there reads lanes that never
+    // arrive. Without `pure` it counts as a side effect and stays where it is written.
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, {full};",
+             r = out(reg32) r, v = in(reg32) v, m = in(reg32) mask, full = in(reg32) FULL,
+             options(nostack, nomem))
+    };
+    r
+}
+
+#[inline(always)]
+pub fn shfl_xor_f32(v: f32, mask: u32) -> f32 {
+    f32::from_bits(shfl_xor_u32(v.to_bits(), mask))
+}
+
+/// Butterfly sum over the warp: for `o` in 16, 8, 4, 2, 1, `v = v + v[lane ^ o]`. Every lane ends
+/// with the same bits (each pair adds the same two operands). This is `order::butterfly_sum`.
+#[inline(always)]
+pub fn warp_sum_f32(mut v: f32) -> f32 {
+    let mut o = 16;
+    while o > 0 {
+        v += shfl_xor_f32(v, o);
+        o >>= 1;
+    }
+    v
+}
+
+/// Warp maximum (IEEE maxNum: a NaN operand loses to a number). Exact, so the order is free.
+#[inline(always)]
+pub fn warp_max_f32(mut v: f32) -> f32 {
+    let mut o = 16;
+    while o > 0 {
+        v = v.max(shfl_xor_f32(v, o));
+        o >>= 1;
+    }
+    v
+}
+
+/// Warp integer sum (exact).
+#[inline(always)]
+pub fn warp_sum_i32(mut v: i32) -> i32 {
+    let mut o = 16;
+    while o > 0 {
+        v = v.wrapping_add(shfl_xor_u32(v as u32, o) as i32);
+        o >>= 1;
+    }
+    v
+}

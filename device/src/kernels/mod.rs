@@ -1,0 +1,3 @@
+//! One module per kernel family; each exports its `extern "ptx-kernel"` entries unmangled.
+pub mod mmvq;
+pub mod quantize_q8_1;

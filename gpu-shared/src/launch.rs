@@ -1,0 +1,57 @@
+//! Launch geometry and launch bounds of every kernel: the one table both the PTX post-processing
+//! in build.rs (`.maxntid`, `.minnctapersm`) and the HIP header (`__launch_bounds__` on NVIDIA,
+//! work-group size and waves per EU on AMD) are generated from, and that the host launches by.
+
+/// Threads per block and the minimum resident blocks per SM the compiler must allow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub kernel: &'static str,
+    pub threads: u32,
+    pub min_blocks: u32,
+}
+
+/// Warps (one output row each) per `mmvq` block.
+pub const MMVQ_WARPS: u32 = 4;
+/// q8_1 groups (one warp each) per `quantize_q8_1` block.
+pub const QUANTIZE_WARPS: u32 = 4;
+/// Activation rows one `mmvq` launch multiplies.
+pub const MMVQ_MAX_ROWS: usize = 8;
+
+pub const BOUNDS: &[Bounds] = &[
+    Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8 },
+    Bounds { kernel: "mmvq_q8_0", threads: 32 * MMVQ_WARPS, min_blocks: 8 },
+    Bounds { kernel: "mmvq_iq4_nl", threads: 32 * MMVQ_WARPS, min_blocks: 8 },
+];
+
+/// The bounds of `kernel`, if it is in the table.
+pub fn bounds(kernel: &str) -> Option<Bounds> {
+    BOUNDS.iter().copied().find(|b| b.kernel == kernel)
+}
+
+/// AMD waves per EU (SIMD) for `(threads, min_blocks)` on wave32 parts with 4 SIMDs per WGP:
+/// a block of `threads / 32` waves spreads over the 4 SIMDs, so `min_blocks` resident blocks
+/// need `ceil(threads / 128) * min_blocks` waves per SIMD (256 threads: `2 x MINB`).
+pub const fn amd_waves_per_eu(threads: u32, min_blocks: u32) -> u32 {
+    threads.div_ceil(128) * min_blocks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waves_per_eu_rule() {
+        assert_eq!(amd_waves_per_eu(256, 4), 8);
+        assert_eq!(amd_waves_per_eu(256, 2), 4);
+        assert_eq!(amd_waves_per_eu(128, 8), 8);
+        assert_eq!(amd_waves_per_eu(32, 3), 3);
+    }
+
+    #[test]
+    fn table_names_are_unique_and_threads_whole_warps() {
+        for (i, a) in BOUNDS.iter().enumerate() {
+            assert_eq!(a.threads % 32, 0, "{}", a.kernel);
+            assert!(BOUNDS[i + 1..].iter().all(|b| b.kernel != a.kernel), "{}", a.kernel);
+        }
+    }
+}

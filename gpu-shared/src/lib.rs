@@ -1,0 +1,16 @@
+//! Shared by the `no_std` device crate (compiled to PTX) and the host.
+//!
+//! - [`f16`]: bit-exact IEEE half conversions in software (the replica's stand-in for
+//!   `cvt.f32.f16` / `cvt.rn.f16.f32`).
+//! - [`formats`]: block layouts and codebooks of the weight and activation formats.
+//! - [`launch`]: launch geometry and launch bounds of every kernel (build.rs writes the bounds
+//!   into the PTX; the HIP side gets them as a generated header).
+//! - [`order`]: the float reduction orders every kernel variant and backend must follow.
+//! - [`replica`]: the CPU replica of each kernel, which follows those orders exactly.
+#![no_std]
+
+pub mod f16;
+pub mod formats;
+pub mod launch;
+pub mod order;
+pub mod replica;

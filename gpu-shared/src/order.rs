@@ -1,0 +1,131 @@
+//! The float arithmetic every kernel variant and backend performs, in order. Integer parts
+//! (group dot products, quant sums, maxima) are exact and may be computed in any order; only
+//! the float steps below are fixed. The replicas in [`crate::replica`] are these specs run on
+//! the CPU, and the GPU kernels compute them lane by lane.
+//!
+//! ## `quantize_q8_1` (one 32-value group)
+//!
+//! 1. `amax` = maxNum over `|x_j|` (NaN inputs are ignored; exact in any order).
+//! 2. `d` = fp16_rn(min(amax / 127, 65504)) (IEEE division, then round to nearest even; the
+//!    clamp keeps `d` finite). `df` = f32(d).
+//! 3. `q_j` = 0 when `df == 0`, else clamp(rne(x_j / df), -127, 127), where rne rounds to
+//!    nearest even, saturates +-inf, and maps NaN to 0.
+//! 4. `s` = fp16_rn(df * f32(sum_j q_j)) (the sum is exact).
+//!
+//! No step produces NaN, so the fp16 fields are identical whatever NaN encoding a GPU uses.
+//!
+//! ## `mmvq` (one output value: weight row `m` times activation row `r`)
+//!
+//! For group `b` of the row: `S_b` is the exact integer dot of the weight group's integer
+//! values (int8 quants for Q8_0, codebook levels for IQ4_NL) with the activation's int8 quants,
+//! and `c_b = (dw_b * dx_b) * f32(S_b)`: two float multiplies in that order (`dw`, `dx` the fp16
+//! scales widened to f32; `|S_b| < 2^24`, so `f32(S_b)` is exact).
+//!
+//! The row's groups are split over [`LANES`] partial sums: partial `p` is the left-to-right sum,
+//! starting from +0.0, of `c_b` for `b = p, p + 32, p + 64, ...`. The 32 partials are then
+//! combined by [`butterfly_sum`]. A variant may give one group to several threads (the integer
+//! `S_b` is exact) or several rows to one warp, but the partials and the tree stay as here.
+
+/// Partial sums per output value: the lanes of one warp.
+pub const LANES: usize = 32;
+
+/// The warp butterfly: for `o` in 16, 8, 4, 2, 1, each lane `l` becomes `v[l] + v[l ^ o]`. All
+/// lanes end with the same bits; returns that value.
+pub fn butterfly_sum(mut v: [f32; LANES]) -> f32 {
+    let mut o = LANES / 2;
+    while o > 0 {
+        let prev = v;
+        for (l, x) in v.iter_mut().enumerate() {
+            *x = prev[l] + prev[l ^ o];
+        }
+        o /= 2;
+    }
+    v[0]
+}
+
+/// Scale of one q8_1 group: `min(amax / 127, 65504)` before rounding to fp16.
+pub fn q8_1_scale(amax: f32) -> f32 {
+    (amax / 127.0).min(65504.0)
+}
+
+/// Quant of one value given the group's widened scale `df` (step 3 above). Returns the i32
+/// that the GPU's `cvt.rni.s32.f32` plus the clamp gives.
+pub fn q8_1_quant(x: f32, df: f32) -> i32 {
+    if df == 0.0 {
+        return 0;
+    }
+    // `as i32` saturates and maps NaN to 0, like cvt.rni.s32.f32.
+    ((x / df).round_ties_even_core() as i32).clamp(-127, 127)
+}
+
+/// `round_ties_even` is a `std` method; `core` lacks it on stable, so spell it out: add and
+/// subtract 2^23 (exact for |x| < 2^23 under the default round-to-nearest-even), which leaves
+/// integral values as they are.
+trait RoundTiesEven {
+    fn round_ties_even_core(self) -> f32;
+}
+
+impl RoundTiesEven for f32 {
+    fn round_ties_even_core(self) -> f32 {
+        const TWO23: f32 = 8_388_608.0;
+        let a = if self < 0.0 { -self } else { self };
+        if !(a < TWO23) {
+            return self; // already integral, infinite or NaN
+        }
+        let r = (a + TWO23) - TWO23;
+        if self < 0.0 || (self == 0.0 && self.is_sign_negative()) {
+            -r
+        } else {
+            r
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    extern crate std;
+
+    #[test]
+    fn round_ties_even_matches_std() {
+        let mut s = 12345u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let specials = [0.5f32, 1.5, 2.5, -0.5, -2.5, 8388607.5, -8388607.5, 0.49999997, -0.0];
+        for x in specials {
+            assert_eq!(x.round_ties_even_core().to_bits(), std::primitive::f32::round_ties_even(x).to_bits(), "{x}");
+        }
+        for _ in 0..2_000_000 {
+            let x = f32::from_bits(next() as u32);
+            let (a, b) = (x.round_ties_even_core(), std::primitive::f32::round_ties_even(x));
+            assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{x:e}");
+        }
+    }
+
+    #[test]
+    fn butterfly_matches_pairwise_tree_by_hand() {
+        // With o = 16, 8, 4, 2, 1, lane 0 ends with ((((v0+v16)+(v8+v24))+...)): check against an
+        // independently written recursive halving.
+        fn halving(v: &[f32]) -> f32 {
+            if v.len() == 1 {
+                return v[0];
+            }
+            let h = v.len() / 2;
+            let folded: std::vec::Vec<f32> = (0..h).map(|i| v[i] + v[i + h]).collect();
+            halving(&folded)
+        }
+        let mut s = 7u32;
+        for _ in 0..1000 {
+            let mut v = [0f32; LANES];
+            for x in v.iter_mut() {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                *x = (s as i32 as f32) * 1e-7;
+            }
+            assert_eq!(butterfly_sum(v).to_bits(), halving(&v).to_bits());
+        }
+    }
+}

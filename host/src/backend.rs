@@ -1,0 +1,76 @@
+//! The one trait every backend implements. Callers never know which backend runs.
+//!
+//! Buffers are host slices: a GPU backend uploads the inputs, uploads the *current contents* of
+//! the output (so a caller can poison it, e.g. fill it with NaN, and see afterwards which
+//! elements the kernel wrote), launches, and downloads the output.
+use crate::error::{Error, Result};
+use strata_gpu_shared::formats::{q8_1, WeightFormat, GROUP};
+use strata_gpu_shared::launch::MMVQ_MAX_ROWS;
+
+/// A quantized weight matrix: `m` rows of `k` values in `format`, row-major blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct Weights<'a> {
+    pub format: WeightFormat,
+    pub m: usize,
+    pub k: usize,
+    pub data: &'a [u8],
+}
+
+pub trait Backend {
+    /// `cpu`, `cuda` or `hip`.
+    fn name(&self) -> &'static str;
+
+    /// `x`: rows of f32 laid end to end, `x.len()` a multiple of 32. `out`: `x.len() / 32` q8_1
+    /// blocks (36 bytes each).
+    fn quantize_q8_1(&self, x: &[f32], out: &mut [u8]) -> Result<()>;
+
+    /// `y[r * m + i] = dot(w row i, activation row r)` for `rows` (1..=8) q8_1 rows of `w.k`
+    /// values in `xq`.
+    fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, y: &mut [f32]) -> Result<()>;
+}
+
+fn shape_err(kernel: &'static str, detail: String) -> Error {
+    Error::Shape { kernel, detail }
+}
+
+/// Checks `quantize_q8_1`'s sizes; returns the number of groups.
+pub fn check_quantize(x: &[f32], out: &[u8]) -> Result<usize> {
+    let k = "quantize_q8_1";
+    if x.len() % GROUP != 0 {
+        return Err(shape_err(k, format!("input length {} is not a multiple of {GROUP}", x.len())));
+    }
+    let groups = x.len() / GROUP;
+    if out.len() != groups * q8_1::BYTES {
+        return Err(shape_err(k, format!("output is {} bytes, {groups} groups need {}", out.len(), groups * q8_1::BYTES)));
+    }
+    if groups > u32::MAX as usize {
+        return Err(shape_err(k, format!("{groups} groups exceed one launch")));
+    }
+    Ok(groups)
+}
+
+/// Checks `mmvq`'s sizes; returns the number of groups per row.
+pub fn check_mmvq(w: &Weights, xq: &[u8], rows: usize, y: &[f32]) -> Result<usize> {
+    let kname = w.format.mmvq_kernel();
+    if w.k == 0 || w.k % w.format.block_values() != 0 {
+        return Err(shape_err(kname, format!("row length {} is not a positive multiple of {}", w.k, w.format.block_values())));
+    }
+    if w.m == 0 || w.m > u32::MAX as usize {
+        return Err(shape_err(kname, format!("{} weight rows", w.m)));
+    }
+    if !(1..=MMVQ_MAX_ROWS).contains(&rows) {
+        return Err(shape_err(kname, format!("{rows} activation rows, supported 1..={MMVQ_MAX_ROWS}")));
+    }
+    let groups = w.k / GROUP;
+    let wbytes = w.m * (w.k / w.format.block_values()) * w.format.block_bytes();
+    if w.data.len() != wbytes {
+        return Err(shape_err(kname, format!("{}x{} {} weights need {wbytes} bytes, got {}", w.m, w.k, w.format.name(), w.data.len())));
+    }
+    if xq.len() != rows * groups * q8_1::BYTES {
+        return Err(shape_err(kname, format!("{rows} q8_1 rows of {} values need {} bytes, got {}", w.k, rows * groups * q8_1::BYTES, xq.len())));
+    }
+    if y.len() != rows * w.m {
+        return Err(shape_err(kname, format!("output holds {} floats, {rows} x {} needed", y.len(), w.m)));
+    }
+    Ok(groups)
+}

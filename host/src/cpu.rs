@@ -1,0 +1,66 @@
+//! The `cpu` backend: the gpu-shared replicas, split over the machine's threads.
+use crate::backend::{check_mmvq, check_quantize, Backend, Weights};
+use crate::error::Result;
+use strata_gpu_shared::formats::q8_1;
+use strata_gpu_shared::replica;
+
+pub struct CpuBackend {
+    threads: usize,
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        CpuBackend { threads }
+    }
+
+    /// Runs `f(chunk_index, chunk)` over `out` split into contiguous chunks of whole `unit`s,
+    /// one chunk per thread.
+    fn par_chunks<T: Send>(&self, out: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+        let units = out.len() / unit;
+        let per = units.div_ceil(self.threads).max(1) * unit;
+        std::thread::scope(|s| {
+            for (i, chunk) in out.chunks_mut(per).enumerate() {
+                let f = &f;
+                s.spawn(move || f(i * per / unit, chunk));
+            }
+        });
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn quantize_q8_1(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        check_quantize(x, out)?;
+        self.par_chunks(out, q8_1::BYTES, |first, chunk| {
+            let groups = chunk.len() / q8_1::BYTES;
+            replica::quantize_q8_1::quantize(&x[first * 32..(first + groups) * 32], chunk);
+        });
+        Ok(())
+    }
+
+    fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, y: &mut [f32]) -> Result<()> {
+        let groups = check_mmvq(w, xq, rows, y)?;
+        let row_bytes = groups * w.format.block_bytes();
+        let xrow_bytes = groups * q8_1::BYTES;
+        for (r, yr) in y.chunks_exact_mut(w.m).enumerate() {
+            let xrow = &xq[r * xrow_bytes..(r + 1) * xrow_bytes];
+            self.par_chunks(yr, 1, |first, chunk| {
+                for (i, v) in chunk.iter_mut().enumerate() {
+                    let wrow = &w.data[(first + i) * row_bytes..(first + i + 1) * row_bytes];
+                    *v = replica::mmvq::row_dot(w.format, wrow, xrow);
+                }
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,26 @@
+//! Errors of the host side. Each names what failed: the kernel, the backend or the shape.
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    /// Inputs whose sizes do not fit the kernel's contract.
+    #[error("kernel {kernel}: {detail}")]
+    Shape { kernel: &'static str, detail: String },
+    /// A CUDA driver call failed while running `kernel` (launch, copy, synchronize).
+    #[error("kernel {kernel} on {backend}: {what}: {source}")]
+    Driver {
+        backend: &'static str,
+        kernel: String,
+        what: &'static str,
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// No usable GPU (no driver library, no device, or too old).
+    #[error("{backend}: no usable GPU: {reason}")]
+    NoGpu { backend: &'static str, reason: String },
+    /// Loading a backend's device code failed.
+    #[error("{backend}: {what}: {detail}")]
+    Setup { backend: &'static str, what: String, detail: String },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

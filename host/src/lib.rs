@@ -1,0 +1,23 @@
+//! Strata's host side: the backends every kernel runs on, behind one trait, and the parity
+//! suite that proves them identical.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`backend`] | the [`Backend`] trait and the shape checks every backend shares |
+//! | [`cpu`] | the CPU replicas (gpu-shared), multi-threaded |
+//! | [`gpu`] | a CUDA driver context + module: what `cuda` and `hip` have in common |
+//! | [`cuda`] | the Rust PTX from `device/` |
+//! | [`hip`] | the `device/hip/*.hip` sources, compiled at run time by NVRTC |
+//! | [`parity`] | random cases, cross-backend `memcmp`, NMSE against float64 |
+
+pub mod backend;
+pub mod cpu;
+pub mod cuda;
+pub mod error;
+pub mod gpu;
+pub mod hip;
+pub mod parity;
+pub mod reference;
+
+pub use backend::{Backend, Weights};
+pub use error::{Error, Result};

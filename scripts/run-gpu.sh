@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs the packaged test binaries and the CLI on a GPU machine with no Rust (see
+# scripts/package-gpu.sh). Every GPU test is required to find its GPU (STRATA_REQUIRE_GPU=1).
+# Prints the summary last; full logs go to $OUT (or gpu-pack/logs).
+set -uo pipefail
+pack=$(cd "$(dirname "$0")" && pwd)
+logs=${OUT:-$pack/logs}
+mkdir -p "$logs"
+export STRATA_REQUIRE_GPU=1
+# NVRTC for the hip backend: the CUDA toolkit's, or a pip wheel's.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13/lib") for p in nvidia.__path__))' 2>/dev/null); do
+  [ -e "$d/libnvrtc.so.13" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" && break
+done
+summary=()
+fail=0
+for t in "$pack"/tests/*; do
+  name=$(basename "$t")
+  "$t" --test-threads=1 --nocapture > "$logs/test-$name.log" 2>&1
+  rc=$?
+  line=$(grep -E "^test result:" "$logs/test-$name.log" | tail -1)
+  summary+=("$(printf '%-24s rc=%d %s' "$name" "$rc" "$line")")
+  [ $rc -ne 0 ] && fail=1
+done
+"$pack/bin/strata" info > "$logs/strata-info.log" 2>&1 || fail=1
+"$pack/bin/strata" parity --require-gpu --random 6 > "$logs/strata-parity.log" 2>&1 || fail=1
+if [ "${STRATA_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 "$pack/bin/strata" parity --require-gpu --random 0 \
+      > "$logs/sanitizer-$tool.log" 2>&1 || fail=1
+    summary+=("$(printf '%-24s %s' "sanitizer $tool" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)")")
+  done
+fi
+echo "==== strata info"; cat "$logs/strata-info.log"
+echo "==== strata parity (tail)"; tail -n 30 "$logs/strata-parity.log"
+echo "==== test binaries"; printf '%s\n' "${summary[@]}"
+[ $fail -eq 0 ] && echo "GPU RUN: PASS" || echo "GPU RUN: FAIL"
+exit $fail

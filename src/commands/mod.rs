@@ -1,0 +1,3 @@
+//! The CLI's subcommands, one per file. Each has clap `Args` and a `run` returning the exit code.
+pub mod info;
+pub mod parity;

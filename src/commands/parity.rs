@@ -1,0 +1,94 @@
+//! `strata parity`: the parity suite on the available backends, as a table.
+use std::process::ExitCode;
+use std::time::Instant;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::backends::Available;
+use strata_gpu_shared::formats::WeightFormat;
+use strata_host::parity::{self, Outcome, NMSE_MAX};
+use strata_host::Backend;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Seed of the random inputs (default: from the clock; printed either way).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Random shapes per kernel and format, after the built-in ones.
+    #[arg(long, default_value_t = 4)]
+    pub random: usize,
+    /// Fail when no GPU backend is available (also `STRATA_REQUIRE_GPU=1`).
+    #[arg(long)]
+    pub require_gpu: bool,
+}
+
+/// Built-in `mmvq` shapes (M, K, rows): model-sized matrices and the small edges.
+const MMVQ_SHAPES: [(usize, usize, usize); 6] =
+    [(2048, 2048, 1), (768, 2048, 4), (2048, 768, 8), (4096, 2048, 2), (1, 32, 1), (37, 96, 5)];
+/// Built-in `quantize_q8_1` shapes (rows, K).
+const QUANTIZE_SHAPES: [(usize, usize); 3] = [(1, 2048), (8, 2048), (3, 32)];
+
+fn print_row(o: &Outcome, secs: f64) {
+    let nmse = o.nmse.map_or("-".to_string(), |e| format!("{e:.2e}"));
+    println!(
+        "{:<14} {:<16} {:<14} {:<9} {:>10} {:>8.2}",
+        o.kernel,
+        o.shape,
+        o.backends.join(","),
+        match (o.backends.len(), o.identical()) {
+            (1, true) => "-",
+            (_, true) => "yes",
+            (_, false) => "NO",
+        },
+        nmse,
+        secs
+    );
+    if !o.passed() {
+        println!("    {}", o.explain());
+    }
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let found = Available::open(args.device);
+    let backends: Vec<&dyn Backend> = found.all();
+    for (name, b) in [("cuda", &found.cuda), ("hip", &found.hip)] {
+        if let Err(e) = b {
+            eprintln!("strata parity: {name} skipped: {e}");
+        }
+    }
+    if backends.len() == 1 && (args.require_gpu || Available::gpu_required()) {
+        anyhow::bail!("no GPU backend available and a GPU was required");
+    }
+    let seed = args.seed.unwrap_or_else(parity::seed_from_env);
+    println!("strata parity: backends {}, seed {seed} (replay with --seed {seed})", backends.iter().map(|b| b.name()).collect::<Vec<_>>().join(", "));
+    println!("{:<14} {:<16} {:<14} {:<9} {:>10} {:>8}", "kernel", "shape", "backends", "identical", "NMSE f64", "seconds");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let (mut total, mut failed) = (0, 0);
+    let mut record = |o: Outcome, t: Instant| {
+        print_row(&o, t.elapsed().as_secs_f64());
+        total += 1;
+        failed += !o.passed() as usize;
+    };
+    let quantize: Vec<(usize, usize)> = QUANTIZE_SHAPES
+        .into_iter()
+        .chain((0..args.random).map(|_| (rng.random_range(1..=8), 32 * rng.random_range(1..=256))))
+        .collect();
+    for (rows, k) in quantize {
+        let t = Instant::now();
+        record(parity::quantize_case(&backends, rows, k, rng.random())?, t);
+    }
+    for format in WeightFormat::ALL {
+        let shapes: Vec<_> =
+            MMVQ_SHAPES.into_iter().chain((0..args.random).map(|_| parity::random_mmvq_shape(&mut rng, 4096, 8192))).collect();
+        for (m, k, rows) in shapes {
+            let t = Instant::now();
+            record(parity::mmvq_case(&backends, format, m, k, rows, rng.random(), true)?, t);
+        }
+    }
+    println!("{} passed, {failed} failed (identical bytes across backends; NMSE vs float64 <= {NMSE_MAX:.0e})", total - failed);
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

@@ -1,0 +1,56 @@
+//! Helpers shared by the integration tests: tool discovery, GPU gating, seeds.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::PathBuf;
+
+/// `STRATA_REQUIRE_GPU=1`: a missing GPU backend is a failure, not a skip.
+pub fn gpu_required() -> bool {
+    std::env::var("STRATA_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// `STRATA_REQUIRE_TOOLS=1` (set by `make test`): a missing ptxas / NVRTC / clang-22 is a failure.
+pub fn tools_required() -> bool {
+    std::env::var("STRATA_REQUIRE_TOOLS").is_ok_and(|v| v == "1")
+}
+
+/// Skips (returns `None` after saying why) or fails, as the requirement says.
+pub fn skip_or_fail<T>(required: bool, what: &str, why: &str) -> Option<T> {
+    if required {
+        panic!("{what} required but unavailable: {why}");
+    }
+    eprintln!("SKIPPED {what}: {why}");
+    None
+}
+
+/// The project's python venv site-packages `nvidia/cu13` folder, where the pinned wheels put
+/// ptxas and libnvrtc.
+fn venv_cuda_dir() -> Option<PathBuf> {
+    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
+    std::fs::read_dir(lib).ok()?.flatten().map(|e| e.path().join("site-packages/nvidia/cu13")).find(|p| p.exists())
+}
+
+/// ptxas: `STRATA_PTXAS`, the venv's wheel, or PATH.
+pub fn ptxas() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("STRATA_PTXAS") {
+        return Some(p.into());
+    }
+    if let Some(p) = venv_cuda_dir().map(|d| d.join("bin/ptxas")).filter(|p| p.exists()) {
+        return Some(p);
+    }
+    which("ptxas")
+}
+
+pub fn clang22() -> Option<PathBuf> {
+    [PathBuf::from("/usr/lib/llvm-22/bin/clang")].into_iter().find(|p| p.exists()).or_else(|| which("clang-22"))
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|p| p.exists())
+}
+
+/// The seed of this test run (`STRATA_SEED` or the clock), printed so a failure can be replayed.
+pub fn seed(test: &str) -> u64 {
+    let s = strata::host::parity::seed_from_env();
+    eprintln!("{test}: seed {s} (replay with STRATA_SEED={s})");
+    s
+}

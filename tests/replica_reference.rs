@@ -1,0 +1,112 @@
+//! CPU-only: the replicas against float64 math and against an independent reading of the spec.
+//! Runs everywhere, in CI included.
+mod common;
+
+use half::f16;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use strata::host::cpu::CpuBackend;
+use strata::host::parity::{self, NMSE_MAX};
+use strata::host::{Backend, Error, Weights};
+use strata_gpu_shared::formats::{q8_1, WeightFormat, GROUP};
+use strata_gpu_shared::replica;
+
+/// Random shapes (rows 1..8, K 32..8192 in steps of 32, M up to 4096): the replica's NMSE
+/// against float64 on the dequantized weights and unquantized activations stays under 5e-4.
+#[test]
+fn mmvq_replica_matches_float64() {
+    let seed = common::seed("mmvq_replica_matches_float64");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let cpu = CpuBackend::new();
+    for format in WeightFormat::ALL {
+        for case in 0..8 {
+            // Alternate wide and tall so both ends of the range are hit without a 4096x8192x8 case
+            // every time.
+            let (max_m, max_k) = if case % 2 == 0 { (4096, 1024) } else { (256, 8192) };
+            let (m, k, rows) = parity::random_mmvq_shape(&mut rng, max_m, max_k);
+            let m = m.max(parity::NMSE_MIN_VALUES); // enough outputs for NMSE to mean something
+            let case_seed = rng.random();
+            let out = parity::mmvq_case(&[&cpu], format, m, k, rows, case_seed, true).unwrap();
+            let e = out.nmse.expect("NMSE measured");
+            eprintln!("  {} {} seed {case_seed}: NMSE {e:.2e}", out.kernel, out.shape);
+            assert!(out.passed(), "{}", out.explain());
+            assert!(e <= NMSE_MAX);
+        }
+    }
+}
+
+/// Each q8_1 block against the spec read independently (std rounding, the `half` crate).
+#[test]
+fn quantize_replica_follows_the_spec() {
+    let seed = common::seed("quantize_replica_follows_the_spec");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let x = parity::random_activations(&mut rng, 32 * 20_000);
+    let mut out = vec![0u8; x.len() / GROUP * q8_1::BYTES];
+    CpuBackend::new().quantize_q8_1(&x, &mut out).unwrap();
+    for (g, (xs, b)) in x.chunks(GROUP).zip(out.chunks(q8_1::BYTES)).enumerate() {
+        let amax = xs.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
+        let d = f16::from_f32((amax / 127.0).min(65504.0));
+        assert_eq!(u16::from_le_bytes([b[0], b[1]]), d.to_bits(), "group {g}: d");
+        let df = d.to_f32();
+        let mut sum = 0i64;
+        for (j, &v) in xs.iter().enumerate() {
+            let want = if df == 0.0 { 0.0 } else { (v / df).round_ties_even().clamp(-127.0, 127.0) };
+            let q = b[4 + j] as i8;
+            assert_eq!(q as f32, want, "group {g} value {j}: x {v:e}, d {df:e}");
+            if df != 0.0 && amax / 127.0 <= 65504.0 {
+                // Reconstruction within half a step (plus the fp16 rounding of d, at most
+                // 2^-11 relative, times 127 steps).
+                let err = (v - df * q as f32).abs();
+                assert!(err <= df * (0.5 + 127.0 / 2048.0) * 1.0001, "group {g} value {j}: error {err:e} with d {df:e}");
+            }
+            sum += q as i64;
+        }
+        assert_eq!(u16::from_le_bytes([b[2], b[3]]), f16::from_f32(df * sum as f32).to_bits(), "group {g}: s");
+    }
+}
+
+/// The multi-threaded CPU backend gives the replica's bits for every row, whatever the split.
+#[test]
+fn cpu_backend_split_matches_single_thread_replica() {
+    let seed = common::seed("cpu_backend_split_matches_single_thread_replica");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let (m, k, rows) = (rng.random_range(1..300), 32 * rng.random_range(1..40), rng.random_range(1..=8));
+    for format in WeightFormat::ALL {
+        let data = parity::random_weights(&mut rng, format, m, k);
+        let w = Weights { format, m, k, data: &data };
+        let x = parity::random_activations(&mut rng, rows * k);
+        let mut xq = vec![0u8; rows * k / GROUP * q8_1::BYTES];
+        replica::quantize_q8_1::quantize(&x, &mut xq);
+        let mut y = vec![f32::NAN; rows * m];
+        CpuBackend::new().mmvq(&w, &xq, rows, &mut y).unwrap();
+        let rb = k / GROUP * format.block_bytes();
+        let xb = k / GROUP * q8_1::BYTES;
+        for r in 0..rows {
+            for i in 0..m {
+                let want = replica::mmvq::row_dot(format, &data[i * rb..(i + 1) * rb], &xq[r * xb..(r + 1) * xb]);
+                assert_eq!(y[r * m + i].to_bits(), want.to_bits(), "{format:?} {m}x{k} row {r} out {i}");
+            }
+        }
+    }
+}
+
+/// Bad shapes are errors naming the kernel, on every backend, never panics.
+#[test]
+fn shape_errors_name_the_kernel() {
+    let cpu = CpuBackend::new();
+    let err = cpu.quantize_q8_1(&[0.0; 33], &mut [0u8; 36]).unwrap_err();
+    assert!(matches!(err, Error::Shape { kernel: "quantize_q8_1", .. }), "{err}");
+    let err = cpu.quantize_q8_1(&[0.0; 64], &mut [0u8; 36]).unwrap_err();
+    assert!(err.to_string().contains("quantize_q8_1"), "{err}");
+    let data = vec![0u8; 34 * 2];
+    let w = Weights { format: WeightFormat::Q8_0, m: 2, k: 32, data: &data };
+    let xq = vec![0u8; 36];
+    for (rows, ylen, wk) in [(0, 0, 32), (9, 18, 32), (1, 3, 32), (1, 2, 48)] {
+        let w = Weights { k: wk, ..w };
+        let err = cpu.mmvq(&w, &xq, rows, &mut vec![0.0; ylen]).unwrap_err();
+        assert!(err.to_string().starts_with("kernel mmvq_q8_0:"), "{err}");
+    }
+    let short = Weights { data: &data[..60], ..w };
+    assert!(cpu.mmvq(&short, &xq, 1, &mut [0.0; 2]).unwrap_err().to_string().contains("need 68 bytes"));
+}

@@ -1,0 +1,166 @@
+//! What the compilers make of the kernels, without a GPU: the Rust PTX and the HIP sources
+//! (through NVRTC) checked by ptxas for sm_90, the HIP sources built for AMD gfx1100/gfx1201 by
+//! clang-22. Every kernel must compile with zero spills; registers and the AMD resource report
+//! are printed (`cargo test --test toolchain_reports -- --nocapture`).
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use strata_gpu_shared::launch::BOUNDS;
+
+/// Per-kernel numbers a compiler reported.
+#[derive(Debug, Default)]
+struct Usage {
+    kernel: String,
+    registers: u32,
+    spill_bytes: u32,
+    stack_bytes: u32,
+}
+
+/// Runs ptxas on `ptx` for `arch` and parses its `-v` report.
+fn ptxas_report(ptx: &str, arch: &str) -> Vec<Usage> {
+    let ptxas = common::ptxas().expect("caller checked");
+    let dir = std::env::temp_dir().join(format!("strata-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join(format!("in_{arch}.ptx"));
+    std::fs::write(&input, ptx).unwrap();
+    let out = Command::new(&ptxas)
+        .args(["-arch", arch, "-v", "--warn-on-spills", "-o"])
+        .arg(dir.join("out.cubin"))
+        .arg(&input)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.display()));
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ptxas -arch={arch} failed:\n{text}");
+    let mut usage: Vec<Usage> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            usage.push(Usage { kernel: rest.split('\'').next().unwrap().to_string(), ..Default::default() });
+        } else if let Some(u) = usage.last_mut() {
+            if line.contains("bytes stack frame") {
+                let n: Vec<u32> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+                (u.stack_bytes, u.spill_bytes) = (n[0], n[1] + n[2]);
+            } else if let Some(r) = line.split("Used ").nth(1) {
+                u.registers = r.split_whitespace().next().unwrap().parse().unwrap();
+            }
+        }
+    }
+    usage
+}
+
+fn check_and_print(what: &str, usage: &[Usage]) {
+    println!("{what}:");
+    println!("  {:<16} {:>9} {:>12} {:>12}", "kernel", "registers", "spill bytes", "stack bytes");
+    for u in usage {
+        println!("  {:<16} {:>9} {:>12} {:>12}", u.kernel, u.registers, u.spill_bytes, u.stack_bytes);
+    }
+    for b in BOUNDS {
+        let u = usage.iter().find(|u| u.kernel == b.kernel).unwrap_or_else(|| panic!("{what}: no report for {}", b.kernel));
+        assert_eq!(u.spill_bytes, 0, "{what}: {} spills", b.kernel);
+        assert_ne!(u.registers, 0, "{what}: {} reported no registers (parse error?)", b.kernel);
+    }
+}
+
+/// No kernel's spec has a fused multiply-add, so none may appear (implicit contraction would
+/// change the bits), and every float add/mul carries an explicit `.rn` so ptxas cannot fuse them.
+fn assert_no_contraction(what: &str, ptx: &str) {
+    for line in ptx.lines().map(str::trim) {
+        assert!(!line.starts_with("fma.") && !line.starts_with("mad.f32") && !line.starts_with("mad.rn.f32"), "{what}: contraction `{line}`");
+        for op in ["add.f32", "mul.f32", "sub.f32"] {
+            assert!(!line.starts_with(op), "{what}: `{line}` lacks an explicit rounding mode, ptxas may fuse it");
+        }
+    }
+}
+
+#[test]
+fn rust_ptx_assembles_without_spills() {
+    if common::ptxas().is_none() {
+        return common::skip_or_fail(common::tools_required(), "ptxas", "not found (scripts/setup-toolchain.sh)").unwrap_or(());
+    }
+    for image in strata::ptx::IMAGES {
+        // Launch bounds from the table must be in every entry header.
+        for b in BOUNDS {
+            let header = image.ptx.split(&format!(".entry {}(", b.kernel)).nth(1).expect("entry present");
+            let body_start = header.find('{').unwrap();
+            assert!(
+                header[..body_start].contains(&format!(".maxntid {}, 1, 1", b.threads))
+                    && header[..body_start].contains(&format!(".minnctapersm {}", b.min_blocks)),
+                "{} in {} PTX lacks its launch bounds",
+                b.kernel,
+                image.arch
+            );
+        }
+        assert_no_contraction(&format!("Rust PTX {}", image.arch), image.ptx);
+        check_and_print(&format!("Rust PTX {} (ptxas -arch={})", image.arch, image.arch), &ptxas_report(image.ptx, image.arch));
+    }
+}
+
+#[test]
+fn hip_sources_compile_with_nvrtc_for_sm90() {
+    if !strata::host::hip::nvrtc_present() {
+        return common::skip_or_fail(common::tools_required(), "NVRTC", "libnvrtc.so.13 not on the library path").unwrap_or(());
+    }
+    let ptx = strata::host::hip::compile_nvrtc((9, 0)).unwrap_or_else(|e| panic!("{e}"));
+    if common::ptxas().is_none() {
+        return common::skip_or_fail(common::tools_required(), "ptxas", "not found").unwrap_or(());
+    }
+    assert_no_contraction("HIP via NVRTC", &ptx);
+    check_and_print("HIP via NVRTC compute_90 (ptxas -arch=sm_90)", &ptxas_report(&ptx, "sm_90"));
+}
+
+#[test]
+fn hip_sources_compile_for_amd_gfx1100_and_gfx1201() {
+    let Some(clang) = common::clang22() else {
+        return common::skip_or_fail(common::tools_required(), "clang-22", "not found").unwrap_or(());
+    };
+    let tu = strata::host::hip::translation_unit();
+    for arch in ["gfx1100", "gfx1201"] {
+        let mut child = Command::new(&clang)
+            .args(["-x", "hip", "-", "--cuda-device-only", "-nogpulib", "-nogpuinc", "-O3", "-std=c++17"])
+            .args(["-ffp-contract=off", "-Rpass-analysis=kernel-resource-usage", "-c", "-o", "/dev/null"])
+            .arg(format!("--offload-arch={arch}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(tu.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "clang-22 --offload-arch={arch} failed:\n{text}");
+        // Remarks come as "Function Name: k" followed by "Key: value" lines.
+        println!("HIP for AMD {arch} (clang-22 kernel-resource-usage):");
+        println!("  {:<16} {:>6} {:>6} {:>10} {:>10} {:>9} {:>14}", "kernel", "VGPRs", "SGPRs", "VGPR spill", "scratch B", "LDS B", "waves/SIMD");
+        let mut current: Option<(String, std::collections::HashMap<String, String>)> = None;
+        let mut reports = Vec::new();
+        for line in text.lines() {
+            let Some(remark) = line.split("remark: ").nth(1) else { continue };
+            let remark = remark.split(" [-Rpass").next().unwrap().trim();
+            if let Some(name) = remark.strip_prefix("Function Name: ") {
+                reports.extend(current.take());
+                current = Some((name.to_string(), Default::default()));
+            } else if let (Some((_, kv)), Some((k, v))) = (current.as_mut(), remark.split_once(": ")) {
+                kv.insert(k.trim().to_string(), v.trim().to_string());
+            }
+        }
+        reports.extend(current);
+        for b in BOUNDS {
+            let (_, kv) = reports.iter().find(|(n, _)| n == b.kernel).unwrap_or_else(|| panic!("{arch}: no report for {}", b.kernel));
+            let get = |k: &str| kv.get(k).cloned().unwrap_or_else(|| panic!("{arch} {}: no `{k}` in report", b.kernel));
+            println!(
+                "  {:<16} {:>6} {:>6} {:>10} {:>10} {:>9} {:>14}",
+                b.kernel,
+                get("VGPRs"),
+                get("TotalSGPRs"),
+                get("VGPRs Spill"),
+                get("ScratchSize [bytes/lane]"),
+                get("LDS Size [bytes/block]"),
+                get("Occupancy [waves/SIMD]")
+            );
+            assert_eq!(get("VGPRs Spill"), "0", "{arch} {} spills VGPRs", b.kernel);
+            assert_eq!(get("SGPRs Spill"), "0", "{arch} {} spills SGPRs", b.kernel);
+            assert_eq!(get("ScratchSize [bytes/lane]"), "0", "{arch} {} uses scratch", b.kernel);
+        }
+    }
+}
