@@ -7,6 +7,7 @@ pack=$(cd "$(dirname "$0")" && pwd)
 logs=${OUT:-$pack/logs}
 mkdir -p "$logs"
 export STRATA_REQUIRE_GPU=1
+export STRATA_BIN="$pack/bin/strata"   # the CLI the tests in tests/cli.rs run
 # NVRTC for the hip backend: the CUDA toolkit's, or a pip wheel's.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13/lib") for p in nvidia.__path__))' 2>/dev/null); do
   [ -e "$d/libnvrtc.so.13" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" && break
@@ -27,7 +28,7 @@ if [ "${STRATA_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; t
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 "$pack/bin/strata" parity --require-gpu --random 0 \
       > "$logs/sanitizer-$tool.log" 2>&1 || fail=1
-    summary+=("$(printf '%-24s %s' "sanitizer $tool" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)")")
+    summary+=("$(printf '%-24s %s' "sanitizer $tool" "$(grep -E "(ERROR|RACECHECK) SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)")")
   done
 fi
 echo "==== strata info"; cat "$logs/strata-info.log"

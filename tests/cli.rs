@@ -3,8 +3,11 @@ mod common;
 
 use std::process::Command;
 
+/// The binary under test: cargo's, or `STRATA_BIN` where the tests run away from the build
+/// (the packaged GPU run sets it).
 fn strata(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_strata")).args(args).env_remove("STRATA_REQUIRE_GPU").output().unwrap();
+    let bin = std::env::var("STRATA_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_strata").to_string());
+    let out = Command::new(&bin).args(args).env_remove("STRATA_REQUIRE_GPU").output().unwrap_or_else(|e| panic!("{bin}: {e}"));
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 

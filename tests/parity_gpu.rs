@@ -30,11 +30,12 @@ fn check(out: Outcome) {
     assert!(out.passed(), "{}", out.explain());
 }
 
-/// Fixed edge shapes (one row, one group, M not a multiple of the warps per block, the largest
+/// Fixed edge shapes (one row, one block, M not a multiple of the warps per block, the largest
 /// K) followed by random ones.
-fn mmvq_shapes(rng: &mut SmallRng) -> Vec<(usize, usize, usize)> {
-    let mut v = vec![(1, 32, 1), (5, 64, 8), (4097, 32, 3), (33, 8192, 8), (4096, 2048, 1)];
-    v.extend((0..12).map(|_| parity::random_mmvq_shape(rng, 4096, 8192)));
+fn mmvq_shapes(rng: &mut SmallRng, format: WeightFormat) -> Vec<(usize, usize, usize)> {
+    let fixed = [(1, 32, 1), (5, 64, 8), (4097, 32, 3), (33, 8192, 8), (4096, 2048, 1)];
+    let mut v: Vec<_> = fixed.into_iter().map(|(m, k, r)| (m, parity::fit_k(format, k), r)).collect();
+    v.extend((0..8).map(|_| parity::random_mmvq_shape(rng, format, 4096, 8192)));
     v
 }
 
@@ -62,7 +63,7 @@ macro_rules! parity_pair {
                 let seed = common::seed(concat!(stringify!($pair), "::mmvq"));
                 let mut rng = SmallRng::seed_from_u64(seed);
                 for format in WeightFormat::ALL {
-                    for (m, k, rows) in mmvq_shapes(&mut rng) {
+                    for (m, k, rows) in mmvq_shapes(&mut rng, format) {
                         let out = parity::mmvq_case(&[&*a, &*b], format, m, k, rows, rng.random(), $reference == "cpu").unwrap();
                         eprintln!("  {} {} {}: identical {}", out.kernel, out.shape, out.backends.join("="), out.identical());
                         check(out);

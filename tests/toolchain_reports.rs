@@ -128,7 +128,7 @@ fn hip_sources_compile_for_amd_gfx1100_and_gfx1201() {
         child.stdin.take().unwrap().write_all(tu.as_bytes()).unwrap();
         let out = child.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "clang-22 --offload-arch={arch} failed:\n{text}");
+        assert!(out.status.success(), "clang-22 --offload-arch={arch} failed:\n{}", strata::host::hip::clip_lines(&text));
         // Remarks come as "Function Name: k" followed by "Key: value" lines.
         println!("HIP for AMD {arch} (clang-22 kernel-resource-usage):");
         println!("  {:<16} {:>6} {:>6} {:>10} {:>10} {:>9} {:>14}", "kernel", "VGPRs", "SGPRs", "VGPR spill", "scratch B", "LDS B", "waves/SIMD");

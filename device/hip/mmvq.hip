@@ -2,40 +2,16 @@
 // device/src/kernels/mmvq.rs: one warp per weight row, lane l takes groups l, l+32, ..., one
 // partial per activation row, then the warp butterfly (gpu-shared/src/order.rs, mmvq).
 #include "strata_hip.h"
+#include "blocks.hip"
 
-// Sizes and the IQ4_NL codebook words (STRATA_*) come from gpu-shared through the generated
-// prelude, so the two sides cannot drift apart.
-
-// Q8_0: fp16 d, 32 x i8. Loads the scale and the 8 words of packed values.
-struct Q8_0 {
-  static constexpr uint32_t BYTES = STRATA_Q8_0_BYTES;
-  STRATA_FN float load(const uint8_t* p, uint32_t* w) {
-    for (int i = 0; i < 8; i++) w[i] = ld_nc_u32_a2(p + 2 + 4 * i);
-    return f16_to_f32(ld_nc_u16(p));
-  }
-};
-
-// Four codes (one per byte) to their four levels: two byte permutes and a select on bit 3.
-STRATA_FN uint32_t iq4_nl_levels(uint32_t codes) {
-  uint32_t sel = (codes & 0x7u) | (codes >> 4 & 0x70u) | (codes >> 8 & 0x700u) | (codes >> 12 & 0x7000u);
-  uint32_t low = prmt(STRATA_IQ4_NL_W0, STRATA_IQ4_NL_W1, sel);
-  uint32_t high = prmt(STRATA_IQ4_NL_W2, STRATA_IQ4_NL_W3, sel);
-  uint32_t upper = ((codes >> 3) & 0x01010101u) * 0xffu;
-  return (high & upper) | (low & ~upper);
+// c_b = (dw * dx) * (S * 2^-k) of one decoded group and one q8_1 block, S exact.
+STRATA_FN float contribution(const Group& g, const uint8_t* xb, float pow2) {
+  float dx = f16_to_f32(ld_nc_u16(xb + STRATA_Q8_1_OFF_D));
+  int32_t s[2] = {0, 0};
+  for (int i = 0; i < 8; i++) s[i / 4] = dp4a(g.w[i], ld_nc_u32(xb + STRATA_Q8_1_OFF_Q + 4 * i), s[i / 4]);
+  int32_t exact = g.f[0] * s[0] + g.f[1] * s[1];
+  return (g.d * dx) * ((float)exact * pow2);
 }
-
-// IQ4_NL: fp16 d, 16 bytes of nibbles (values 0-15 low nibbles, 16-31 high nibbles).
-struct Iq4Nl {
-  static constexpr uint32_t BYTES = STRATA_IQ4_NL_BYTES;
-  STRATA_FN float load(const uint8_t* p, uint32_t* w) {
-    for (int i = 0; i < 4; i++) {
-      uint32_t nibbles = ld_nc_u32_a2(p + 2 + 4 * i);
-      w[i] = iq4_nl_levels(nibbles & 0x0f0f0f0fu);
-      w[i + 4] = iq4_nl_levels((nibbles >> 4) & 0x0f0f0f0fu);
-    }
-    return f16_to_f32(ld_nc_u16(p));
-  }
-};
 
 template <typename F>
 static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, float* y, uint32_t m,
@@ -43,22 +19,16 @@ static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, 
   uint32_t row = block_idx() * STRATA_MMVQ_WARPS + warp_in_block();
   if (row >= m) return;
   uint32_t l = lane();
-  const uint8_t* wrow = w + (uint64_t)row * groups * F::BYTES;
+  const uint8_t* wrow = w + (uint64_t)row * (groups / F::GROUPS) * F::BYTES;
+  float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
   float acc[STRATA_MMVQ_MAX_ROWS];
 #pragma unroll
   for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) acc[r] = 0.0f;
   for (uint32_t b = l; b < groups; b += 32) {
-    uint32_t wq[8];
-    float dw = F::load(wrow + (uint64_t)b * F::BYTES, wq);
+    Group g = F::load(wrow + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS);
 #pragma unroll
     for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
-      if ((uint32_t)r >= rows) continue;
-      const uint8_t* xb = x + ((uint64_t)r * groups + b) * STRATA_Q8_1_BYTES;
-      float dx = f16_to_f32(ld_nc_u16(xb));
-      int32_t s = 0;
-#pragma unroll
-      for (int i = 0; i < 8; i++) s = dp4a(wq[i], ld_nc_u32(xb + 4 + 4 * i), s);
-      acc[r] = acc[r] + (dw * dx) * (float)s;
+      if ((uint32_t)r < rows) acc[r] = acc[r] + contribution(g, x + ((uint64_t)r * groups + b) * STRATA_Q8_1_BYTES, pow2);
     }
   }
 #pragma unroll
@@ -69,10 +39,18 @@ static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, 
   }
 }
 
-STRATA_KERNEL(mmvq_q8_0)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows) {
-  mmvq<Q8_0>(w, x, y, m, groups, rows);
-}
+#define MMVQ_ENTRY(name, F)                                                                                 \
+  STRATA_KERNEL(name)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows) { \
+    mmvq<F>(w, x, y, m, groups, rows);                                                                      \
+  }
 
-STRATA_KERNEL(mmvq_iq4_nl)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows) {
-  mmvq<Iq4Nl>(w, x, y, m, groups, rows);
-}
+MMVQ_ENTRY(mmvq_q8_0, Q8_0)
+MMVQ_ENTRY(mmvq_q6_k, Q6K)
+MMVQ_ENTRY(mmvq_iq2_xxs, Iq2Xxs)
+MMVQ_ENTRY(mmvq_iq2_xs, Iq2Xs)
+MMVQ_ENTRY(mmvq_iq2_s, Iq2S)
+MMVQ_ENTRY(mmvq_iq3_xxs, Iq3Xxs)
+MMVQ_ENTRY(mmvq_iq3_s, Iq3S)
+MMVQ_ENTRY(mmvq_iq4_nl, Iq4Nl)
+MMVQ_ENTRY(mmvq_iq4_xs, Iq4Xs)
+MMVQ_ENTRY(mmvq_q2_0, Q2_0)

@@ -110,6 +110,11 @@ STRATA_FN int32_t warp_sum_i32(int32_t v) {
 
 // ---- integer SIMD ----------------------------------------------------------------------------
 #if STRATA_NVIDIA
+STRATA_FN uint32_t popc(uint32_t v) { return __popc(v); }
+#else
+STRATA_FN uint32_t popc(uint32_t v) { return __builtin_popcount(v); }
+#endif
+#if STRATA_NVIDIA
 STRATA_FN int32_t dp4a(uint32_t a, uint32_t b, int32_t c) { return __dp4a((int)a, (int)b, c); }
 // Byte i of the result is byte (sel >> 4i) & 7 of hi:lo.
 STRATA_FN uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel) { return __byte_perm(lo, hi, sel); }
@@ -126,9 +131,11 @@ STRATA_FN uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
 
 // ---- memory ----------------------------------------------------------------------------------
 #if STRATA_NVIDIA
+STRATA_FN uint8_t ld_nc_u8(const uint8_t* p) { return __ldg(p); }
 STRATA_FN uint16_t ld_nc_u16(const uint8_t* p) { return __ldg((const unsigned short*)p); }
 STRATA_FN uint32_t ld_nc_u32(const uint8_t* p) { return __ldg((const unsigned int*)p); }
 #else
+STRATA_FN uint8_t ld_nc_u8(const uint8_t* p) { return *p; }
 STRATA_FN uint16_t ld_nc_u16(const uint8_t* p) { return *(const uint16_t*)p; }
 STRATA_FN uint32_t ld_nc_u32(const uint8_t* p) { return *(const uint32_t*)p; }
 #endif

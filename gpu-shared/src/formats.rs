@@ -1,11 +1,18 @@
 //! Block layouts and codebooks (see `../shared/docs/FORMATS.md`). All fields little-endian.
 //!
-//! Kernels read blocks by byte offset with explicit loads, so the layout is given as offsets
-//! and sizes here rather than as `#[repr(C)]` structs (a 34-byte Q8_0 block has 2-byte
-//! alignment at best; a struct would invite misaligned wide loads).
+//! Kernels read blocks by byte offset with explicit loads, so each layout is given as offsets
+//! and sizes rather than as a `#[repr(C)]` struct (a 34-byte Q8_0 block has 2-byte alignment at
+//! best; a struct would invite misaligned wide loads).
+//!
+//! Every quantized weight format decodes, per 32-value group, to the same shape (see
+//! [`crate::replica::decode_group`]): an fp16 scale `d`, 32 signed 8-bit integer values `v`,
+//! two integer factors (`f[0]` for values 0..16, `f[1]` for 16..32) and a power-of-two shift
+//! `k`, with `value_j = d * f[j / 16] * v_j * 2^-k` exactly.
 
-/// Values per quantization group ("block" of the 32-value formats).
+/// Values per quantization group: the unit of every exact integer dot product.
 pub const GROUP: usize = 32;
+/// Values per super-block of the K-quant and IQ formats.
+pub const QK_K: usize = 256;
 
 /// q8_1 activation block: fp16 `d`, fp16 `s`, 32 x i8 `q`. Strata's convention (the
 /// `quantize_q8_1` spec in [`crate::order`]): `d` = fp16(amax / 127), `q` = round-half-even(x / d),
@@ -17,15 +24,24 @@ pub mod q8_1 {
     pub const OFF_Q: usize = 4;
 }
 
-/// Q8_0 weight block: fp16 `d`, 32 x i8 `q`; value = d * q.
+/// Q8_0: fp16 `d`, 32 x i8 `q`; value = d * q.
 pub mod q8_0 {
     pub const BYTES: usize = 34;
     pub const OFF_D: usize = 0;
     pub const OFF_Q: usize = 2;
 }
 
-/// IQ4_NL weight block: fp16 `d`, 16 bytes of nibbles; value j < 16 is the low nibble of
-/// `qs[j]`, value j >= 16 the high nibble of `qs[j - 16]`; value = d * LEVELS[nibble].
+/// Q2_0 (64 values): fp16 `d`, 16 bytes of 2-bit codes, four per byte, least significant
+/// first; value = d * (code - 1).
+pub mod q2_0 {
+    pub const VALUES: usize = 64;
+    pub const BYTES: usize = 18;
+    pub const OFF_D: usize = 0;
+    pub const OFF_QS: usize = 2;
+}
+
+/// IQ4_NL: fp16 `d`, 16 bytes of nibbles; value j < 16 is the low nibble of `qs[j]`, value
+/// j >= 16 the high nibble of `qs[j - 16]`; value = d * LEVELS[nibble].
 pub mod iq4_nl {
     pub const BYTES: usize = 18;
     pub const OFF_D: usize = 0;
@@ -46,27 +62,159 @@ pub mod iq4_nl {
     };
 }
 
-/// The weight formats the matvec kernels take. The discriminant is the GGUF type id.
+/// IQ4_XS (256 values): fp16 `d`, u16 `scales_h`, u8 `scales_l[4]`, u8 `qs[128]`. Group g's
+/// 6-bit scale `ls` = nibble g%2 of `scales_l[g/2]` | bits 2g..2g+2 of `scales_h` << 4; value =
+/// d * (ls - 32) * LEVELS[nibble], nibbles of `qs[16g..16g+16]` as in IQ4_NL.
+pub mod iq4_xs {
+    pub const BYTES: usize = 136;
+    pub const OFF_D: usize = 0;
+    pub const OFF_SCALES_H: usize = 2;
+    pub const OFF_SCALES_L: usize = 4;
+    pub const OFF_QS: usize = 8;
+}
+
+/// Q6_K (256 values): u8 `ql[128]`, u8 `qh[64]`, i8 `scales[16]`, fp16 `d` (last). Value p:
+/// h = p / 128, r = p % 128; low nibble from `ql[64h + r % 64]` (high nibble when r >= 64), two
+/// high bits from `qh[32h + r % 32]` at bit 2 * (r / 32); q = that 6-bit value - 32; value =
+/// d * scales[p / 16] * q.
+pub mod q6_k {
+    pub const BYTES: usize = 210;
+    pub const OFF_QL: usize = 0;
+    pub const OFF_QH: usize = 128;
+    pub const OFF_SCALES: usize = 192;
+    pub const OFF_D: usize = 208;
+}
+
+/// IQ2_XXS (256 values): fp16 `d`, u16 `qs[32]`. Group g reads two u32 at byte 2 + 8g: byte l
+/// of the first indexes the 256-entry grid (8 magnitudes), 7-bit sign code l of the second is
+/// `(a1 >> 7l) & 127`, its top nibble the scale s: value = d * (2s + 1) / 8 * magnitude * sign.
+pub mod iq2_xxs {
+    pub const BYTES: usize = 66;
+    pub const OFF_D: usize = 0;
+    pub const OFF_QS: usize = 2;
+}
+
+/// IQ2_XS (256 values): fp16 `d`, u16 `qs[32]`, u8 `scales[8]`. `qs[4g + l]`: 9-bit grid index
+/// (512 entries) and a 7-bit sign code; scale nibble low (l < 2) or high (l >= 2) of
+/// `scales[g]`: value = d * (2s + 1) / 8 * magnitude * sign.
+pub mod iq2_xs {
+    pub const BYTES: usize = 74;
+    pub const OFF_D: usize = 0;
+    pub const OFF_QS: usize = 2;
+    pub const OFF_SCALES: usize = 66;
+}
+
+/// IQ2_S (256 values): fp16 `d`, u8 `qs[32]`, u8 `signs[32]`, u8 `qh[8]`, u8 `scales[8]`.
+/// 10-bit index = `qs[4g + l] | ((qh[g] >> 2l) & 3) << 8` (1024 entries); sign byte
+/// `signs[4g + l]`; scales as IQ2_XS.
+pub mod iq2_s {
+    pub const BYTES: usize = 82;
+    pub const OFF_D: usize = 0;
+    pub const OFF_QS: usize = 2;
+    pub const OFF_SIGNS: usize = 34;
+    pub const OFF_QH: usize = 66;
+    pub const OFF_SCALES: usize = 74;
+}
+
+/// IQ3_XXS (256 values): fp16 `d`, u8 `qs[64]` (grid indices, 4 magnitudes each), u32
+/// `aux[8]` at byte 66: for group g, sign codes `(aux[g] >> 7l) & 127` (l = 0..4, 8 values
+/// each), scale s = `aux[g] >> 28`: value = d * (2s + 1) / 4 * magnitude * sign.
+pub mod iq3_xxs {
+    pub const BYTES: usize = 98;
+    pub const OFF_D: usize = 0;
+    pub const OFF_QS: usize = 2;
+    pub const OFF_AUX: usize = 66;
+}
+
+/// IQ3_S (256 values): fp16 `d`, u8 `qs[64]`, u8 `qh[8]`, u8 `signs[32]`, u8 `scales[4]`.
+/// Index i (0..64) = `qs[i] | ((qh[i / 8] >> (i % 8)) & 1) << 8` (512 entries, 4 magnitudes);
+/// sign byte `signs[4g + l]`; scale s = nibble g % 2 of `scales[g / 2]`: value =
+/// d * (1 + 2s) * magnitude * sign.
+pub mod iq3_s {
+    pub const BYTES: usize = 110;
+    pub const OFF_D: usize = 0;
+    pub const OFF_QS: usize = 2;
+    pub const OFF_QH: usize = 66;
+    pub const OFF_SIGNS: usize = 74;
+    pub const OFF_SCALES: usize = 106;
+}
+
+/// The quantized weight formats the matvec kernels take. The discriminant is the GGUF type id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum WeightFormat {
     Q8_0 = 8,
+    Q6K = 14,
+    Iq2Xxs = 16,
+    Iq2Xs = 17,
+    Iq3Xxs = 18,
     Iq4Nl = 20,
+    Iq3S = 21,
+    Iq2S = 22,
+    Iq4Xs = 23,
+    Q2_0 = 42,
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 2] = [WeightFormat::Q8_0, WeightFormat::Iq4Nl];
+    pub const ALL: [WeightFormat; 10] = [
+        WeightFormat::Q8_0,
+        WeightFormat::Q6K,
+        WeightFormat::Iq2Xxs,
+        WeightFormat::Iq2Xs,
+        WeightFormat::Iq2S,
+        WeightFormat::Iq3Xxs,
+        WeightFormat::Iq3S,
+        WeightFormat::Iq4Nl,
+        WeightFormat::Iq4Xs,
+        WeightFormat::Q2_0,
+    ];
+
+    /// The format with GGUF type id `id`, if it is a quantized weight format.
+    pub fn from_gguf_id(id: u32) -> Option<WeightFormat> {
+        Self::ALL.into_iter().find(|f| *f as u32 == id)
+    }
 
     /// Values per block.
     pub const fn block_values(self) -> usize {
-        GROUP
+        match self {
+            WeightFormat::Q8_0 | WeightFormat::Iq4Nl => GROUP,
+            WeightFormat::Q2_0 => q2_0::VALUES,
+            _ => QK_K,
+        }
     }
 
     /// Bytes per block.
     pub const fn block_bytes(self) -> usize {
         match self {
             WeightFormat::Q8_0 => q8_0::BYTES,
+            WeightFormat::Q6K => q6_k::BYTES,
+            WeightFormat::Iq2Xxs => iq2_xxs::BYTES,
+            WeightFormat::Iq2Xs => iq2_xs::BYTES,
+            WeightFormat::Iq2S => iq2_s::BYTES,
+            WeightFormat::Iq3Xxs => iq3_xxs::BYTES,
+            WeightFormat::Iq3S => iq3_s::BYTES,
             WeightFormat::Iq4Nl => iq4_nl::BYTES,
+            WeightFormat::Iq4Xs => iq4_xs::BYTES,
+            WeightFormat::Q2_0 => q2_0::BYTES,
+        }
+    }
+
+    /// Bytes of one row of `k` values (`k` a multiple of the block).
+    pub const fn row_bytes(self, k: usize) -> usize {
+        k / self.block_values() * self.block_bytes()
+    }
+
+    /// Groups of 32 values per block.
+    pub const fn groups_per_block(self) -> usize {
+        self.block_values() / GROUP
+    }
+
+    /// The `k` of `value = d * f * v * 2^-k`.
+    pub const fn shift(self) -> u32 {
+        match self {
+            WeightFormat::Iq2Xxs | WeightFormat::Iq2Xs | WeightFormat::Iq2S => 3,
+            WeightFormat::Iq3Xxs => 2,
+            _ => 0,
         }
     }
 
@@ -74,7 +222,15 @@ impl WeightFormat {
     pub const fn name(self) -> &'static str {
         match self {
             WeightFormat::Q8_0 => "Q8_0",
+            WeightFormat::Q6K => "Q6_K",
+            WeightFormat::Iq2Xxs => "IQ2_XXS",
+            WeightFormat::Iq2Xs => "IQ2_XS",
+            WeightFormat::Iq2S => "IQ2_S",
+            WeightFormat::Iq3Xxs => "IQ3_XXS",
+            WeightFormat::Iq3S => "IQ3_S",
             WeightFormat::Iq4Nl => "IQ4_NL",
+            WeightFormat::Iq4Xs => "IQ4_XS",
+            WeightFormat::Q2_0 => "Q2_0",
         }
     }
 
@@ -82,7 +238,75 @@ impl WeightFormat {
     pub const fn mmvq_kernel(self) -> &'static str {
         match self {
             WeightFormat::Q8_0 => "mmvq_q8_0",
+            WeightFormat::Q6K => "mmvq_q6_k",
+            WeightFormat::Iq2Xxs => "mmvq_iq2_xxs",
+            WeightFormat::Iq2Xs => "mmvq_iq2_xs",
+            WeightFormat::Iq2S => "mmvq_iq2_s",
+            WeightFormat::Iq3Xxs => "mmvq_iq3_xxs",
+            WeightFormat::Iq3S => "mmvq_iq3_s",
             WeightFormat::Iq4Nl => "mmvq_iq4_nl",
+            WeightFormat::Iq4Xs => "mmvq_iq4_xs",
+            WeightFormat::Q2_0 => "mmvq_q2_0",
+        }
+    }
+
+    /// Byte offset of the fp16 scale `d` in a block.
+    pub const fn off_d(self) -> usize {
+        match self {
+            WeightFormat::Q6K => q6_k::OFF_D,
+            _ => 0,
         }
     }
 }
+
+/// Every layout constant above by name, for the generated HIP prelude (`STRATA_<name>`), so the
+/// hand-written HIP reads the same offsets as the Rust kernels and the replica.
+pub const LAYOUT_CONSTANTS: &[(&str, usize)] = &[
+    ("GROUP", GROUP),
+    ("Q8_1_BYTES", q8_1::BYTES),
+    ("Q8_1_OFF_D", q8_1::OFF_D),
+    ("Q8_1_OFF_S", q8_1::OFF_S),
+    ("Q8_1_OFF_Q", q8_1::OFF_Q),
+    ("Q8_0_BYTES", q8_0::BYTES),
+    ("Q8_0_OFF_D", q8_0::OFF_D),
+    ("Q8_0_OFF_Q", q8_0::OFF_Q),
+    ("Q2_0_BYTES", q2_0::BYTES),
+    ("Q2_0_OFF_D", q2_0::OFF_D),
+    ("Q2_0_OFF_QS", q2_0::OFF_QS),
+    ("IQ4_NL_BYTES", iq4_nl::BYTES),
+    ("IQ4_NL_OFF_D", iq4_nl::OFF_D),
+    ("IQ4_NL_OFF_QS", iq4_nl::OFF_QS),
+    ("IQ4_XS_BYTES", iq4_xs::BYTES),
+    ("IQ4_XS_OFF_D", iq4_xs::OFF_D),
+    ("IQ4_XS_OFF_SCALES_H", iq4_xs::OFF_SCALES_H),
+    ("IQ4_XS_OFF_SCALES_L", iq4_xs::OFF_SCALES_L),
+    ("IQ4_XS_OFF_QS", iq4_xs::OFF_QS),
+    ("Q6_K_BYTES", q6_k::BYTES),
+    ("Q6_K_OFF_QL", q6_k::OFF_QL),
+    ("Q6_K_OFF_QH", q6_k::OFF_QH),
+    ("Q6_K_OFF_SCALES", q6_k::OFF_SCALES),
+    ("Q6_K_OFF_D", q6_k::OFF_D),
+    ("IQ2_XXS_BYTES", iq2_xxs::BYTES),
+    ("IQ2_XXS_OFF_D", iq2_xxs::OFF_D),
+    ("IQ2_XXS_OFF_QS", iq2_xxs::OFF_QS),
+    ("IQ2_XS_BYTES", iq2_xs::BYTES),
+    ("IQ2_XS_OFF_D", iq2_xs::OFF_D),
+    ("IQ2_XS_OFF_QS", iq2_xs::OFF_QS),
+    ("IQ2_XS_OFF_SCALES", iq2_xs::OFF_SCALES),
+    ("IQ2_S_BYTES", iq2_s::BYTES),
+    ("IQ2_S_OFF_D", iq2_s::OFF_D),
+    ("IQ2_S_OFF_QS", iq2_s::OFF_QS),
+    ("IQ2_S_OFF_SIGNS", iq2_s::OFF_SIGNS),
+    ("IQ2_S_OFF_QH", iq2_s::OFF_QH),
+    ("IQ2_S_OFF_SCALES", iq2_s::OFF_SCALES),
+    ("IQ3_XXS_BYTES", iq3_xxs::BYTES),
+    ("IQ3_XXS_OFF_D", iq3_xxs::OFF_D),
+    ("IQ3_XXS_OFF_QS", iq3_xxs::OFF_QS),
+    ("IQ3_XXS_OFF_AUX", iq3_xxs::OFF_AUX),
+    ("IQ3_S_BYTES", iq3_s::BYTES),
+    ("IQ3_S_OFF_D", iq3_s::OFF_D),
+    ("IQ3_S_OFF_QS", iq3_s::OFF_QS),
+    ("IQ3_S_OFF_QH", iq3_s::OFF_QH),
+    ("IQ3_S_OFF_SIGNS", iq3_s::OFF_SIGNS),
+    ("IQ3_S_OFF_SCALES", iq3_s::OFF_SCALES),
+];

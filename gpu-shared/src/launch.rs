@@ -17,10 +17,22 @@ pub const QUANTIZE_WARPS: u32 = 4;
 /// Activation rows one `mmvq` launch multiplies.
 pub const MMVQ_MAX_ROWS: usize = 8;
 
+const fn mmvq(kernel: &'static str) -> Bounds {
+    Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8 }
+}
+
 pub const BOUNDS: &[Bounds] = &[
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8 },
-    Bounds { kernel: "mmvq_q8_0", threads: 32 * MMVQ_WARPS, min_blocks: 8 },
-    Bounds { kernel: "mmvq_iq4_nl", threads: 32 * MMVQ_WARPS, min_blocks: 8 },
+    mmvq("mmvq_q8_0"),
+    mmvq("mmvq_q6_k"),
+    mmvq("mmvq_iq2_xxs"),
+    mmvq("mmvq_iq2_xs"),
+    mmvq("mmvq_iq2_s"),
+    mmvq("mmvq_iq3_xxs"),
+    mmvq("mmvq_iq3_s"),
+    mmvq("mmvq_iq4_nl"),
+    mmvq("mmvq_iq4_xs"),
+    mmvq("mmvq_q2_0"),
 ];
 
 /// The bounds of `kernel`, if it is in the table.
@@ -45,6 +57,13 @@ mod tests {
         assert_eq!(amd_waves_per_eu(256, 2), 4);
         assert_eq!(amd_waves_per_eu(128, 8), 8);
         assert_eq!(amd_waves_per_eu(32, 3), 3);
+    }
+
+    #[test]
+    fn every_weight_format_has_an_mmvq_kernel() {
+        for f in crate::formats::WeightFormat::ALL {
+            assert!(bounds(f.mmvq_kernel()).is_some(), "{}", f.mmvq_kernel());
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Shared by the `no_std` device crate (compiled to PTX) and the host.
 //!
+//! - [`codebooks`]: the IQ grids and sign codes, generated from the `gguf` package.
 //! - [`f16`]: bit-exact IEEE half conversions in software (the replica's stand-in for
 //!   `cvt.f32.f16` / `cvt.rn.f16.f32`).
 //! - [`formats`]: block layouts and codebooks of the weight and activation formats.
@@ -9,6 +10,7 @@
 //! - [`replica`]: the CPU replica of each kernel, which follows those orders exactly.
 #![no_std]
 
+pub mod codebooks;
 pub mod f16;
 pub mod formats;
 pub mod launch;

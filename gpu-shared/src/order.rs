@@ -16,10 +16,12 @@
 //!
 //! ## `mmvq` (one output value: weight row `m` times activation row `r`)
 //!
-//! For group `b` of the row: `S_b` is the exact integer dot of the weight group's integer
-//! values (int8 quants for Q8_0, codebook levels for IQ4_NL) with the activation's int8 quants,
-//! and `c_b = (dw_b * dx_b) * f32(S_b)`: two float multiplies in that order (`dw`, `dx` the fp16
-//! scales widened to f32; `|S_b| < 2^24`, so `f32(S_b)` is exact).
+//! For group `b` of the row, decoded as in [`crate::replica::decode_group`] (fp16 `dw`, int8
+//! values `v`, integer factors `f[0]` for values 0..16 and `f[1]` for 16..32, shift `k`):
+//! `S_b = f[0] * dot(v[..16], q[..16]) + f[1] * dot(v[16..], q[16..])` is an exact integer
+//! (`|S_b| < 2^24` for every format), and `c_b = (dw_b * dx_b) * (f32(S_b) * 2^-k)`: the scale
+//! product first, then times the group's exact value ([`group_scale`]; `f32(S_b)` and the power
+//! of two are exact, so that factor is the exact rational `S_b / 2^k`).
 //!
 //! The row's groups are split over [`LANES`] partial sums: partial `p` is the left-to-right sum,
 //! starting from +0.0, of `c_b` for `b = p, p + 32, p + 64, ...`. The 32 partials are then
@@ -41,6 +43,11 @@ pub fn butterfly_sum(mut v: [f32; LANES]) -> f32 {
         o /= 2;
     }
     v[0]
+}
+
+/// `f32(s) * 2^-k`, exact for `|s| < 2^24` and the shifts the formats use (0, 2, 3).
+pub fn group_scale(s: i32, k: u32) -> f32 {
+    s as f32 * f32::from_bits((127 - k) << 23)
 }
 
 /// Scale of one q8_1 group: `min(amax / 127, 65504)` before rounding to fp16.

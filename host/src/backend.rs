@@ -62,7 +62,7 @@ pub fn check_mmvq(w: &Weights, xq: &[u8], rows: usize, y: &[f32]) -> Result<usiz
         return Err(shape_err(kname, format!("{rows} activation rows, supported 1..={MMVQ_MAX_ROWS}")));
     }
     let groups = w.k / GROUP;
-    let wbytes = w.m * (w.k / w.format.block_values()) * w.format.block_bytes();
+    let wbytes = w.m * w.format.row_bytes(w.k);
     if w.data.len() != wbytes {
         return Err(shape_err(kname, format!("{}x{} {} weights need {wbytes} bytes, got {}", w.m, w.k, w.format.name(), w.data.len())));
     }

@@ -50,7 +50,7 @@ impl Backend for CpuBackend {
 
     fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, y: &mut [f32]) -> Result<()> {
         let groups = check_mmvq(w, xq, rows, y)?;
-        let row_bytes = groups * w.format.block_bytes();
+        let row_bytes = w.format.row_bytes(w.k);
         let xrow_bytes = groups * q8_1::BYTES;
         for (r, yr) in y.chunks_exact_mut(w.m).enumerate() {
             let xrow = &xq[r * xrow_bytes..(r + 1) * xrow_bytes];

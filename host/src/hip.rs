@@ -9,19 +9,23 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
 use crate::error::{Error, Result};
 use crate::gpu::{open_device, GpuBackend};
-use strata_gpu_shared::formats::{iq4_nl, q8_0, q8_1, GROUP};
+use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
+use strata_gpu_shared::formats::{iq4_nl, LAYOUT_CONSTANTS};
 use strata_gpu_shared::launch::{amd_waves_per_eu, BOUNDS, MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS};
 
 const HEADER_NAME: &str = "strata_hip.h";
 const HEADER: &str = include_str!("../../device/hip/strata_hip.h");
 
 /// The kernel sources, in the order they are compiled.
+/// Sources that others include (`blocks.hip`) come before their includers.
 pub const SOURCES: &[(&str, &str)] = &[
     ("quantize_q8_1.hip", include_str!("../../device/hip/quantize_q8_1.hip")),
+    ("blocks.hip", include_str!("../../device/hip/blocks.hip")),
     ("mmvq.hip", include_str!("../../device/hip/mmvq.hip")),
 ];
 
-/// `#define`s generated from gpu-shared: launch bounds per kernel, sizes, codebook words.
+/// `#define`s generated from gpu-shared: launch bounds per kernel, sizes and offsets, the
+/// IQ4_NL level words.
 pub fn prelude() -> String {
     let mut s = String::from("// generated from strata-gpu-shared by strata-host/src/hip.rs\n");
     for b in BOUNDS {
@@ -29,19 +33,12 @@ pub fn prelude() -> String {
         s += &format!("#define STRATA_MINB_{} {}\n", b.kernel, b.min_blocks);
         s += &format!("#define STRATA_WAVES_PER_EU_{} {}\n", b.kernel, amd_waves_per_eu(b.threads, b.min_blocks));
     }
-    let consts: [(&str, usize); 10] = [
-        ("GROUP", GROUP),
-        ("Q8_1_BYTES", q8_1::BYTES),
-        ("Q8_1_OFF_D", q8_1::OFF_D),
-        ("Q8_1_OFF_S", q8_1::OFF_S),
-        ("Q8_1_OFF_Q", q8_1::OFF_Q),
-        ("Q8_0_BYTES", q8_0::BYTES),
-        ("IQ4_NL_BYTES", iq4_nl::BYTES),
+    let geometry = [
         ("MMVQ_WARPS", MMVQ_WARPS as usize),
         ("MMVQ_MAX_ROWS", MMVQ_MAX_ROWS),
         ("QUANTIZE_WARPS", QUANTIZE_WARPS as usize),
     ];
-    for (name, v) in consts {
+    for (name, v) in LAYOUT_CONSTANTS.iter().copied().chain(geometry) {
         s += &format!("#define STRATA_{name} {v}\n");
     }
     for (i, w) in iq4_nl::LEVEL_WORDS.iter().enumerate() {
@@ -50,16 +47,36 @@ pub fn prelude() -> String {
     s
 }
 
-/// The whole translation unit: prelude, header, then every source with its
-/// `#include "strata_hip.h"` line dropped (the header is already above it).
+/// The IQ grids as `__device__` arrays (after the header, which defines the types).
+pub fn codebooks() -> String {
+    let mut s = String::from("// generated from strata-gpu-shared's codebooks by strata-host/src/hip.rs\n");
+    let grids: [(&str, &[u32]); 5] = [
+        ("IQ2_XXS_GRID", &IQ2_XXS_GRID),
+        ("IQ2_XS_GRID", &IQ2_XS_GRID),
+        ("IQ2_S_GRID", &IQ2_S_GRID),
+        ("IQ3_XXS_GRID", &IQ3_XXS_GRID),
+        ("IQ3_S_GRID", &IQ3_S_GRID),
+    ];
+    for (name, words) in grids {
+        let body: Vec<String> = words.iter().map(|w| format!("{w:#x}u")).collect();
+        s += &format!("__device__ const uint32_t STRATA_{name}[{}] = {{{}}};\n", words.len(), body.join(","));
+    }
+    s
+}
+
+/// The whole translation unit: prelude, header, codebooks, then every source in order, with the
+/// `#include` lines that name the header or another source dropped (what they name is already
+/// above them).
 pub fn translation_unit() -> String {
-    let include = format!("#include \"{HEADER_NAME}\"");
+    let ours: Vec<String> =
+        std::iter::once(HEADER_NAME).chain(SOURCES.iter().map(|s| s.0)).map(|n| format!("#include \"{n}\"")).collect();
     let mut tu = prelude();
     tu += HEADER;
+    tu += &codebooks();
     for (name, src) in SOURCES {
         tu += &format!("\n// ---- {name} ----\n");
         for line in src.lines() {
-            tu += if line.trim() == include { "" } else { line };
+            tu += if ours.iter().any(|i| line.trim() == i) { "" } else { line };
             tu.push('\n');
         }
     }
@@ -91,10 +108,19 @@ pub fn compile_nvrtc(cc: (i32, i32)) -> Result<String> {
         backend: "hip",
         what: format!("NVRTC compile of {} for compute_{}{}", SOURCES.iter().map(|s| s.0).collect::<Vec<_>>().join(", "), cc.0, cc.1),
         detail: match e {
-            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            CompileError::CompileError { log, .. } => clip_lines(&log.to_string_lossy()),
             other => other.to_string(),
         },
     })
+}
+
+/// A compiler log with each line cut to 300 characters: the codebook arrays are single lines of
+/// tens of kilobytes, and an error quoting one would bury the message.
+pub fn clip_lines(log: &str) -> String {
+    log.lines()
+        .map(|l| if l.len() > 300 { format!("{}...", &l[..l.floor_char_boundary(300)]) } else { l.to_string() })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 pub fn open(ordinal: usize) -> Result<GpuBackend> {

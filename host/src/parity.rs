@@ -114,10 +114,11 @@ fn random_scale(rng: &mut SmallRng, lo: f32, hi: f32) -> u16 {
 /// Random weight blocks: random quant bytes (every pattern is valid) and finite scales.
 pub fn random_weights(rng: &mut SmallRng, format: WeightFormat, m: usize, k: usize) -> Vec<u8> {
     let bb = format.block_bytes();
-    let mut data = vec![0u8; m * k / format.block_values() * bb];
+    let mut data = vec![0u8; m * format.row_bytes(k)];
     rng.fill(&mut data[..]);
+    let off = format.off_d();
     for block in data.chunks_exact_mut(bb) {
-        block[..2].copy_from_slice(&random_scale(rng, -4.0, -1.0).to_le_bytes());
+        block[off..off + 2].copy_from_slice(&random_scale(rng, -4.0, -1.0).to_le_bytes());
     }
     data
 }
@@ -213,12 +214,20 @@ pub fn mmvq_case(
     })
 }
 
-/// A random `mmvq` shape: rows 1..=8, K a multiple of 32 up to `max_k`, M up to `max_m`.
-pub fn random_mmvq_shape(rng: &mut SmallRng, max_m: usize, max_k: usize) -> (usize, usize, usize) {
+/// A random `mmvq` shape for `format`: rows 1..=8, K a multiple of the format's block up to
+/// `max_k`, M up to `max_m`.
+pub fn random_mmvq_shape(rng: &mut SmallRng, format: WeightFormat, max_m: usize, max_k: usize) -> (usize, usize, usize) {
     let m = rng.random_range(1..=max_m);
-    let k = GROUP * rng.random_range(1..=max_k / GROUP);
+    let bv = format.block_values();
+    let k = bv * rng.random_range(1..=(max_k / bv).max(1));
     let rows = rng.random_range(1..=8);
     (m, k, rows)
+}
+
+/// `k` rounded up to a whole number of `format`'s blocks: fixed test shapes written in 32-value
+/// groups, made valid for every format.
+pub fn fit_k(format: WeightFormat, k: usize) -> usize {
+    k.div_ceil(format.block_values()) * format.block_values()
 }
 
 /// The seed for a run: `STRATA_SEED` if set, else from the clock. Callers print it.

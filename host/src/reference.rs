@@ -1,23 +1,29 @@
 //! Float64 references: the math a kernel approximates, on the dequantized weights and the
 //! unquantized activations, and the normalized mean squared error against it.
 use strata_gpu_shared::f16::f16_to_f32;
-use strata_gpu_shared::formats::GROUP;
-use strata_gpu_shared::replica::decode_group;
+use strata_gpu_shared::formats::{WeightFormat, GROUP};
+use strata_gpu_shared::replica::row_group;
 
 use crate::backend::Weights;
 
+/// Dequantizes one row of `k` values of `format` to f32, as `((d * f) * v) * 2^-k`. Each value
+/// is an exact product (at most 24 significant bits), and that order also gives zeros the sign
+/// ggml and the `gguf` package give them, so the result equals theirs bit for bit.
+pub fn dequant_row_f32(format: WeightFormat, row: &[u8], k: usize, out: &mut Vec<f32>) {
+    let scale = f32::from_bits((127 - format.shift()) << 23);
+    for b in 0..k / GROUP {
+        let g = row_group(format, row, b);
+        let d = f16_to_f32(g.d);
+        out.extend((0..GROUP).map(|j| d * g.f[j / 16] as f32 * g.v[j] as f32 * scale));
+    }
+}
+
 /// Dequantizes row `i` of `w` to f64.
 pub fn dequant_row(w: &Weights, i: usize) -> Vec<f64> {
-    let bb = w.format.block_bytes();
-    let row_bytes = w.k / GROUP * bb;
-    let row = &w.data[i * row_bytes..(i + 1) * row_bytes];
+    let row_bytes = w.format.row_bytes(w.k);
     let mut out = Vec::with_capacity(w.k);
-    for block in row.chunks_exact(bb) {
-        let g = decode_group(w.format, block);
-        let d = f16_to_f32(g.d) as f64;
-        out.extend(g.q.iter().map(|&q| d * q as f64));
-    }
-    out
+    dequant_row_f32(w.format, &w.data[i * row_bytes..(i + 1) * row_bytes], w.k, &mut out);
+    out.into_iter().map(f64::from).collect()
 }
 
 /// `y[r * m + i] = sum_j w[i][j] * x[r][j]` in float64, `x` the f32 activations before

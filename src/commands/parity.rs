@@ -26,7 +26,8 @@ pub struct Args {
     pub require_gpu: bool,
 }
 
-/// Built-in `mmvq` shapes (M, K, rows): model-sized matrices and the small edges.
+/// Built-in `mmvq` shapes (M, K, rows): model-sized matrices and the small edges (K rounded up
+/// to the format's block).
 const MMVQ_SHAPES: [(usize, usize, usize); 6] =
     [(2048, 2048, 1), (768, 2048, 4), (2048, 768, 8), (4096, 2048, 2), (1, 32, 1), (37, 96, 5)];
 /// Built-in `quantize_q8_1` shapes (rows, K).
@@ -83,7 +84,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     for format in WeightFormat::ALL {
         let shapes: Vec<_> =
-            MMVQ_SHAPES.into_iter().chain((0..args.random).map(|_| parity::random_mmvq_shape(&mut rng, 4096, 8192))).collect();
+            MMVQ_SHAPES.into_iter().map(|(m, k, r)| (m, parity::fit_k(format, k), r))
+                .chain((0..args.random).map(|_| parity::random_mmvq_shape(&mut rng, format, 4096, 8192)))
+                .collect();
         for (m, k, rows) in shapes {
             let t = Instant::now();
             record(parity::mmvq_case(&backends, format, m, k, rows, rng.random(), true)?, t);

@@ -5,6 +5,15 @@
 //! launch writes.
 use core::arch::asm;
 
+/// 1-byte read-only global load; otherwise as [`ld_nc_u16`].
+#[inline(always)]
+pub unsafe fn ld_nc_u8(p: *const u8) -> u8 {
+    let r: u16;
+    asm!("ld.global.nc.u8 {r}, [{p}];", r = out(reg16) r, p = in(reg64) p,
+         options(nostack, readonly, pure));
+    r as u8
+}
+
 /// 2-byte read-only global load. `p` must be 2-byte aligned and point at device memory that
 /// stays valid and unwritten for the whole launch (the caller's contract, hence `unsafe`).
 #[inline(always)]

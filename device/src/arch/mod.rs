@@ -20,6 +20,16 @@ pub mod warp;
 
 pub use sync::trap;
 
+/// Repeats `body` once per listed index, with `$i` a constant in each copy: per-row arrays
+/// indexed by it then stay in registers, where a loop the optimizer declines to unroll would
+/// put them in local memory.
+#[macro_export]
+macro_rules! unroll {
+    ($i:ident in [$($n:literal),*] $body:block) => {
+        $( { let $i: usize = $n; $body } )*
+    };
+}
+
 /// Threads in a warp. HIP builds for AMD target wave32 (gfx11/gfx12) so the kernels' lane math
 /// is the same on both vendors.
 pub const WARP: u32 = 32;

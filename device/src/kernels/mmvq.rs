@@ -2,95 +2,56 @@
 //!
 //! Geometry: a block holds `MMVQ_WARPS` warps, one weight row each. Lane `l` takes groups
 //! `l, l + 32, ...` of its row, decodes each weight group once and dots it with every activation
-//! row (exact `dp4a` sums), accumulating `(dw * dx) * S` into one partial per row; the warp
-//! butterfly then sums the 32 partials. That is the `mmvq` spec of `strata_gpu_shared::order`
-//! exactly: partial `p` = groups `p (mod 32)`, left to right.
+//! row (exact `dp4a` sums), accumulating `(dw * dx) * (S * 2^-k)` into one partial per row; the
+//! warp butterfly then sums the 32 partials. That is the `mmvq` spec of
+//! `strata_gpu_shared::order` exactly: partial `p` = groups `p (mod 32)`, left to right.
+use super::blocks::{self, Block};
 use crate::arch::{convert, index, int, mem, warp};
-use strata_gpu_shared::formats::{iq4_nl, q8_0, q8_1};
+use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MMVQ_WARPS};
 
-/// A weight format as the kernel sees it: a block's scale and its 32 integer values packed four
-/// signed bytes to a word (word `i` = values `4i .. 4i + 4`).
-trait WeightBlock {
-    const BYTES: usize;
-    /// # Safety
-    /// `p` points at one whole block in device memory, 2-byte aligned.
-    unsafe fn load(p: *const u8) -> (f32, [u32; 8]);
-}
+// The unrolled row loop below lists the slots 0..8.
+const _: () = assert!(MMVQ_MAX_ROWS == 8);
 
-struct Q8_0;
-impl WeightBlock for Q8_0 {
-    const BYTES: usize = q8_0::BYTES;
-    #[inline(always)]
-    unsafe fn load(p: *const u8) -> (f32, [u32; 8]) {
-        let d = convert::f16_to_f32(mem::ld_nc_u16(p.add(q8_0::OFF_D)));
-        let mut w = [0u32; 8];
-        for (i, word) in w.iter_mut().enumerate() {
-            *word = mem::ld_nc_u32_a2(p.add(q8_0::OFF_Q + 4 * i));
-        }
-        (d, w)
-    }
-}
-
-struct Iq4Nl;
-impl WeightBlock for Iq4Nl {
-    const BYTES: usize = iq4_nl::BYTES;
-    #[inline(always)]
-    unsafe fn load(p: *const u8) -> (f32, [u32; 8]) {
-        let d = convert::f16_to_f32(mem::ld_nc_u16(p.add(iq4_nl::OFF_D)));
-        let mut w = [0u32; 8];
-        for i in 0..4 {
-            let nibbles = mem::ld_nc_u32_a2(p.add(iq4_nl::OFF_QS + 4 * i));
-            w[i] = iq4_nl_levels(nibbles & 0x0f0f_0f0f);
-            w[i + 4] = iq4_nl_levels((nibbles >> 4) & 0x0f0f_0f0f);
-        }
-        (d, w)
-    }
-}
-
-/// Maps four codes (one per byte, each 0..16) to their four levels with two byte permutes: the
-/// low 3 bits of each code select within levels 0-7 and 8-15, bit 3 chooses between the two.
+/// `c_b = (dw * dx) * (S * 2^-k)` of one decoded weight group and one q8_1 block `xb`:
+/// `S = f[0] * dot(values 0..16) + f[1] * dot(values 16..32)`, exact.
+///
+/// # Safety
+/// `xb` points at one q8_1 block in device memory, 4-byte aligned.
 #[inline(always)]
-fn iq4_nl_levels(codes: u32) -> u32 {
-    // One selector nibble per result byte.
-    let sel = (codes & 0x7) | (codes >> 4 & 0x70) | (codes >> 8 & 0x700) | (codes >> 12 & 0x7000);
-    let low = int::prmt(iq4_nl::LEVEL_WORDS[0], iq4_nl::LEVEL_WORDS[1], sel);
-    let high = int::prmt(iq4_nl::LEVEL_WORDS[2], iq4_nl::LEVEL_WORDS[3], sel);
-    let upper = ((codes >> 3) & 0x0101_0101) * 0xff;
-    (high & upper) | (low & !upper)
+unsafe fn contribution(g: &blocks::Group, xb: *const u8, pow2: f32) -> f32 {
+    let dx = convert::f16_to_f32(mem::ld_nc_u16(xb.add(q8_1::OFF_D)));
+    let half = |h: usize| (4 * h..4 * h + 4).fold(0, |s, i| int::dp4a(g.w[i], mem::ld_nc_u32(xb.add(q8_1::OFF_Q + 4 * i)), s));
+    let exact = g.f[0] * half(0) + g.f[1] * half(1);
+    (g.d * dx) * (exact as f32 * pow2)
 }
 
 /// The shared body of every `mmvq_*` entry.
 ///
 /// # Safety
-/// `w`: `m * groups` blocks of `F`; `x`: `rows * groups` q8_1 blocks, row-major, 4-byte
-/// aligned; `y`: `rows * m` f32 (row-major, `y[r * m + i]`), not overlapping the inputs;
-/// `1 <= rows <= MMVQ_MAX_ROWS`.
+/// `w`: `m` rows of `groups` 32-value groups of `F` (whole blocks); `x`: `rows * groups` q8_1
+/// blocks, row-major, 4-byte aligned; `y`: `rows * m` f32 (row-major, `y[r * m + i]`), not
+/// overlapping the inputs; `1 <= rows <= MMVQ_MAX_ROWS`.
 #[inline(always)]
-unsafe fn mmvq<F: WeightBlock>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32) {
+unsafe fn mmvq<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32) {
     let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
     if row >= m {
         return; // whole warp: the butterfly below needs every lane, and gets it
     }
     let lane = index::lane();
-    let wrow = w.add(row as usize * groups as usize * F::BYTES);
+    let wrow = w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES);
+    // 2^-k, exact: the group's integer dot times it is the exact rational S / 2^k.
+    let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
     let mut acc = [0.0f32; MMVQ_MAX_ROWS];
     let mut b = lane;
     while b < groups {
-        let (dw, wq) = F::load(wrow.add(b as usize * F::BYTES));
-        // Fixed trip count so `acc` stays in registers; rows past `rows` are skipped.
-        for r in 0..MMVQ_MAX_ROWS {
-            if r as u32 >= rows {
-                continue;
+        let g = F::load(wrow.add((b / F::GROUPS) as usize * F::BYTES), b % F::GROUPS);
+        // One unrolled copy per row slot so `acc` stays in registers; slots past `rows` skip.
+        crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if (r as u32) < rows {
+                acc[r] += contribution(&g, x.add((r * groups as usize + b as usize) * q8_1::BYTES), pow2);
             }
-            let xb = x.add((r * groups as usize + b as usize) * q8_1::BYTES);
-            let dx = convert::f16_to_f32(mem::ld_nc_u16(xb.add(q8_1::OFF_D)));
-            let mut s = 0i32;
-            for (i, &wi) in wq.iter().enumerate() {
-                s = int::dp4a(wi, mem::ld_nc_u32(xb.add(q8_1::OFF_Q + 4 * i)), s);
-            }
-            acc[r] += (dw * dx) * s as f32;
-        }
+        });
         b += 32;
     }
     for (r, &a) in acc.iter().enumerate() {
@@ -104,20 +65,30 @@ unsafe fn mmvq<F: WeightBlock>(w: *const u8, x: *const u8, y: *mut f32, m: u32, 
     }
 }
 
-/// Q8_0 weights. Launch: `ceil(m / MMVQ_WARPS)` blocks of `32 * MMVQ_WARPS` threads.
-///
-/// # Safety
-/// As [`mmvq`].
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn mmvq_q8_0(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32) {
-    mmvq::<Q8_0>(w, x, y, m, groups, rows)
+/// Declares one `extern "ptx-kernel"` entry per format over the shared body.
+macro_rules! mmvq_entries {
+    ($($name:ident => $block:ty),* $(,)?) => {$(
+        /// `mmvq` for one weight format. Launch: `ceil(m / MMVQ_WARPS)` blocks of
+        /// `32 * MMVQ_WARPS` threads.
+        ///
+        /// # Safety
+        /// As `mmvq`: buffers of the documented sizes, `1 <= rows <= 8`.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32) {
+            mmvq::<$block>(w, x, y, m, groups, rows)
+        }
+    )*};
 }
 
-/// IQ4_NL weights. Launch as [`mmvq_q8_0`].
-///
-/// # Safety
-/// As [`mmvq`].
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn mmvq_iq4_nl(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32) {
-    mmvq::<Iq4Nl>(w, x, y, m, groups, rows)
+mmvq_entries! {
+    mmvq_q8_0 => blocks::Q8_0,
+    mmvq_q6_k => blocks::Q6K,
+    mmvq_iq2_xxs => blocks::Iq2Xxs,
+    mmvq_iq2_xs => blocks::Iq2Xs,
+    mmvq_iq2_s => blocks::Iq2S,
+    mmvq_iq3_xxs => blocks::Iq3Xxs,
+    mmvq_iq3_s => blocks::Iq3S,
+    mmvq_iq4_nl => blocks::Iq4Nl,
+    mmvq_iq4_xs => blocks::Iq4Xs,
+    mmvq_q2_0 => blocks::Q2_0,
 }

@@ -1,0 +1,210 @@
+// Block decoding shared by every kernel that reads quantized weights: the HIP twin of
+// device/src/kernels/blocks.rs. Each format's load() turns group g of a block into a Group
+// (value j = d * f[j / 16] * byte j of w * 2^-SHIFT). Blocks are only 2-byte aligned, so 4-byte
+// fields are read as two 2-byte loads. Offsets and codebooks come from the generated prelude.
+#include "strata_hip.h"
+
+struct Group {
+  float d;
+  uint32_t w[8];
+  int32_t f[2];
+};
+
+STRATA_FN float block_scale(const uint8_t* p) { return f16_to_f32(ld_nc_u16(p)); }
+
+// 4-bit sign mask (bit i = byte i negative) to 0xff in the negative bytes.
+STRATA_FN uint32_t sign_bytes(uint32_t bits) { return (((bits & 15u) * 0x00204081u) & 0x01010101u) * 0xffu; }
+
+// Byte signs applied to four magnitudes (1..127): (m ^ 0xff) + 1 never carries across bytes.
+STRATA_FN uint32_t apply_signs(uint32_t mags, uint32_t bits) {
+  uint32_t mask = sign_bytes(bits);
+  return (mags ^ mask) + (mask & 0x01010101u);
+}
+
+// 7-bit sign code to 8 signs, bit 7 making the count of negatives even.
+STRATA_FN uint32_t ksigns(uint32_t code) { return code | (popc(code) & 1u) << 7; }
+
+// Four codes (one per byte, 0..16) to IQ4_NL levels: two byte permutes and a select on bit 3.
+STRATA_FN uint32_t iq4_levels(uint32_t codes) {
+  uint32_t sel = (codes & 0x7u) | (codes >> 4 & 0x70u) | (codes >> 8 & 0x700u) | (codes >> 12 & 0x7000u);
+  uint32_t low = prmt(STRATA_IQ4_NL_W0, STRATA_IQ4_NL_W1, sel);
+  uint32_t high = prmt(STRATA_IQ4_NL_W2, STRATA_IQ4_NL_W3, sel);
+  uint32_t upper = ((codes >> 3) & 0x01010101u) * 0xffu;
+  return (high & upper) | (low & ~upper);
+}
+
+STRATA_FN void iq4_words(const uint8_t* qs, uint32_t* w) {
+  for (int i = 0; i < 4; i++) {
+    uint32_t nib = ld_nc_u32_a2(qs + 4 * i);
+    w[i] = iq4_levels(nib & 0x0f0f0f0fu);
+    w[i + 4] = iq4_levels((nib >> 4) & 0x0f0f0f0fu);
+  }
+}
+
+// An 8-magnitude grid entry (two words) with its 8 sign bits.
+STRATA_FN void grid8(const uint32_t* grid, uint32_t entry, uint32_t signs, uint32_t* w) {
+  w[0] = apply_signs(grid[2 * entry], signs);
+  w[1] = apply_signs(grid[2 * entry + 1], signs >> 4);
+}
+
+struct Q8_0 {
+  static constexpr uint32_t BYTES = STRATA_Q8_0_BYTES, GROUPS = 1, SHIFT = 0;
+  STRATA_FN Group load(const uint8_t* p, uint32_t) {
+    Group g;
+    for (int i = 0; i < 8; i++) g.w[i] = ld_nc_u32_a2(p + STRATA_Q8_0_OFF_Q + 4 * i);
+    g.d = block_scale(p + STRATA_Q8_0_OFF_D);
+    g.f[0] = g.f[1] = 1;
+    return g;
+  }
+};
+
+struct Q2_0 {
+  static constexpr uint32_t BYTES = STRATA_Q2_0_BYTES, GROUPS = 2, SHIFT = 0;
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+    Group g;
+    for (int i = 0; i < 4; i++) {
+      uint32_t two = ld_nc_u16(p + STRATA_Q2_0_OFF_QS + 8 * gi + 2 * i);
+      for (int h = 0; h < 2; h++) {
+        uint32_t b = two >> (8 * h);
+        uint32_t sel = (b & 0x3u) | (b & 0xcu) << 2 | (b & 0x30u) << 4 | (b & 0xc0u) << 6;
+        g.w[2 * i + h] = prmt(0x020100ffu, 0, sel);  // levels of codes 0..3: -1, 0, 1, 2
+      }
+    }
+    g.d = block_scale(p + STRATA_Q2_0_OFF_D);
+    g.f[0] = g.f[1] = 1;
+    return g;
+  }
+};
+
+struct Iq4Nl {
+  static constexpr uint32_t BYTES = STRATA_IQ4_NL_BYTES, GROUPS = 1, SHIFT = 0;
+  STRATA_FN Group load(const uint8_t* p, uint32_t) {
+    Group g;
+    iq4_words(p + STRATA_IQ4_NL_OFF_QS, g.w);
+    g.d = block_scale(p + STRATA_IQ4_NL_OFF_D);
+    g.f[0] = g.f[1] = 1;
+    return g;
+  }
+};
+
+struct Iq4Xs {
+  static constexpr uint32_t BYTES = STRATA_IQ4_XS_BYTES, GROUPS = 8, SHIFT = 0;
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+    Group g;
+    uint32_t lo = ((uint32_t)ld_nc_u8(p + STRATA_IQ4_XS_OFF_SCALES_L + gi / 2) >> (4 * (gi % 2))) & 15u;
+    uint32_t hi = ((uint32_t)ld_nc_u16(p + STRATA_IQ4_XS_OFF_SCALES_H) >> (2 * gi)) & 3u;
+    iq4_words(p + STRATA_IQ4_XS_OFF_QS + 16 * gi, g.w);
+    g.d = block_scale(p + STRATA_IQ4_XS_OFF_D);
+    g.f[0] = g.f[1] = (int32_t)(lo | hi << 4) - 32;
+    return g;
+  }
+};
+
+struct Q6K {
+  static constexpr uint32_t BYTES = STRATA_Q6_K_BYTES, GROUPS = 8, SHIFT = 0;
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+    Group g;
+    uint32_t h = gi / 4, q = gi % 4;
+    const uint8_t* ql = p + STRATA_Q6_K_OFF_QL + 64 * h + 32 * (q % 2);
+    const uint8_t* qh = p + STRATA_Q6_K_OFF_QH + 32 * h;
+    for (int i = 0; i < 8; i++) {
+      uint32_t lo = (ld_nc_u32_a2(ql + 4 * i) >> (4 * (q / 2))) & 0x0f0f0f0fu;
+      uint32_t hi = (ld_nc_u32_a2(qh + 4 * i) >> (2 * q)) & 0x03030303u;
+      // 6-bit u - 32: flip bit 5, then copy it into bits 6 and 7.
+      uint32_t y = (lo | hi << 4) ^ 0x20202020u;
+      g.w[i] = y | (y & 0x20202020u) * 6u;
+    }
+    uint32_t sc = ld_nc_u16(p + STRATA_Q6_K_OFF_SCALES + 2 * gi);
+    g.d = block_scale(p + STRATA_Q6_K_OFF_D);
+    g.f[0] = (int8_t)(uint8_t)sc;
+    g.f[1] = (int8_t)(uint8_t)(sc >> 8);
+    return g;
+  }
+};
+
+struct Iq2Xxs {
+  static constexpr uint32_t BYTES = STRATA_IQ2_XXS_BYTES, GROUPS = 8, SHIFT = 3;
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+    Group g;
+    const uint8_t* q = p + STRATA_IQ2_XXS_OFF_QS + 8 * gi;
+    uint32_t a0 = ld_nc_u32_a2(q), a1 = ld_nc_u32_a2(q + 4);
+    for (int l = 0; l < 4; l++) grid8(STRATA_IQ2_XXS_GRID, a0 >> (8 * l) & 0xffu, ksigns(a1 >> (7 * l) & 127u), g.w + 2 * l);
+    g.d = block_scale(p + STRATA_IQ2_XXS_OFF_D);
+    g.f[0] = g.f[1] = 2 * (int32_t)(a1 >> 28) + 1;
+    return g;
+  }
+};
+
+struct Iq2Xs {
+  static constexpr uint32_t BYTES = STRATA_IQ2_XS_BYTES, GROUPS = 8, SHIFT = 3;
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+    Group g;
+    for (int l = 0; l < 4; l++) {
+      uint32_t q = ld_nc_u16(p + STRATA_IQ2_XS_OFF_QS + 2 * (4 * gi + l));
+      grid8(STRATA_IQ2_XS_GRID, q & 511u, ksigns(q >> 9), g.w + 2 * l);
+    }
+    int32_t s = ld_nc_u8(p + STRATA_IQ2_XS_OFF_SCALES + gi);
+    g.d = block_scale(p + STRATA_IQ2_XS_OFF_D);
+    g.f[0] = 2 * (s & 15) + 1;
+    g.f[1] = 2 * (s >> 4) + 1;
+    return g;
+  }
+};
+
+struct Iq2S {
+  static constexpr uint32_t BYTES = STRATA_IQ2_S_BYTES, GROUPS = 8, SHIFT = 3;
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+    Group g;
+    uint32_t qs = ld_nc_u32_a2(p + STRATA_IQ2_S_OFF_QS + 4 * gi);
+    uint32_t signs = ld_nc_u32_a2(p + STRATA_IQ2_S_OFF_SIGNS + 4 * gi);
+    uint32_t qh = ld_nc_u8(p + STRATA_IQ2_S_OFF_QH + gi);
+    for (int l = 0; l < 4; l++) {
+      uint32_t entry = (qs >> (8 * l) & 0xffu) | ((qh >> (2 * l)) & 3u) << 8;
+      grid8(STRATA_IQ2_S_GRID, entry, signs >> (8 * l) & 0xffu, g.w + 2 * l);
+    }
+    int32_t s = ld_nc_u8(p + STRATA_IQ2_S_OFF_SCALES + gi);
+    g.d = block_scale(p + STRATA_IQ2_S_OFF_D);
+    g.f[0] = 2 * (s & 15) + 1;
+    g.f[1] = 2 * (s >> 4) + 1;
+    return g;
+  }
+};
+
+struct Iq3Xxs {
+  static constexpr uint32_t BYTES = STRATA_IQ3_XXS_BYTES, GROUPS = 8, SHIFT = 2;
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+    Group g;
+    const uint8_t* q = p + STRATA_IQ3_XXS_OFF_QS + 8 * gi;
+    uint32_t idx[2] = {ld_nc_u32_a2(q), ld_nc_u32_a2(q + 4)};
+    uint32_t aux = ld_nc_u32_a2(p + STRATA_IQ3_XXS_OFF_AUX + 4 * gi);
+    for (int l = 0; l < 4; l++) {
+      uint32_t signs = ksigns(aux >> (7 * l) & 127u);
+      for (int half = 0; half < 2; half++) {
+        int i = 2 * l + half;
+        g.w[i] = apply_signs(STRATA_IQ3_XXS_GRID[(idx[i / 4] >> (8 * (i % 4))) & 0xffu], signs >> (4 * half));
+      }
+    }
+    g.d = block_scale(p + STRATA_IQ3_XXS_OFF_D);
+    g.f[0] = g.f[1] = 2 * (int32_t)(aux >> 28) + 1;
+    return g;
+  }
+};
+
+struct Iq3S {
+  static constexpr uint32_t BYTES = STRATA_IQ3_S_BYTES, GROUPS = 8, SHIFT = 0;
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+    Group g;
+    const uint8_t* q = p + STRATA_IQ3_S_OFF_QS + 8 * gi;
+    uint32_t idx[2] = {ld_nc_u32_a2(q), ld_nc_u32_a2(q + 4)};
+    uint32_t qh = ld_nc_u8(p + STRATA_IQ3_S_OFF_QH + gi);
+    uint32_t signs = ld_nc_u32_a2(p + STRATA_IQ3_S_OFF_SIGNS + 4 * gi);
+    for (int i = 0; i < 8; i++) {
+      uint32_t entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xffu) | ((qh >> i) & 1u) << 8;
+      g.w[i] = apply_signs(STRATA_IQ3_S_GRID[entry], signs >> (4 * i));
+    }
+    uint32_t s = ((uint32_t)ld_nc_u8(p + STRATA_IQ3_S_OFF_SCALES + gi / 2) >> (4 * (gi % 2))) & 15u;
+    g.d = block_scale(p + STRATA_IQ3_S_OFF_D);
+    g.f[0] = g.f[1] = 1 + 2 * (int32_t)s;
+    return g;
+  }
+};

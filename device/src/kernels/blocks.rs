@@ -1,0 +1,268 @@
+//! Block decoding shared by every kernel that reads quantized weights: each format's group
+//! loader turns group `g` of a block into the shape of `strata_gpu_shared::replica::decode_group`
+//! (scale, 32 int8 values packed four to a word, two integer factors; the shift is a constant).
+//!
+//! Blocks are only 2-byte aligned (most sizes are even but not multiples of 4), so 4-byte
+//! fields are read as two 2-byte loads.
+use crate::arch::{convert, int, mem};
+use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
+use strata_gpu_shared::formats::*;
+
+/// One decoded group: value j = `d * f[j / 16] * byte j of w * 2^-SHIFT`.
+pub struct Group {
+    pub d: f32,
+    pub w: [u32; 8],
+    pub f: [i32; 2],
+}
+
+pub trait Block {
+    const BYTES: usize;
+    /// Groups of 32 values per block.
+    const GROUPS: u32;
+    /// The `k` of `2^-k` (`WeightFormat::shift`).
+    const SHIFT: u32;
+    /// # Safety
+    /// `p` points at one whole block in device memory, 2-byte aligned; `g < GROUPS`.
+    unsafe fn load(p: *const u8, g: u32) -> Group;
+}
+
+#[inline(always)]
+unsafe fn scale(p: *const u8) -> f32 {
+    convert::f16_to_f32(mem::ld_nc_u16(p))
+}
+
+/// 4-bit sign mask (bit i = byte i negative) to a byte mask (0xff in negative bytes).
+#[inline(always)]
+fn sign_bytes(bits: u32) -> u32 {
+    ((bits & 15).wrapping_mul(0x0020_4081) & 0x0101_0101) * 0xff
+}
+
+/// Applies byte signs to four magnitudes (each 1..127): negative bytes become `-m`. With
+/// nonzero magnitudes `(m ^ 0xff) + 1` never carries into the next byte.
+#[inline(always)]
+fn signed(mags: u32, bits: u32) -> u32 {
+    let mask = sign_bytes(bits);
+    (mags ^ mask).wrapping_add(mask & 0x0101_0101)
+}
+
+/// The 7-bit sign code's 8 signs: bit 7 makes the count of negatives even (`codebooks::KSIGNS`).
+#[inline(always)]
+fn ksigns(code: u32) -> u32 {
+    code | (code.count_ones() & 1) << 7
+}
+
+/// Four codes (one per byte, each 0..16) to the IQ4_NL levels: two byte permutes over the
+/// levels 0-7 and 8-15, then a select on bit 3.
+#[inline(always)]
+fn iq4_levels(codes: u32) -> u32 {
+    let sel = (codes & 0x7) | (codes >> 4 & 0x70) | (codes >> 8 & 0x700) | (codes >> 12 & 0x7000);
+    let low = int::prmt(iq4_nl::LEVEL_WORDS[0], iq4_nl::LEVEL_WORDS[1], sel);
+    let high = int::prmt(iq4_nl::LEVEL_WORDS[2], iq4_nl::LEVEL_WORDS[3], sel);
+    let upper = ((codes >> 3) & 0x0101_0101) * 0xff;
+    (high & upper) | (low & !upper)
+}
+
+/// 16 nibble bytes at `qs` to the 8 words of IQ4 levels (low nibbles first, then high).
+#[inline(always)]
+unsafe fn iq4_words(qs: *const u8) -> [u32; 8] {
+    let mut w = [0u32; 8];
+    for i in 0..4 {
+        let nib = mem::ld_nc_u32_a2(qs.add(4 * i));
+        w[i] = iq4_levels(nib & 0x0f0f_0f0f);
+        w[i + 4] = iq4_levels((nib >> 4) & 0x0f0f_0f0f);
+    }
+    w
+}
+
+pub struct Q8_0;
+impl Block for Q8_0 {
+    const BYTES: usize = q8_0::BYTES;
+    const GROUPS: u32 = 1;
+    const SHIFT: u32 = 0;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, _g: u32) -> Group {
+        let mut w = [0u32; 8];
+        for (i, word) in w.iter_mut().enumerate() {
+            *word = mem::ld_nc_u32_a2(p.add(q8_0::OFF_Q + 4 * i));
+        }
+        Group { d: scale(p.add(q8_0::OFF_D)), w, f: [1, 1] }
+    }
+}
+
+pub struct Q2_0;
+impl Block for Q2_0 {
+    const BYTES: usize = q2_0::BYTES;
+    const GROUPS: u32 = 2;
+    const SHIFT: u32 = 0;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, g: u32) -> Group {
+        // Levels of codes 0..3 = -1, 0, 1, 2, as one word for `prmt`.
+        const LEVELS: u32 = 0x0201_00ff;
+        let mut w = [0u32; 8];
+        for i in 0..4 {
+            let two = mem::ld_nc_u16(p.add(q2_0::OFF_QS + 8 * g as usize + 2 * i)) as u32;
+            for h in 0..2 {
+                let b = two >> (8 * h);
+                let sel = (b & 0x3) | (b & 0xc) << 2 | (b & 0x30) << 4 | (b & 0xc0) << 6;
+                w[2 * i + h] = int::prmt(LEVELS, 0, sel);
+            }
+        }
+        Group { d: scale(p.add(q2_0::OFF_D)), w, f: [1, 1] }
+    }
+}
+
+pub struct Iq4Nl;
+impl Block for Iq4Nl {
+    const BYTES: usize = iq4_nl::BYTES;
+    const GROUPS: u32 = 1;
+    const SHIFT: u32 = 0;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, _g: u32) -> Group {
+        Group { d: scale(p.add(iq4_nl::OFF_D)), w: iq4_words(p.add(iq4_nl::OFF_QS)), f: [1, 1] }
+    }
+}
+
+pub struct Iq4Xs;
+impl Block for Iq4Xs {
+    const BYTES: usize = iq4_xs::BYTES;
+    const GROUPS: u32 = 8;
+    const SHIFT: u32 = 0;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, g: u32) -> Group {
+        let lo = (mem::ld_nc_u8(p.add(iq4_xs::OFF_SCALES_L + g as usize / 2)) as u32 >> (4 * (g % 2))) & 15;
+        let hi = (mem::ld_nc_u16(p.add(iq4_xs::OFF_SCALES_H)) as u32 >> (2 * g)) & 3;
+        let f = (lo | hi << 4) as i32 - 32;
+        Group { d: scale(p.add(iq4_xs::OFF_D)), w: iq4_words(p.add(iq4_xs::OFF_QS + 16 * g as usize)), f: [f, f] }
+    }
+}
+
+pub struct Q6K;
+impl Block for Q6K {
+    const BYTES: usize = q6_k::BYTES;
+    const GROUPS: u32 = 8;
+    const SHIFT: u32 = 0;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, g: u32) -> Group {
+        let (h, q) = (g as usize / 4, g % 4);
+        let ql = p.add(q6_k::OFF_QL + 64 * h + 32 * (q as usize % 2));
+        let qh = p.add(q6_k::OFF_QH + 32 * h);
+        let mut w = [0u32; 8];
+        for (i, word) in w.iter_mut().enumerate() {
+            let lo = (mem::ld_nc_u32_a2(ql.add(4 * i)) >> (4 * (q / 2))) & 0x0f0f_0f0f;
+            let hi = (mem::ld_nc_u32_a2(qh.add(4 * i)) >> (2 * q)) & 0x0303_0303;
+            // 6-bit u = lo | hi << 4; u - 32 is u with bit 5 flipped, read as 6-bit signed:
+            // flip, then copy bit 5 into bits 6 and 7.
+            let y = (lo | hi << 4) ^ 0x2020_2020;
+            *word = y | (y & 0x2020_2020) * 6;
+        }
+        let sc = mem::ld_nc_u16(p.add(q6_k::OFF_SCALES + 2 * g as usize));
+        Group { d: scale(p.add(q6_k::OFF_D)), w, f: [sc as u8 as i8 as i32, (sc >> 8) as u8 as i8 as i32] }
+    }
+}
+
+/// An 8-magnitude grid entry with its 8 sign bits, as two words.
+#[inline(always)]
+fn grid8(grid: &[u32], entry: usize, signs: u32) -> (u32, u32) {
+    (signed(grid[2 * entry], signs), signed(grid[2 * entry + 1], signs >> 4))
+}
+
+pub struct Iq2Xxs;
+impl Block for Iq2Xxs {
+    const BYTES: usize = iq2_xxs::BYTES;
+    const GROUPS: u32 = 8;
+    const SHIFT: u32 = 3;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, g: u32) -> Group {
+        let q = p.add(iq2_xxs::OFF_QS + 8 * g as usize);
+        let (a0, a1) = (mem::ld_nc_u32_a2(q), mem::ld_nc_u32_a2(q.add(4)));
+        let mut w = [0u32; 8];
+        for l in 0..4 {
+            (w[2 * l], w[2 * l + 1]) = grid8(&IQ2_XXS_GRID, (a0 >> (8 * l) & 0xff) as usize, ksigns(a1 >> (7 * l) & 127));
+        }
+        let f = 2 * (a1 >> 28) as i32 + 1;
+        Group { d: scale(p.add(iq2_xxs::OFF_D)), w, f: [f, f] }
+    }
+}
+
+pub struct Iq2Xs;
+impl Block for Iq2Xs {
+    const BYTES: usize = iq2_xs::BYTES;
+    const GROUPS: u32 = 8;
+    const SHIFT: u32 = 3;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, g: u32) -> Group {
+        let mut w = [0u32; 8];
+        for l in 0..4 {
+            let q = mem::ld_nc_u16(p.add(iq2_xs::OFF_QS + 2 * (4 * g as usize + l))) as u32;
+            (w[2 * l], w[2 * l + 1]) = grid8(&IQ2_XS_GRID, (q & 511) as usize, ksigns(q >> 9));
+        }
+        let s = mem::ld_nc_u8(p.add(iq2_xs::OFF_SCALES + g as usize)) as i32;
+        Group { d: scale(p.add(iq2_xs::OFF_D)), w, f: [2 * (s & 15) + 1, 2 * (s >> 4) + 1] }
+    }
+}
+
+pub struct Iq2S;
+impl Block for Iq2S {
+    const BYTES: usize = iq2_s::BYTES;
+    const GROUPS: u32 = 8;
+    const SHIFT: u32 = 3;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, g: u32) -> Group {
+        let qs = mem::ld_nc_u32_a2(p.add(iq2_s::OFF_QS + 4 * g as usize));
+        let signs = mem::ld_nc_u32_a2(p.add(iq2_s::OFF_SIGNS + 4 * g as usize));
+        let qh = mem::ld_nc_u8(p.add(iq2_s::OFF_QH + g as usize)) as u32;
+        let mut w = [0u32; 8];
+        for l in 0..4 {
+            let entry = (qs >> (8 * l) & 0xff) | ((qh >> (2 * l)) & 3) << 8;
+            (w[2 * l], w[2 * l + 1]) = grid8(&IQ2_S_GRID, entry as usize, signs >> (8 * l) & 0xff);
+        }
+        let s = mem::ld_nc_u8(p.add(iq2_s::OFF_SCALES + g as usize)) as i32;
+        Group { d: scale(p.add(iq2_s::OFF_D)), w, f: [2 * (s & 15) + 1, 2 * (s >> 4) + 1] }
+    }
+}
+
+pub struct Iq3Xxs;
+impl Block for Iq3Xxs {
+    const BYTES: usize = iq3_xxs::BYTES;
+    const GROUPS: u32 = 8;
+    const SHIFT: u32 = 2;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, g: u32) -> Group {
+        let q = p.add(iq3_xxs::OFF_QS + 8 * g as usize);
+        let idx = [mem::ld_nc_u32_a2(q), mem::ld_nc_u32_a2(q.add(4))];
+        let aux = mem::ld_nc_u32_a2(p.add(iq3_xxs::OFF_AUX + 4 * g as usize));
+        let mut w = [0u32; 8];
+        for l in 0..4 {
+            let signs = ksigns(aux >> (7 * l) & 127);
+            for half in 0..2 {
+                let i = 2 * l + half;
+                let entry = (idx[i / 4] >> (8 * (i % 4))) & 0xff;
+                w[i] = signed(IQ3_XXS_GRID[entry as usize], signs >> (4 * half));
+            }
+        }
+        let f = 2 * (aux >> 28) as i32 + 1;
+        Group { d: scale(p.add(iq3_xxs::OFF_D)), w, f: [f, f] }
+    }
+}
+
+pub struct Iq3S;
+impl Block for Iq3S {
+    const BYTES: usize = iq3_s::BYTES;
+    const GROUPS: u32 = 8;
+    const SHIFT: u32 = 0;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, g: u32) -> Group {
+        let q = p.add(iq3_s::OFF_QS + 8 * g as usize);
+        let idx = [mem::ld_nc_u32_a2(q), mem::ld_nc_u32_a2(q.add(4))];
+        let qh = mem::ld_nc_u8(p.add(iq3_s::OFF_QH + g as usize)) as u32;
+        let signs = mem::ld_nc_u32_a2(p.add(iq3_s::OFF_SIGNS + 4 * g as usize));
+        let mut w = [0u32; 8];
+        for i in 0..8 {
+            let entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xff) | ((qh >> i) & 1) << 8;
+            w[i] = signed(IQ3_S_GRID[entry as usize], signs >> (4 * i));
+        }
+        let s = (mem::ld_nc_u8(p.add(iq3_s::OFF_SCALES + g as usize / 2)) as u32 >> (4 * (g % 2))) & 15;
+        let f = 1 + 2 * s as i32;
+        Group { d: scale(p.add(iq3_s::OFF_D)), w, f: [f, f] }
+    }
+}
