@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use strata::host::cpu::CpuBackend;
 use strata::host::parity::{self, Outcome};
 use strata::host::{cuda, hip, Backend};
-use strata_gpu_shared::formats::WeightFormat;
+use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
 
 fn open(name: &str) -> Option<Box<dyn Backend>> {
     let opened: Result<Box<dyn Backend>, _> = match name {
@@ -67,6 +67,21 @@ macro_rules! parity_pair {
                         let out = parity::mmvq_case(&[&*a, &*b], format, m, k, rows, rng.random(), $reference == "cpu").unwrap();
                         eprintln!("  {} {} {}: identical {}", out.kernel, out.shape, out.backends.join("="), out.identical());
                         check(out);
+                    }
+                }
+            }
+
+            #[test]
+            fn matvec_identical() {
+                let (Some(a), Some(b)) = (open($reference), open($other)) else { return };
+                let seed = common::seed(concat!(stringify!($pair), "::matvec"));
+                let mut rng = SmallRng::seed_from_u64(seed);
+                for format in FloatFormat::ALL {
+                    // Router shapes (128 and 512 experts), odd sizes, then random ones.
+                    let mut shapes = vec![(128, 2048, 1), (512, 2560, 8), (1, 1, 1), (37, 33, 5)];
+                    shapes.extend((0..6).map(|_| (rng.random_range(1..=1024), rng.random_range(1..=4096), rng.random_range(1..=8))));
+                    for (m, k, rows) in shapes {
+                        check(parity::matvec_case(&[&*a, &*b], format, m, k, rows, rng.random()).unwrap());
                     }
                 }
             }

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use strata::host::cpu::CpuBackend;
 use strata::host::parity::{self, NMSE_MAX};
 use strata::host::{Backend, Error, Weights};
-use strata_gpu_shared::formats::{q8_1, WeightFormat, GROUP};
+use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::replica;
 
 /// Random shapes (rows 1..8, K 32..8192 in steps of 32, M up to 4096): the replica's NMSE
@@ -32,6 +32,24 @@ fn mmvq_replica_matches_float64() {
             eprintln!("  {} {} seed {case_seed}: NMSE {e:.2e}", out.kernel, out.shape);
             assert!(out.passed(), "{}", out.explain());
             assert!(e <= NMSE_MAX);
+        }
+    }
+}
+
+/// The float matvec replica (router weights) against float64: f32 products and sums only, so far
+/// under the bar.
+#[test]
+fn matvec_replica_matches_float64() {
+    let seed = common::seed("matvec_replica_matches_float64");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let cpu = CpuBackend::new();
+    for format in FloatFormat::ALL {
+        for _ in 0..4 {
+            let (m, k, rows) = (rng.random_range(32..=1024), rng.random_range(1..=4096), rng.random_range(1..=8));
+            let out = parity::matvec_case(&[&cpu], format, m, k, rows, rng.random()).unwrap();
+            let e = out.nmse.expect("NMSE measured");
+            eprintln!("  {} {}: NMSE {e:.2e}", out.kernel, out.shape);
+            assert!(out.passed() && e < 1e-10, "{}", out.explain());
         }
     }
 }

@@ -310,3 +310,43 @@ pub const LAYOUT_CONSTANTS: &[(&str, usize)] = &[
     ("IQ3_S_OFF_SIGNS", iq3_s::OFF_SIGNS),
     ("IQ3_S_OFF_SCALES", iq3_s::OFF_SCALES),
 ];
+
+/// Float weight formats of the float matvec (router-sized matrices stay in float).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FloatFormat {
+    F32,
+    Bf16,
+}
+
+impl FloatFormat {
+    pub const ALL: [FloatFormat; 2] = [FloatFormat::F32, FloatFormat::Bf16];
+
+    pub const fn bytes(self) -> usize {
+        match self {
+            FloatFormat::F32 => 4,
+            FloatFormat::Bf16 => 2,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            FloatFormat::F32 => "F32",
+            FloatFormat::Bf16 => "BF16",
+        }
+    }
+
+    pub const fn matvec_kernel(self) -> &'static str {
+        match self {
+            FloatFormat::F32 => "matvec_f32",
+            FloatFormat::Bf16 => "matvec_bf16",
+        }
+    }
+
+    /// Element `j` of a row of this format, widened to f32 (exact).
+    pub fn get(self, row: &[u8], j: usize) -> f32 {
+        match self {
+            FloatFormat::F32 => f32::from_le_bytes([row[4 * j], row[4 * j + 1], row[4 * j + 2], row[4 * j + 3]]),
+            FloatFormat::Bf16 => f32::from_bits((u16::from_le_bytes([row[2 * j], row[2 * j + 1]]) as u32) << 16),
+        }
+    }
+}

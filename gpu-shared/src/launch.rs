@@ -17,6 +17,7 @@ pub const QUANTIZE_WARPS: u32 = 4;
 /// Activation rows one `mmvq` launch multiplies.
 pub const MMVQ_MAX_ROWS: usize = 8;
 
+/// The matvec geometry: one warp per weight row, `MMVQ_WARPS` rows per block.
 const fn mmvq(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8 }
 }
@@ -33,6 +34,8 @@ pub const BOUNDS: &[Bounds] = &[
     mmvq("mmvq_iq4_nl"),
     mmvq("mmvq_iq4_xs"),
     mmvq("mmvq_q2_0"),
+    mmvq("matvec_f32"),
+    mmvq("matvec_bf16"),
 ];
 
 /// The bounds of `kernel`, if it is in the table.

@@ -28,6 +28,13 @@
 //! combined by [`butterfly_sum`]. A variant may give one group to several threads (the integer
 //! `S_b` is exact) or several rows to one warp, but the partials and the tree stay as here.
 
+//!
+//! ## `matvec_f32` / `matvec_bf16` (float weights, f32 activations)
+//!
+//! Partial `p` (of [`LANES`]) is the left-to-right sum from +0.0 of `w[j] * x[j]` (the product
+//! rounded to f32, then added: no fma) for `j = p, p + 32, ...`; bf16 weights widen to f32
+//! exactly. The partials are combined by [`butterfly_sum`].
+
 /// Partial sums per output value: the lanes of one warp.
 pub const LANES: usize = 32;
 

@@ -4,13 +4,22 @@
 //! the output (so a caller can poison it, e.g. fill it with NaN, and see afterwards which
 //! elements the kernel wrote), launches, and downloads the output.
 use crate::error::{Error, Result};
-use strata_gpu_shared::formats::{q8_1, WeightFormat, GROUP};
+use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::launch::MMVQ_MAX_ROWS;
 
 /// A quantized weight matrix: `m` rows of `k` values in `format`, row-major blocks.
 #[derive(Clone, Copy, Debug)]
 pub struct Weights<'a> {
     pub format: WeightFormat,
+    pub m: usize,
+    pub k: usize,
+    pub data: &'a [u8],
+}
+
+/// A float weight matrix: `m` rows of `k` elements of `format`, row-major.
+#[derive(Clone, Copy, Debug)]
+pub struct FloatWeights<'a> {
+    pub format: FloatFormat,
     pub m: usize,
     pub k: usize,
     pub data: &'a [u8],
@@ -27,6 +36,9 @@ pub trait Backend {
     /// `y[r * m + i] = dot(w row i, activation row r)` for `rows` (1..=8) q8_1 rows of `w.k`
     /// values in `xq`.
     fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, y: &mut [f32]) -> Result<()>;
+
+    /// `y[r * m + i] = dot(w row i, x row r)` for `rows` (1..=8) f32 rows of `w.k` values.
+    fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()>;
 }
 
 fn shape_err(kernel: &'static str, detail: String) -> Error {
@@ -73,4 +85,26 @@ pub fn check_mmvq(w: &Weights, xq: &[u8], rows: usize, y: &[f32]) -> Result<usiz
         return Err(shape_err(kname, format!("output holds {} floats, {rows} x {} needed", y.len(), w.m)));
     }
     Ok(groups)
+}
+
+/// Checks `matvec`'s sizes.
+pub fn check_matvec(w: &FloatWeights, x: &[f32], rows: usize, y: &[f32]) -> Result<()> {
+    let kname = w.format.matvec_kernel();
+    if w.k == 0 || w.k > u32::MAX as usize || w.m == 0 || w.m > u32::MAX as usize {
+        return Err(shape_err(kname, format!("{}x{} weights", w.m, w.k)));
+    }
+    if !(1..=MMVQ_MAX_ROWS).contains(&rows) {
+        return Err(shape_err(kname, format!("{rows} activation rows, supported 1..={MMVQ_MAX_ROWS}")));
+    }
+    let wbytes = w.m * w.k * w.format.bytes();
+    if w.data.len() != wbytes {
+        return Err(shape_err(kname, format!("{}x{} {} weights need {wbytes} bytes, got {}", w.m, w.k, w.format.name(), w.data.len())));
+    }
+    if x.len() != rows * w.k {
+        return Err(shape_err(kname, format!("{rows} rows of {} values need {} floats, got {}", w.k, rows * w.k, x.len())));
+    }
+    if y.len() != rows * w.m {
+        return Err(shape_err(kname, format!("output holds {} floats, {rows} x {} needed", y.len(), w.m)));
+    }
+    Ok(())
 }

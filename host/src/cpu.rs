@@ -1,5 +1,5 @@
 //! The `cpu` backend: the gpu-shared replicas, split over the machine's threads.
-use crate::backend::{check_mmvq, check_quantize, Backend, Weights};
+use crate::backend::{check_matvec, check_mmvq, check_quantize, Backend, FloatWeights, Weights};
 use crate::error::Result;
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::replica;
@@ -58,6 +58,20 @@ impl Backend for CpuBackend {
                 for (i, v) in chunk.iter_mut().enumerate() {
                     let wrow = &w.data[(first + i) * row_bytes..(first + i + 1) * row_bytes];
                     *v = replica::mmvq::row_dot(w.format, wrow, xrow);
+                }
+            });
+        }
+        Ok(())
+    }
+
+    fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()> {
+        check_matvec(w, x, rows, y)?;
+        let row_bytes = w.k * w.format.bytes();
+        for (r, yr) in y.chunks_exact_mut(w.m).enumerate() {
+            let xr = &x[r * w.k..(r + 1) * w.k];
+            self.par_chunks(yr, 1, |first, chunk| {
+                for (i, v) in chunk.iter_mut().enumerate() {
+                    *v = replica::matvec::row_dot(w.format, &w.data[(first + i) * row_bytes..(first + i + 1) * row_bytes], xr);
                 }
             });
         }

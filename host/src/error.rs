@@ -7,13 +7,13 @@ pub enum Error {
     #[error("kernel {kernel}: {detail}")]
     Shape { kernel: &'static str, detail: String },
     /// A CUDA driver call failed while running `kernel` (launch, copy, synchronize).
-    #[error("kernel {kernel} on {backend}: {what}: {source}")]
+    /// (`cause` is in the message itself, not a `source()`, so chain printers show it once.)
+    #[error("kernel {kernel} on {backend}: {what}: {cause}")]
     Driver {
         backend: &'static str,
         kernel: String,
         what: &'static str,
-        #[source]
-        source: cudarc::driver::DriverError,
+        cause: cudarc::driver::DriverError,
     },
     /// No usable GPU (no driver library, no device, or too old).
     #[error("{backend}: no usable GPU: {reason}")]

@@ -10,7 +10,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::backend::{check_mmvq, check_quantize, Backend, Weights};
+use crate::backend::{check_matvec, check_mmvq, check_quantize, Backend, FloatWeights, Weights};
 use crate::error::{Error, Result};
 use strata_gpu_shared::launch::{bounds, BOUNDS, MMVQ_WARPS, QUANTIZE_WARPS};
 
@@ -43,6 +43,11 @@ pub fn open_device(backend: &'static str, ordinal: usize) -> Result<(Arc<CudaCon
     probe().map_err(|reason| Error::NoGpu { backend, reason })?;
     let setup = |what: &str, e: DriverError| Error::Setup { backend, what: what.into(), detail: e.to_string() };
     let ctx = CudaContext::new(ordinal).map_err(|e| setup("opening the device", e))?;
+    // SAFETY: cudarc's per-buffer event tracking only matters across streams. A backend issues
+    // all its work on one stream, and the one other stream (the bench's graph-capture stream)
+    // is used only after an explicit synchronize; and recording tracking events inside a
+    // capture is what a capture refuses. So tracking is off, for buffers created from here on.
+    unsafe { ctx.disable_event_tracking() };
     let info = DeviceInfo {
         ordinal,
         name: ctx.name().map_err(|e| setup("device name", e))?,
@@ -93,27 +98,53 @@ impl GpuBackend {
         &self.info
     }
 
-    fn driver_err<'a>(&self, kernel: &'a str, what: &'static str) -> impl Fn(DriverError) -> Error + 'a {
+    pub(crate) fn driver_err<'a>(&self, kernel: &'a str, what: &'static str) -> impl Fn(DriverError) -> Error + 'a {
         let backend = self.name;
-        move |source| Error::Driver { backend, kernel: kernel.to_string(), what, source }
+        move |cause| Error::Driver { backend, kernel: kernel.to_string(), what, cause }
     }
 
-    fn upload<T: DeviceRepr>(&self, kernel: &str, host: &[T]) -> Result<CudaSlice<T>> {
+    pub(crate) fn upload<T: DeviceRepr>(&self, kernel: &str, host: &[T]) -> Result<CudaSlice<T>> {
         self.stream.clone_htod(host).map_err(self.driver_err(kernel, "copy to device"))
     }
 
-    /// A launch of `kernel`; the caller pushes its parameters in order and hands it to [`Self::run`].
-    fn builder(&self, kernel: &'static str) -> LaunchArgs<'_> {
-        self.stream.launch_builder(&self.functions[kernel])
+    /// `cuda` or `hip`.
+    pub fn name_static(&self) -> &'static str {
+        self.name
     }
 
-    /// Launches over `blocks` blocks of the kernel's table thread count and waits for it.
-    fn run(&self, kernel: &'static str, blocks: u32, mut args: LaunchArgs) -> Result<()> {
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// A launch of `kernel`; the caller pushes its parameters in order and hands it to
+    /// [`Self::run`] or [`Self::launch_async`].
+    pub(crate) fn builder(&self, kernel: &'static str) -> LaunchArgs<'_> {
+        self.builder_on(&self.stream, kernel)
+    }
+
+    /// As [`Self::builder`], on another stream of the same context (graph capture cannot use
+    /// the default stream).
+    pub(crate) fn builder_on<'a>(&'a self, stream: &'a CudaStream, kernel: &'static str) -> LaunchArgs<'a> {
+        stream.launch_builder(&self.functions[kernel])
+    }
+
+    /// Queues the launch over `blocks` blocks of the kernel's table thread count, without
+    /// waiting (benches, graph capture).
+    ///
+    /// # Safety
+    /// `args` holds exactly the parameters the kernel declares, with device buffers of the sizes
+    /// its contract names (the shape checks in `backend` establish them for the safe callers).
+    pub(crate) unsafe fn launch_async(&self, kernel: &'static str, blocks: u32, mut args: LaunchArgs) -> Result<()> {
         let threads = bounds(kernel).expect("every launched kernel is in BOUNDS").threads;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        args.launch(cfg).map(|_| ()).map_err(self.driver_err(kernel, "launch"))
+    }
+
+    /// Launches and waits, so an execution error is reported against this kernel.
+    fn run(&self, kernel: &'static str, blocks: u32, args: LaunchArgs) -> Result<()> {
         // SAFETY: every caller pushes exactly the parameters the kernel declares, device buffers
         // sized by the shape checks in `backend`, and a grid the kernel's own bounds test covers.
-        unsafe { args.launch(cfg) }.map_err(self.driver_err(kernel, "launch"))?;
+        unsafe { self.launch_async(kernel, blocks, args) }?;
         self.stream.synchronize().map_err(self.driver_err(kernel, "execution"))
     }
 
@@ -151,6 +182,19 @@ impl Backend for GpuBackend {
         let mut dy = self.upload(kernel, y)?;
         let mut args = self.builder(kernel);
         args.arg(&dw).arg(&dx).arg(&mut dy).arg(&m).arg(&groups).arg(&rows);
+        self.run(kernel, m.div_ceil(MMVQ_WARPS), args)?;
+        self.download(kernel, &dy, y)
+    }
+
+    fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()> {
+        let kernel = w.format.matvec_kernel();
+        check_matvec(w, x, rows, y)?;
+        let (m, k, rows) = (w.m as u32, w.k as u32, rows as u32);
+        let dw = self.upload(kernel, w.data)?;
+        let dx = self.upload(kernel, x)?;
+        let mut dy = self.upload(kernel, y)?;
+        let mut args = self.builder(kernel);
+        args.arg(&dw).arg(&dx).arg(&mut dy).arg(&m).arg(&k).arg(&rows);
         self.run(kernel, m.div_ceil(MMVQ_WARPS), args)?;
         self.download(kernel, &dy, y)
     }

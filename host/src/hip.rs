@@ -22,6 +22,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("quantize_q8_1.hip", include_str!("../../device/hip/quantize_q8_1.hip")),
     ("blocks.hip", include_str!("../../device/hip/blocks.hip")),
     ("mmvq.hip", include_str!("../../device/hip/mmvq.hip")),
+    ("matvec.hip", include_str!("../../device/hip/matvec.hip")),
 ];
 
 /// `#define`s generated from gpu-shared: launch bounds per kernel, sizes and offsets, the

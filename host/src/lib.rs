@@ -8,9 +8,12 @@
 //! | [`gpu`] | a CUDA driver context + module: what `cuda` and `hip` have in common |
 //! | [`cuda`] | the Rust PTX from `device/` |
 //! | [`hip`] | the `device/hip/*.hip` sources, compiled at run time by NVRTC |
+//! | [`bench`] | `strata bench`: kernels against the device copy bandwidth |
+//! | [`gguf`] | GGUF reader (validating, memory-mapped) and writer |
 //! | [`parity`] | random cases, cross-backend `memcmp`, NMSE against float64 |
 
 pub mod backend;
+pub mod bench;
 pub mod cpu;
 pub mod cuda;
 pub mod error;
@@ -19,5 +22,6 @@ pub mod hip;
 pub mod parity;
 pub mod reference;
 
-pub use backend::{Backend, Weights};
+pub use backend::{Backend, FloatWeights, Weights};
 pub use error::{Error, Result};
+pub mod gguf;

@@ -7,11 +7,11 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::{Backend, Weights};
+use crate::backend::{Backend, FloatWeights, Weights};
 use crate::error::Result;
-use crate::reference::{matvec_f64, nmse};
+use crate::reference::{float_matvec_f64, matvec_f64, nmse};
 use strata_gpu_shared::f16::f32_to_f16;
-use strata_gpu_shared::formats::{q8_1, WeightFormat, GROUP};
+use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
 
 /// The NMSE bar against float64 (the one llama.cpp's backend tests use).
 pub const NMSE_MAX: f64 = 5e-4;
@@ -181,11 +181,32 @@ pub fn mmvq_case(
     let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     let mut xq = vec![0u8; rows * k / GROUP * q8_1::BYTES];
     backends[0].quantize_q8_1(&x, &mut xq)?;
+    let (outs, mismatch, unwritten) = run_f32(backends, rows * m, |b, y| b.mmvq(&w, &xq, rows, y))?;
+    let nmse = (check_reference && rows * m >= NMSE_MIN_VALUES).then(|| nmse(&outs[0], &matvec_f64(&w, &x, rows)));
+    Ok(Outcome {
+        kernel: format.mmvq_kernel().into(),
+        shape: format!("{m}x{k} x{rows}"),
+        seed,
+        backends: backends.iter().map(|b| b.name()).collect(),
+        mismatch,
+        unwritten,
+        nmse,
+    })
+}
+
+/// Runs one kernel with an f32 output of `len` values on every backend, output poisoned first;
+/// returns the outputs, the first mismatch against the first backend, and the unwritten counts.
+#[allow(clippy::type_complexity)]
+fn run_f32(
+    backends: &[&dyn Backend],
+    len: usize,
+    run: impl Fn(&dyn Backend, &mut [f32]) -> Result<()>,
+) -> Result<(Vec<Vec<f32>>, Option<Mismatch>, Vec<(&'static str, usize, usize)>)> {
     let mut outs: Vec<Vec<f32>> = Vec::new();
     let mut unwritten = Vec::new();
-    for b in backends {
-        let mut y = vec![f32::from_bits(POISON_F32); rows * m];
-        b.mmvq(&w, &xq, rows, &mut y)?;
+    for &b in backends {
+        let mut y = vec![f32::from_bits(POISON_F32); len];
+        run(b, &mut y)?;
         let bad: Vec<usize> = (0..y.len()).filter(|&i| y[i].to_bits() == POISON_F32).collect();
         if let Some(&first) = bad.first() {
             unwritten.push((b.name(), bad.len(), first));
@@ -202,9 +223,28 @@ pub fn mmvq_case(
             want: format!("{:e} ({:#010x})", outs[0][index], reference[index]),
         })
     });
-    let nmse = (check_reference && rows * m >= NMSE_MIN_VALUES).then(|| nmse(&outs[0], &matvec_f64(&w, &x, rows)));
+    Ok((outs, mismatch, unwritten))
+}
+
+/// Runs `matvec` for float `format` on `backends` (reference first): `m` x `k` random weights
+/// times `rows` random f32 rows, NMSE of the reference output against float64.
+pub fn matvec_case(backends: &[&dyn Backend], format: FloatFormat, m: usize, k: usize, rows: usize, seed: u64) -> Result<Outcome> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let data: Vec<u8> = (0..m * k)
+        .flat_map(|_| {
+            let v: f32 = rng.random_range(-1.0..1.0);
+            match format {
+                FloatFormat::F32 => v.to_le_bytes().to_vec(),
+                FloatFormat::Bf16 => ((v.to_bits() >> 16) as u16).to_le_bytes().to_vec(),
+            }
+        })
+        .collect();
+    let w = FloatWeights { format, m, k, data: &data };
+    let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let (outs, mismatch, unwritten) = run_f32(backends, rows * m, |b, y| b.matvec(&w, &x, rows, y))?;
+    let nmse = (rows * m >= NMSE_MIN_VALUES).then(|| nmse(&outs[0], &float_matvec_f64(&w, &x, rows)));
     Ok(Outcome {
-        kernel: format.mmvq_kernel().into(),
+        kernel: format.matvec_kernel().into(),
         shape: format!("{m}x{k} x{rows}"),
         seed,
         backends: backends.iter().map(|b| b.name()).collect(),

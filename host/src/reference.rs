@@ -40,6 +40,19 @@ pub fn matvec_f64(w: &Weights, x: &[f32], rows: usize) -> Vec<f64> {
     y
 }
 
+/// `y[r * m + i] = sum_j w[i][j] * x[r][j]` in float64 for float weights.
+pub fn float_matvec_f64(w: &crate::backend::FloatWeights, x: &[f32], rows: usize) -> Vec<f64> {
+    let rb = w.k * w.format.bytes();
+    let mut y = vec![0.0; rows * w.m];
+    for i in 0..w.m {
+        let row = &w.data[i * rb..(i + 1) * rb];
+        for r in 0..rows {
+            y[r * w.m + i] = (0..w.k).map(|j| w.format.get(row, j) as f64 * x[r * w.k + j] as f64).sum();
+        }
+    }
+    y
+}
+
 /// `sum (got - want)^2 / sum want^2`; infinite when `got` holds a NaN or the reference is all 0.
 pub fn nmse(got: &[f32], want: &[f64]) -> f64 {
     let (mut err, mut norm) = (0.0f64, 0.0f64);

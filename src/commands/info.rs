@@ -7,6 +7,9 @@ use strata_host::Error;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// A GGUF file: show its architecture, every metadata key and value, its tensor table (name,
+    /// type, shape, bytes, offset) and the totals per type. Without it, show the backends.
+    pub file: Option<std::path::PathBuf>,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
@@ -33,6 +36,9 @@ fn gpu_line(b: &Result<GpuBackend, Error>) -> String {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    if let Some(path) = &args.file {
+        return super::file_info::run(path);
+    }
     let found = Available::open(args.device);
     println!("strata {}", env!("CARGO_PKG_VERSION"));
     println!(

@@ -1,3 +1,6 @@
 //! The CLI's subcommands, one per file. Each has clap `Args` and a `run` returning the exit code.
+pub mod bench;
+pub mod dump;
+pub mod file_info;
 pub mod info;
 pub mod parity;

@@ -6,7 +6,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::backends::Available;
-use strata_gpu_shared::formats::WeightFormat;
+use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
 use strata_host::parity::{self, Outcome, NMSE_MAX};
 use strata_host::Backend;
 
@@ -30,6 +30,8 @@ pub struct Args {
 /// to the format's block).
 const MMVQ_SHAPES: [(usize, usize, usize); 6] =
     [(2048, 2048, 1), (768, 2048, 4), (2048, 768, 8), (4096, 2048, 2), (1, 32, 1), (37, 96, 5)];
+/// Built-in float `matvec` shapes (M, K, rows): the routers of 128 and 512 experts, an odd one.
+const MATVEC_SHAPES: [(usize, usize, usize); 3] = [(128, 2048, 1), (512, 2560, 4), (37, 33, 8)];
 /// Built-in `quantize_q8_1` shapes (rows, K).
 const QUANTIZE_SHAPES: [(usize, usize); 3] = [(1, 2048), (8, 2048), (3, 32)];
 
@@ -90,6 +92,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         for (m, k, rows) in shapes {
             let t = Instant::now();
             record(parity::mmvq_case(&backends, format, m, k, rows, rng.random(), true)?, t);
+        }
+    }
+    for format in FloatFormat::ALL {
+        for (m, k, rows) in MATVEC_SHAPES {
+            let t = Instant::now();
+            record(parity::matvec_case(&backends, format, m, k, rows, rng.random())?, t);
         }
     }
     println!("{} passed, {failed} failed (identical bytes across backends; NMSE vs float64 <= {NMSE_MAX:.0e})", total - failed);

@@ -1,4 +1,5 @@
 //! One module per kernel family; each exports its `extern "ptx-kernel"` entries unmangled.
 pub mod blocks;
+pub mod matvec;
 pub mod mmvq;
 pub mod quantize_q8_1;

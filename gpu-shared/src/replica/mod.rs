@@ -1,6 +1,7 @@
 //! CPU replicas of the kernels: the specs of [`crate::order`] run in plain Rust. They are the
 //! third backend and the reference the GPU kernels must match bit for bit.
 
+pub mod matvec;
 pub mod mmvq;
 pub mod quantize_q8_1;
 

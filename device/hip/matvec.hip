@@ -1,0 +1,52 @@
+// matvec_f32 / matvec_bf16: float weights times 1..8 f32 activation rows. Twin of
+// device/src/kernels/matvec.rs: one warp per weight row, lane l takes elements l, l+32, ...,
+// one partial per activation row (product rounded, then added), then the warp butterfly.
+#include "strata_hip.h"
+
+struct F32W {
+  static constexpr uint32_t BYTES = 4;
+  STRATA_FN float get(const uint8_t* row, uint32_t j) { return __builtin_bit_cast(float, ld_nc_u32(row + 4 * (uint64_t)j)); }
+};
+
+struct Bf16W {
+  static constexpr uint32_t BYTES = 2;
+  STRATA_FN float get(const uint8_t* row, uint32_t j) {
+    return __builtin_bit_cast(float, (uint32_t)ld_nc_u16(row + 2 * (uint64_t)j) << 16);
+  }
+};
+
+template <typename W>
+static __device__ __forceinline__ void matvec(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k,
+                                              uint32_t rows) {
+  uint32_t row = block_idx() * STRATA_MMVQ_WARPS + warp_in_block();
+  if (row >= m) return;
+  uint32_t l = lane();
+  const uint8_t* wrow = w + (uint64_t)row * k * W::BYTES;
+  float acc[STRATA_MMVQ_MAX_ROWS];
+#pragma unroll
+  for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) acc[r] = 0.0f;
+  for (uint32_t j = l; j < k; j += 32) {
+    float wj = W::get(wrow, j);
+#pragma unroll
+    for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
+      if ((uint32_t)r < rows) {
+        float xj = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(x + (uint64_t)r * k + j)));
+        acc[r] = acc[r] + wj * xj;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
+    if ((uint32_t)r >= rows) continue;
+    float v = warp_sum_f32(acc[r]);
+    if (l == (uint32_t)r) y[(uint64_t)r * m + row] = v;
+  }
+}
+
+STRATA_KERNEL(matvec_f32)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows) {
+  matvec<F32W>(w, x, y, m, k, rows);
+}
+
+STRATA_KERNEL(matvec_bf16)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows) {
+  matvec<Bf16W>(w, x, y, m, k, rows);
+}

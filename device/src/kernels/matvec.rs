@@ -1,0 +1,84 @@
+//! `matvec_f32` / `matvec_bf16`: float weights (router-sized matrices) times 1..8 f32 activation
+//! rows. One warp per weight row (`MMVQ_WARPS` per block); lane `l` takes elements `l, l + 32,
+//! ...` (consecutive lanes read consecutive elements, so every load is coalesced) and keeps one
+//! partial per activation row; the warp butterfly sums the partials. Spec:
+//! `strata_gpu_shared::order` (matvec).
+use crate::arch::{index, mem, warp};
+use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MMVQ_WARPS};
+
+trait FloatWeight {
+    /// # Safety
+    /// `row` points at a row of at least `j + 1` elements in device memory, element-aligned.
+    unsafe fn get(row: *const u8, j: u32) -> f32;
+    const BYTES: usize;
+}
+
+struct F32;
+impl FloatWeight for F32 {
+    const BYTES: usize = 4;
+    #[inline(always)]
+    unsafe fn get(row: *const u8, j: u32) -> f32 {
+        f32::from_bits(mem::ld_nc_u32(row.add(4 * j as usize)))
+    }
+}
+
+struct Bf16;
+impl FloatWeight for Bf16 {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn get(row: *const u8, j: u32) -> f32 {
+        f32::from_bits((mem::ld_nc_u16(row.add(2 * j as usize)) as u32) << 16)
+    }
+}
+
+/// # Safety
+/// `w`: `m * k` elements of `W`; `x`: `rows * k` f32, 4-byte aligned; `y`: `rows * m` f32, not
+/// overlapping the inputs; `1 <= rows <= MMVQ_MAX_ROWS`.
+#[inline(always)]
+unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+    let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
+    if row >= m {
+        return; // whole warp
+    }
+    let lane = index::lane();
+    let wrow = w.add(row as usize * k as usize * W::BYTES);
+    let mut acc = [0.0f32; MMVQ_MAX_ROWS];
+    let mut j = lane;
+    while j < k {
+        let wj = W::get(wrow, j);
+        crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if (r as u32) < rows {
+                let xj = f32::from_bits(mem::ld_nc_u32(x.add(r * k as usize + j as usize) as *const u8));
+                acc[r] += wj * xj;
+            }
+        });
+        j += 32;
+    }
+    for (r, &a) in acc.iter().enumerate() {
+        if r as u32 >= rows {
+            continue;
+        }
+        let v = warp::warp_sum_f32(a);
+        if lane == r as u32 {
+            mem::st_f32(y.add(r * m as usize + row as usize), v);
+        }
+    }
+}
+
+/// f32 weights. Launch: `ceil(m / MMVQ_WARPS)` blocks of `32 * MMVQ_WARPS` threads.
+///
+/// # Safety
+/// As `matvec`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn matvec_f32(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+    matvec::<F32>(w, x, y, m, k, rows)
+}
+
+/// bf16 weights. Launch as [`matvec_f32`].
+///
+/// # Safety
+/// As `matvec`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn matvec_bf16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+    matvec::<Bf16>(w, x, y, m, k, rows)
+}
