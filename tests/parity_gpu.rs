@@ -72,6 +72,33 @@ macro_rules! parity_pair {
             }
 
             #[test]
+            fn head_identical() {
+                let (Some(a), Some(b)) = (open($reference), open($other)) else { return };
+                let seed = common::seed(concat!(stringify!($pair), "::head"));
+                let mut rng = SmallRng::seed_from_u64(seed);
+                // The vocabularies that matter, 1, 4, 5 and 8 rows, then odd sizes.
+                let mut shapes: Vec<(usize, usize)> = [106_299, 151_936, 248_320].iter().flat_map(|&n| [(1, n), (4, n), (5, n), (8, n)]).collect();
+                shapes.extend([(3, 1), (2, 4096), (2, 4097), (7, rng.random_range(2..30_000))]);
+                for (rows, n) in shapes {
+                    check(parity::argmax_case(&[&*a, &*b], rows, n, rng.random()).unwrap());
+                    check(parity::top_prob_case(&[&*a, &*b], rows, n, rng.random()).unwrap());
+                }
+            }
+
+            #[test]
+            fn quantize_q8_0_scaled_identical() {
+                let (Some(a), Some(b)) = (open($reference), open($other)) else { return };
+                let seed = common::seed(concat!(stringify!($pair), "::quantize_q8_0_scaled"));
+                let mut rng = SmallRng::seed_from_u64(seed);
+                for _ in 0..6 {
+                    let (rows, k) = (rng.random_range(1..=8), 32 * rng.random_range(1..=128));
+                    for per_column in [false, true] {
+                        check(parity::quantize_q8_0_case(&[&*a, &*b], rows, k, per_column, rng.random()).unwrap());
+                    }
+                }
+            }
+
+            #[test]
             fn matvec_identical() {
                 let (Some(a), Some(b)) = (open($reference), open($other)) else { return };
                 let seed = common::seed(concat!(stringify!($pair), "::matvec"));
@@ -92,3 +119,36 @@ macro_rules! parity_pair {
 parity_pair!(cuda_vs_cpu, "cpu", "cuda");
 parity_pair!(hip_vs_cpu, "cpu", "hip");
 parity_pair!(cuda_vs_hip, "cuda", "hip");
+
+/// With `grid_pad` forced on, every kernel's output is byte-identical to the unpadded run, and
+/// the guard words past every output stay untouched (the backend checks them on each call and
+/// fails the call otherwise).
+#[test]
+fn padded_grids_change_nothing() {
+    for name in ["cuda", "hip"] {
+        let opened = match name {
+            "cuda" => cuda::open(0, strata::ptx::IMAGES),
+            _ => hip::open(0),
+        };
+        let (mut padded, plain) = match (opened, open(name)) {
+            (Ok(p), Some(q)) => (p, q),
+            (Err(e), _) => return common::skip_or_fail(common::gpu_required(), name, &e.to_string()).unwrap_or(()),
+            _ => return,
+        };
+        padded.set_grid_pad(true);
+        assert!(padded.grid_pad_on());
+        let seed = common::seed("padded_grids_change_nothing");
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for _ in 0..4 {
+            let seed = rng.random();
+            let (m, k, rows) = parity::random_mmvq_shape(&mut rng, WeightFormat::Iq4Nl, 3000, 4096);
+            check(parity::mmvq_case(&[&*plain, &padded], WeightFormat::Iq4Nl, m, k, rows, seed, false).unwrap());
+            let (rows, n) = (rng.random_range(1..=8), rng.random_range(1..=160_000));
+            check(parity::argmax_case(&[&*plain, &padded], rows, n, seed).unwrap());
+            check(parity::top_prob_case(&[&*plain, &padded], rows, n, seed).unwrap());
+            check(parity::quantize_case(&[&*plain, &padded], rows, 32 * rng.random_range(1..=300), seed).unwrap());
+            check(parity::quantize_q8_0_case(&[&*plain, &padded], rows, 32 * rng.random_range(1..=300), true, seed).unwrap());
+            check(parity::matvec_case(&[&*plain, &padded], FloatFormat::Bf16, rng.random_range(1..=700), rng.random_range(1..=3000), rows, seed).unwrap());
+        }
+    }
+}

@@ -170,4 +170,25 @@ STRATA_FN int32_t f32_to_i32_rne(float x) {
 }
 #endif
 
+// ---- specified float functions (gpu-shared/src/math.rs; contraction is off) --------------------
+// e^x for x <= 0, every step as in math::exp_neg.
+STRATA_FN float exp_neg(float x) {
+  if (!(x > -103.0f)) return 0.0f;
+  float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  float r = (x - n * __builtin_bit_cast(float, 0x3f317200u)) - n * __builtin_bit_cast(float, 0x35bfbe8eu);
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t ni = (int32_t)n;
+  if (ni >= -126) return p * __builtin_bit_cast(float, (uint32_t)(ni + 127) << 23);
+  return (p * __builtin_bit_cast(float, (uint32_t)(ni + 100 + 127) << 23)) * __builtin_bit_cast(float, (uint32_t)(127 - 100) << 23);
+}
+
+// ---- dynamic shared memory as u32 words (device/src/arch/mem.rs Smem) -----------------------------
+extern __shared__ uint32_t strata_smem[];
+
 #endif  // STRATA_HIP_H

@@ -2,28 +2,40 @@
 //! in build.rs (`.maxntid`, `.minnctapersm`) and the HIP header (`__launch_bounds__` on NVIDIA,
 //! work-group size and waves per EU on AMD) are generated from, and that the host launches by.
 
-/// Threads per block and the minimum resident blocks per SM the compiler must allow.
+/// Threads per block and the minimum resident blocks per SM the compiler must allow, and the
+/// dynamic shared memory a launch gives the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bounds {
     pub kernel: &'static str,
     pub threads: u32,
     pub min_blocks: u32,
+    pub smem_bytes: u32,
 }
 
 /// Warps (one output row each) per `mmvq` block.
 pub const MMVQ_WARPS: u32 = 4;
 /// q8_1 groups (one warp each) per `quantize_q8_1` block.
 pub const QUANTIZE_WARPS: u32 = 4;
+/// Elements per block of the split head kernels (`argmax_rows`, `row_top_prob`): a 151,936
+/// vocabulary is 38 blocks per row.
+pub const HEAD_CHUNK: usize = 4096;
+/// Bytes of one segment each block of `copy_from_mapped_multi` copies: one 16-byte move per
+/// thread of a 256-thread block. (64 KiB per block was measured 6x slower than one copy per
+/// segment at 64 KiB segments: one block's serial reads across PCIe are latency-bound.)
+pub const COPY_CHUNK: usize = 4096;
+/// u64 words per segment in `copy_from_mapped_multi`'s table: source, destination, length,
+/// first block.
+pub const COPY_SEGMENT_WORDS: usize = 4;
 /// Activation rows one `mmvq` launch multiplies.
 pub const MMVQ_MAX_ROWS: usize = 8;
 
 /// The matvec geometry: one warp per weight row, `MMVQ_WARPS` rows per block.
 const fn mmvq(kernel: &'static str) -> Bounds {
-    Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8 }
+    Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8, smem_bytes: 0 }
 }
 
 pub const BOUNDS: &[Bounds] = &[
-    Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8 },
+    Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q6_k"),
     mmvq("mmvq_iq2_xxs"),
@@ -36,7 +48,26 @@ pub const BOUNDS: &[Bounds] = &[
     mmvq("mmvq_q2_0"),
     mmvq("matvec_f32"),
     mmvq("matvec_bf16"),
+    head("argmax_rows_ref"),
+    head("argmax_rows_split"),
+    head("argmax_rows_final"),
+    head("row_top_prob_ref"),
+    head("row_top_prob_max"),
+    head("row_top_prob_sum"),
+    head("row_top_prob_final"),
+    Bounds { kernel: "copy_from_mapped_multi", threads: 256, min_blocks: 4, smem_bytes: 0 },
+    Bounds { kernel: "quantize_q8_0_scaled", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
+    Bounds { kernel: "quantize_q8_0_scaled_ref", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
 ];
+
+/// The head geometry: 256 threads (`order::HEAD_THREADS`), one block per row or per chunk, and
+/// [`HEAD_SMEM_WORDS`] words of shared memory for the block reductions.
+const fn head(kernel: &'static str) -> Bounds {
+    Bounds { kernel, threads: crate::order::HEAD_THREADS as u32, min_blocks: 4, smem_bytes: 4 * HEAD_SMEM_WORDS }
+}
+
+/// Shared words of a head block: a value and an index per warp, and one broadcast word.
+pub const HEAD_SMEM_WORDS: u32 = 2 * (crate::order::HEAD_THREADS as u32 / 32) + 1;
 
 /// The bounds of `kernel`, if it is in the table.
 pub fn bounds(kernel: &str) -> Option<Bounds> {

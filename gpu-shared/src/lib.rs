@@ -4,8 +4,10 @@
 //! - [`f16`]: bit-exact IEEE half conversions in software (the replica's stand-in for
 //!   `cvt.f32.f16` / `cvt.rn.f16.f32`).
 //! - [`formats`]: block layouts and codebooks of the weight and activation formats.
+//! - [`grid_pad`]: the launch-size rule that pads grids away from full-die wave multiples.
 //! - [`launch`]: launch geometry and launch bounds of every kernel (build.rs writes the bounds
 //!   into the PTX; the HIP side gets them as a generated header).
+//! - [`math`]: `exp_neg` and other float functions specified to the operation.
 //! - [`order`]: the float reduction orders every kernel variant and backend must follow.
 //! - [`replica`]: the CPU replica of each kernel, which follows those orders exactly.
 #![no_std]
@@ -13,6 +15,8 @@
 pub mod codebooks;
 pub mod f16;
 pub mod formats;
+pub mod grid_pad;
 pub mod launch;
+pub mod math;
 pub mod order;
 pub mod replica;

@@ -35,6 +35,57 @@
 //! rounded to f32, then added: no fma) for `j = p, p + 32, ...`; bf16 weights widen to f32
 //! exactly. The partials are combined by [`butterfly_sum`].
 
+//!
+//! ## `argmax_rows` (sampler head: greedy pick)
+//!
+//! The index of the best element of each row under [`argmax_better`]: a larger number wins; a
+//! NaN never wins over a number (so +inf wins, and a row of -inf returns index 0); equal values
+//! (-0 equals +0) go to the lowest index. This is a maximum under a total order, so it is the
+//! same whatever order the elements are compared in: the split kernel (one block per
+//! [`crate::launch::HEAD_CHUNK`] elements, then a pass over the chunks) and the one-block
+//! reference agree by construction. A row of all NaN returns index 0 and sets its flag.
+//!
+//! ## `row_top_prob` (sampler head: probability of the maximum, for draft acceptance)
+//!
+//! `m` = maxNum over the row (NaN ignored; -inf if all NaN). Term `t_j` = 0 for a NaN `x_j`, 1
+//! when `x_j == m`, else [`crate::math::exp_neg`]`(x_j - m)`. The row is cut into chunks of
+//! `HEAD_CHUNK` elements. In a chunk, thread `t` (of [`HEAD_THREADS`]) sums `t_j` for
+//! `j = t, t + 256, ...` (positions within the chunk) left to right from +0.0; each warp's 32
+//! thread sums go through the butterfly; the chunk sum is the left-to-right sum from +0.0 of the
+//! 8 warp sums. The row total is the left-to-right sum from +0.0 of the chunk sums, and the
+//! result is `1 / total` (0 when the total is 0, i.e. an all-NaN row).
+//!
+//! ## `quantize_q8_0_scaled`
+//!
+//! `v_j = x_j * scale` (one multiply; the scale is per row or per column), then the
+//! `quantize_q8_1` steps 1-3 on `v` (no `s`): Q8_0 blocks of fp16 `d` and 32 int8.
+
+/// Threads per block of the head kernels (8 warps).
+pub const HEAD_THREADS: usize = 256;
+
+/// Whether `(va, ia)` beats `(vb, ib)` in `argmax_rows`.
+#[inline(always)]
+pub fn argmax_better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
+    match (va.is_nan(), vb.is_nan()) {
+        (true, true) => ia < ib,
+        (true, false) => false,
+        (false, true) => true,
+        (false, false) => va > vb || (va == vb && ia < ib),
+    }
+}
+
+/// The softmax term of `x` against the row maximum `m` (`row_top_prob`).
+#[inline(always)]
+pub fn top_prob_term(x: f32, m: f32) -> f32 {
+    if x.is_nan() {
+        0.0
+    } else if x == m {
+        1.0
+    } else {
+        crate::math::exp_neg(x - m)
+    }
+}
+
 /// Partial sums per output value: the lanes of one warp.
 pub const LANES: usize = 32;
 

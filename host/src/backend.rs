@@ -25,6 +25,17 @@ pub struct FloatWeights<'a> {
     pub data: &'a [u8],
 }
 
+/// Which kernel of a family runs where a family has a reference and a fast variant (the CPU
+/// replica computes the one spec both follow).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// The simple kernel the fast one is checked against (one block per row for the head, one
+    /// thread per block for the quantizer).
+    Reference,
+    /// The kernel the engine uses (split across blocks, one warp per block).
+    Fast,
+}
+
 pub trait Backend {
     /// `cpu`, `cuda` or `hip`.
     fn name(&self) -> &'static str;
@@ -39,6 +50,16 @@ pub trait Backend {
 
     /// `y[r * m + i] = dot(w row i, x row r)` for `rows` (1..=8) f32 rows of `w.k` values.
     fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()>;
+
+    /// Per row of `n` logits: the index of the maximum (`order::argmax_better`) and whether the
+    /// row is all NaN (1) or not (0).
+    fn argmax_rows(&self, x: &[f32], n: usize, variant: Variant, idx: &mut [u32], all_nan: &mut [u32]) -> Result<()>;
+
+    /// Per row of `n` logits: the softmax probability of the maximum (`order`, row_top_prob).
+    fn row_top_prob(&self, x: &[f32], n: usize, variant: Variant, p: &mut [f32]) -> Result<()>;
+
+    /// Rows of `k` values times per-row (`per_column == false`) or per-column scales to Q8_0.
+    fn quantize_q8_0_scaled(&self, x: &[f32], k: usize, scales: &[f32], per_column: bool, variant: Variant, out: &mut [u8]) -> Result<()>;
 }
 
 fn shape_err(kernel: &'static str, detail: String) -> Error {
@@ -107,4 +128,36 @@ pub fn check_matvec(w: &FloatWeights, x: &[f32], rows: usize, y: &[f32]) -> Resu
         return Err(shape_err(kname, format!("output holds {} floats, {rows} x {} needed", y.len(), w.m)));
     }
     Ok(())
+}
+
+/// Checks a head kernel's sizes; returns the number of rows.
+pub fn check_head(kernel: &'static str, x: &[f32], n: usize, outs: &[usize]) -> Result<usize> {
+    if n == 0 || n > u32::MAX as usize / 2 || x.len() % n != 0 || x.is_empty() {
+        return Err(shape_err(kernel, format!("{} logits are not whole rows of {n}", x.len())));
+    }
+    let rows = x.len() / n;
+    if let Some(bad) = outs.iter().find(|&&l| l != rows) {
+        return Err(shape_err(kernel, format!("output holds {bad} values, {rows} rows given")));
+    }
+    if rows * n.div_ceil(strata_gpu_shared::launch::HEAD_CHUNK) > u32::MAX as usize / 2 {
+        return Err(shape_err(kernel, format!("{rows} rows of {n} exceed one launch")));
+    }
+    Ok(rows)
+}
+
+/// Checks `quantize_q8_0_scaled`'s sizes; returns the number of blocks.
+pub fn check_quantize_q8_0(x: &[f32], k: usize, scales: &[f32], per_column: bool, out: &[u8]) -> Result<usize> {
+    let kname = "quantize_q8_0_scaled";
+    if k == 0 || k % GROUP != 0 || x.len() % k != 0 || x.is_empty() {
+        return Err(shape_err(kname, format!("{} values are not whole rows of {k} (a positive multiple of {GROUP})", x.len())));
+    }
+    let want = if per_column { k } else { x.len() / k };
+    if scales.len() != want {
+        return Err(shape_err(kname, format!("{} scales given, {want} needed ({})", scales.len(), if per_column { "one per column" } else { "one per row" })));
+    }
+    let groups = x.len() / GROUP;
+    if out.len() != groups * strata_gpu_shared::formats::q8_0::BYTES || groups > u32::MAX as usize / 2 {
+        return Err(shape_err(kname, format!("output is {} bytes, {groups} blocks need {}", out.len(), groups * strata_gpu_shared::formats::q8_0::BYTES)));
+    }
+    Ok(groups)
 }

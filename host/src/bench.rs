@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::gpu::GpuBackend;
 use crate::parity::random_weights;
 use strata_gpu_shared::formats::{q8_1, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MMVQ_WARPS};
+use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS};
 use strata_gpu_shared::replica::quantize_q8_1::quantize;
 
 /// One measured configuration.
@@ -138,4 +138,118 @@ pub fn mmvq(
         out.push(MmvqRow { backend: g.name_static(), format, m, k, rows, us, gbps: bytes as f64 / (us * 1e-6) / 1e9, slots });
     }
     Ok(out)
+}
+
+/// Median microseconds of one run of `work` (which only queues device work): warm-up, then
+/// rounds of enough repetitions for a few milliseconds each, timed by device events.
+fn median_us(g: &GpuBackend, rounds: usize, mut work: impl FnMut() -> Result<()>) -> Result<f64> {
+    let s = g.stream();
+    work()?;
+    let one = time_ms(g, s, &mut work)?.max(1e-3);
+    let reps = ((3.0 / one).ceil() as usize).clamp(1, 2000);
+    let mut us = Vec::new();
+    for _ in 0..rounds {
+        us.push(time_ms(g, s, || (0..reps).try_for_each(|_| work()))? * 1e3 / reps as f64);
+    }
+    Ok(median(us))
+}
+
+/// One line of `strata bench head`.
+#[derive(Clone, Debug)]
+pub struct HeadRow {
+    pub backend: &'static str,
+    pub what: String,
+    pub shape: String,
+    /// Microseconds of the reference (or baseline) and of the fast variant.
+    pub reference_us: f64,
+    pub fast_us: f64,
+}
+
+/// Queues one launch of a kernel over `blocks` blocks with the listed parameters.
+macro_rules! queue {
+    ($g:expr, $kernel:expr, $blocks:expr, [$($arg:expr),* $(,)?]) => {{
+        let mut args = $g.builder($kernel);
+        $( args.arg($arg); )*
+        // SAFETY: every use below lists the kernel's parameters in order, over buffers
+        // allocated for exactly the shape it launches.
+        unsafe { $g.launch_async($kernel, $blocks, args) }
+    }};
+}
+
+/// `argmax_rows` and `row_top_prob`: one block per row against the split kernels.
+pub fn head(g: &GpuBackend, vocab: usize, rows: usize, rounds: usize, seed: u64) -> Result<Vec<HeadRow>> {
+    use strata_gpu_shared::launch::HEAD_CHUNK;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let x = crate::parity::random_logits(&mut rng, rows, vocab);
+    let s = g.stream();
+    let dx = g.upload("argmax_rows", &x)?;
+    let (n, r, chunks) = (vocab as u32, rows as u32, vocab.div_ceil(HEAD_CHUNK) as u32);
+    let parts = rows * chunks as usize;
+    let alloc = |what| -> Result<CudaSlice<u32>> { s.alloc_zeros(rows.max(parts)).map_err(drv(g, what)) };
+    let (mut idx, mut flag, mut pi) = (alloc("outputs")?, alloc("outputs")?, alloc("scratch")?);
+    let allocf = |what| -> Result<CudaSlice<f32>> { s.alloc_zeros(rows.max(parts)).map_err(drv(g, what)) };
+    let (mut pv, mut pm, mut ps, mut p) = (allocf("scratch")?, allocf("scratch")?, allocf("scratch")?, allocf("outputs")?);
+    let shape = format!("{rows}x{vocab}");
+    let argmax_ref = median_us(g, rounds, || queue!(g, "argmax_rows_ref", r, [&dx, &n, &r, &mut idx, &mut flag]))?;
+    let argmax_split = median_us(g, rounds, || {
+        queue!(g, "argmax_rows_split", r * chunks, [&dx, &n, &r, &chunks, &mut pv, &mut pi])?;
+        queue!(g, "argmax_rows_final", r, [&pv, &pi, &r, &chunks, &mut idx, &mut flag])
+    })?;
+    let prob_ref = median_us(g, rounds, || queue!(g, "row_top_prob_ref", r, [&dx, &n, &r, &mut p]))?;
+    let prob_split = median_us(g, rounds, || {
+        queue!(g, "row_top_prob_max", r * chunks, [&dx, &n, &r, &chunks, &mut pm])?;
+        queue!(g, "row_top_prob_sum", r * chunks, [&dx, &n, &r, &chunks, &pm, &mut ps])?;
+        queue!(g, "row_top_prob_final", r, [&ps, &r, &chunks, &mut p])
+    })?;
+    s.synchronize().map_err(drv(g, "head bench"))?;
+    let row = |what: &str, reference_us, fast_us| HeadRow { backend: g.name_static(), what: what.into(), shape: shape.clone(), reference_us, fast_us };
+    Ok(vec![row("argmax_rows", argmax_ref, argmax_split), row("row_top_prob", prob_ref, prob_split)])
+}
+
+/// The quantizers: `quantize_q8_0_scaled` one thread per block against one warp per block, and
+/// `quantize_q8_1` (its `reference_us` is 0: it has one variant).
+pub fn quantizers(g: &GpuBackend, rows: usize, k: usize, rounds: usize, seed: u64) -> Result<Vec<HeadRow>> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+    let scales: Vec<f32> = (0..k).map(|_| rng.random_range(0.5f32..2.0)).collect();
+    let s = g.stream();
+    let dx = g.upload("quantize", &x)?;
+    let ds = g.upload("quantize", &scales)?;
+    let groups = (rows * k / GROUP) as u32;
+    let mut out: CudaSlice<u8> = s.alloc_zeros(groups as usize * q8_1::BYTES).map_err(drv(g, "outputs"))?;
+    let (k32, col) = (k as u32, 1u32);
+    let q0 = |kernel: &'static str, blocks| median_us(g, rounds, || queue!(g, kernel, blocks, [&dx, &k32, &ds, &col, &groups, &out]));
+    let q0_ref = q0("quantize_q8_0_scaled_ref", groups.div_ceil(32 * QUANTIZE_WARPS))?;
+    let q0_warp = q0("quantize_q8_0_scaled", groups.div_ceil(QUANTIZE_WARPS))?;
+    let q1 = median_us(g, rounds, || queue!(g, "quantize_q8_1", groups.div_ceil(QUANTIZE_WARPS), [&dx, &mut out, &groups]))?;
+    s.synchronize().map_err(drv(g, "quantizer bench"))?;
+    let shape = format!("{rows}x{k}");
+    Ok(vec![
+        HeadRow { backend: g.name_static(), what: "quantize_q8_0_scaled".into(), shape: shape.clone(), reference_us: q0_ref, fast_us: q0_warp },
+        HeadRow { backend: g.name_static(), what: "quantize_q8_1".into(), shape, reference_us: 0.0, fast_us: q1 },
+    ])
+}
+
+/// `copy_from_mapped_multi` (one launch) against one `cuMemcpyAsync` per segment, for `n`
+/// segments of `len` bytes each from pinned mapped host memory.
+pub fn mapped_copy(g: &GpuBackend, n: usize, len: usize, rounds: usize) -> Result<HeadRow> {
+    use crate::mapped::Segment;
+    let s = g.stream();
+    let mut host = g.alloc_mapped(n * len)?;
+    host.as_mut_slice()?.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+    let mut dst: CudaSlice<u8> = s.alloc_zeros(n * len).map_err(drv(g, "destination"))?;
+    let segs: Vec<Segment> = (0..n).map(|i| Segment { src: i * len, dst: i * len, len }).collect();
+    let (table, total) = g.copy_table(&host, &segs, &mut dst)?;
+    let dtable = g.upload("copy_from_mapped_multi", &table)?;
+    let n32 = n as u32;
+    let multi = median_us(g, rounds, || queue!(g, "copy_from_mapped_multi", total, [&dtable, &n32, &total]))?;
+    let pinned = host.as_slice()?;
+    let each = median_us(g, rounds, || {
+        for sg in &segs {
+            s.memcpy_htod(&pinned[sg.src..sg.src + sg.len], &mut dst.slice_mut(sg.dst..sg.dst + sg.len)).map_err(drv(g, "copy"))?;
+        }
+        Ok(())
+    })?;
+    s.synchronize().map_err(drv(g, "copy bench"))?;
+    Ok(HeadRow { backend: g.name_static(), what: "copy_from_mapped_multi".into(), shape: format!("{n}x{}KiB", len / 1024), reference_us: each, fast_us: multi })
 }

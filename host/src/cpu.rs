@@ -1,5 +1,5 @@
 //! The `cpu` backend: the gpu-shared replicas, split over the machine's threads.
-use crate::backend::{check_matvec, check_mmvq, check_quantize, Backend, FloatWeights, Weights};
+use crate::backend::{check_head, check_matvec, check_mmvq, check_quantize, check_quantize_q8_0, Backend, FloatWeights, Variant, Weights};
 use crate::error::Result;
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::replica;
@@ -75,6 +75,31 @@ impl Backend for CpuBackend {
                 }
             });
         }
+        Ok(())
+    }
+
+    fn argmax_rows(&self, x: &[f32], n: usize, _variant: Variant, idx: &mut [u32], all_nan: &mut [u32]) -> Result<()> {
+        check_head("argmax_rows", x, n, &[idx.len(), all_nan.len()])?;
+        for ((row, i), f) in x.chunks_exact(n).zip(idx.iter_mut()).zip(all_nan.iter_mut()) {
+            let (best, nan) = replica::head::argmax_row(row);
+            (*i, *f) = (best, nan as u32);
+        }
+        Ok(())
+    }
+
+    fn row_top_prob(&self, x: &[f32], n: usize, _variant: Variant, p: &mut [f32]) -> Result<()> {
+        check_head("row_top_prob", x, n, &[p.len()])?;
+        self.par_chunks(p, 1, |first, chunk| {
+            for (i, v) in chunk.iter_mut().enumerate() {
+                *v = replica::head::row_top_prob(&x[(first + i) * n..(first + i + 1) * n]);
+            }
+        });
+        Ok(())
+    }
+
+    fn quantize_q8_0_scaled(&self, x: &[f32], k: usize, scales: &[f32], per_column: bool, _variant: Variant, out: &mut [u8]) -> Result<()> {
+        check_quantize_q8_0(x, k, scales, per_column, out)?;
+        replica::quantize_q8_0::quantize_scaled(x, k, scales, per_column, out);
         Ok(())
     }
 }

@@ -15,6 +15,9 @@ pub enum Error {
         what: &'static str,
         cause: cudarc::driver::DriverError,
     },
+    /// A kernel wrote into the guard words past the end of its output.
+    #[error("kernel {kernel} on {backend} wrote past the end of its output")]
+    WrotePastOutput { backend: &'static str, kernel: String },
     /// No usable GPU (no driver library, no device, or too old).
     #[error("{backend}: no usable GPU: {reason}")]
     NoGpu { backend: &'static str, reason: String },

@@ -10,9 +10,55 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::backend::{check_matvec, check_mmvq, check_quantize, Backend, FloatWeights, Weights};
+use crate::backend::{
+    check_head, check_matvec, check_mmvq, check_quantize, check_quantize_q8_0, Backend, FloatWeights, Variant, Weights,
+};
 use crate::error::{Error, Result};
-use strata_gpu_shared::launch::{bounds, BOUNDS, MMVQ_WARPS, QUANTIZE_WARPS};
+use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
+use strata_gpu_shared::launch::{bounds, BOUNDS, HEAD_CHUNK, MMVQ_WARPS, QUANTIZE_WARPS};
+
+/// Guard elements after every output buffer, filled with [`Guard::GUARD`] and checked after the
+/// kernel: a kernel that writes past its output is caught on every call, padded grids included.
+const GUARD_ELEMS: usize = 64;
+
+/// An output element type with a recognizable guard pattern.
+pub trait Guard: DeviceRepr + Copy + Default {
+    const GUARD: Self;
+    fn is_guard(&self) -> bool;
+}
+
+impl Guard for u8 {
+    const GUARD: u8 = 0xa5;
+    fn is_guard(&self) -> bool {
+        *self == Self::GUARD
+    }
+}
+
+impl Guard for u32 {
+    const GUARD: u32 = 0xa5a5_a5a5;
+    fn is_guard(&self) -> bool {
+        *self == Self::GUARD
+    }
+}
+
+impl Guard for f32 {
+    const GUARD: f32 = f32::from_bits(0x7fa5_a5a5);
+    fn is_guard(&self) -> bool {
+        self.to_bits() == Self::GUARD.to_bits()
+    }
+}
+
+/// Whether grids are padded (`grid_pad`): `STRATA_GRID_PAD=0` never, `=1` on every device,
+/// unset on gfx1200/gfx1201 only (where the stall was measured), so never on NVIDIA. Read once.
+pub fn grid_pad_wanted(arch: &str) -> bool {
+    static SETTING: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let setting = *SETTING.get_or_init(|| match std::env::var("STRATA_GRID_PAD").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    });
+    setting.unwrap_or(arch == "gfx1200" || arch == "gfx1201")
+}
 
 /// The GPU a backend runs on.
 #[derive(Clone, Debug)]
@@ -23,6 +69,14 @@ pub struct DeviceInfo {
     pub total_mem: usize,
     pub sm_count: i32,
     pub l2_bytes: i32,
+    pub max_threads_per_sm: i32,
+}
+
+impl DeviceInfo {
+    /// The device's wave (warp) slots, for `grid_pad`.
+    pub fn wave_slots(&self) -> WaveSlots {
+        WaveSlots { slots: (self.sm_count.max(1) * (self.max_threads_per_sm.max(32) / 32)) as u32, wave: 32 }
+    }
 }
 
 /// Why there is no GPU, or how many there are. Never panics, whatever the machine lacks.
@@ -59,6 +113,9 @@ pub fn open_device(backend: &'static str, ordinal: usize) -> Result<(Arc<CudaCon
         l2_bytes: ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
             .map_err(|e| setup("L2 size", e))?,
+        max_threads_per_sm: ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+            .map_err(|e| setup("threads per SM", e))?,
     };
     Ok((ctx, info))
 }
@@ -71,6 +128,8 @@ pub struct GpuBackend {
     info: DeviceInfo,
     /// What the PTX was built for (`sm_90`, `compute_90`, ...), for `strata info`.
     pub ptx_arch: String,
+    /// Launch grids go through `grid_pad` for these wave slots when set.
+    pad: Option<WaveSlots>,
     _module: Arc<CudaModule>,
 }
 
@@ -91,11 +150,23 @@ impl GpuBackend {
             })?;
             functions.insert(b.kernel, f);
         }
-        Ok(GpuBackend { name, stream: ctx.default_stream(), functions, info, ptx_arch, _module: module })
+        let arch = format!("sm_{}{}", info.compute_capability.0, info.compute_capability.1);
+        let pad = grid_pad_wanted(&arch).then(|| info.wave_slots());
+        Ok(GpuBackend { name, stream: ctx.default_stream(), functions, info, ptx_arch, pad, _module: module })
     }
 
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// Turns grid padding on or off for this backend (tests force it on to prove the kernels
+    /// ignore the extra blocks).
+    pub fn set_grid_pad(&mut self, on: bool) {
+        self.pad = on.then(|| self.info.wave_slots());
+    }
+
+    pub fn grid_pad_on(&self) -> bool {
+        self.pad.is_some()
     }
 
     pub(crate) fn driver_err<'a>(&self, kernel: &'a str, what: &'static str) -> impl Fn(DriverError) -> Error + 'a {
@@ -103,7 +174,7 @@ impl GpuBackend {
         move |cause| Error::Driver { backend, kernel: kernel.to_string(), what, cause }
     }
 
-    pub(crate) fn upload<T: DeviceRepr>(&self, kernel: &str, host: &[T]) -> Result<CudaSlice<T>> {
+    pub fn upload<T: DeviceRepr>(&self, kernel: &str, host: &[T]) -> Result<CudaSlice<T>> {
         self.stream.clone_htod(host).map_err(self.driver_err(kernel, "copy to device"))
     }
 
@@ -135,20 +206,47 @@ impl GpuBackend {
     /// `args` holds exactly the parameters the kernel declares, with device buffers of the sizes
     /// its contract names (the shape checks in `backend` establish them for the safe callers).
     pub(crate) unsafe fn launch_async(&self, kernel: &'static str, blocks: u32, mut args: LaunchArgs) -> Result<()> {
-        let threads = bounds(kernel).expect("every launched kernel is in BOUNDS").threads;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let b = bounds(kernel).expect("every launched kernel is in BOUNDS");
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (b.threads, 1, 1), shared_mem_bytes: b.smem_bytes };
         args.launch(cfg).map(|_| ()).map_err(self.driver_err(kernel, "launch"))
     }
 
-    /// Launches and waits, so an execution error is reported against this kernel.
-    fn run(&self, kernel: &'static str, blocks: u32, args: LaunchArgs) -> Result<()> {
-        // SAFETY: every caller pushes exactly the parameters the kernel declares, device buffers
-        // sized by the shape checks in `backend`, and a grid the kernel's own bounds test covers.
+    /// Launches (on a padded grid when padding is on) and waits, so an execution error is
+    /// reported against this kernel.
+    pub(crate) fn run(&self, kernel: &'static str, blocks: u32, args: LaunchArgs) -> Result<()> {
+        let threads = bounds(kernel).expect("every launched kernel is in BOUNDS").threads;
+        let blocks = self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots));
+        // SAFETY: every caller pushes exactly the parameters the kernel declares and device
+        // buffers sized by the shape checks in `backend`; every kernel returns at once in blocks
+        // past its real work, so a padded grid is covered.
         unsafe { self.launch_async(kernel, blocks, args) }?;
         self.stream.synchronize().map_err(self.driver_err(kernel, "execution"))
     }
 
-    fn download<T: DeviceRepr>(&self, kernel: &str, dev: &CudaSlice<T>, host: &mut [T]) -> Result<()> {
+    /// An output buffer: the caller's current contents (its poison), then guard elements.
+    fn upload_out<T: Guard>(&self, kernel: &str, host: &[T]) -> Result<CudaSlice<T>> {
+        let mut v = host.to_vec();
+        v.extend(std::iter::repeat_n(T::GUARD, GUARD_ELEMS));
+        self.upload(kernel, &v)
+    }
+
+    /// Copies an output back and checks its guard elements are untouched.
+    fn download_out<T: Guard>(&self, kernel: &str, dev: &CudaSlice<T>, host: &mut [T]) -> Result<()> {
+        let mut v = vec![T::default(); host.len() + GUARD_ELEMS];
+        self.download(kernel, dev, &mut v)?;
+        if !v[host.len()..].iter().all(Guard::is_guard) {
+            return Err(Error::WrotePastOutput { backend: self.name, kernel: kernel.to_string() });
+        }
+        host.copy_from_slice(&v[..host.len()]);
+        Ok(())
+    }
+
+    /// Device scratch of `len` elements.
+    fn scratch<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, kernel: &str, len: usize) -> Result<CudaSlice<T>> {
+        self.stream.alloc_zeros(len).map_err(self.driver_err(kernel, "scratch allocation"))
+    }
+
+    pub fn download<T: DeviceRepr>(&self, kernel: &str, dev: &CudaSlice<T>, host: &mut [T]) -> Result<()> {
         self.stream.memcpy_dtoh(dev, host).map_err(self.driver_err(kernel, "copy to host"))?;
         self.stream.synchronize().map_err(self.driver_err(kernel, "copy to host"))
     }
@@ -166,11 +264,11 @@ impl Backend for GpuBackend {
             return Ok(());
         }
         let dx = self.upload(kernel, x)?;
-        let mut dout = self.upload(kernel, out)?;
+        let mut dout = self.upload_out(kernel, out)?;
         let mut args = self.builder(kernel);
         args.arg(&dx).arg(&mut dout).arg(&groups);
         self.run(kernel, groups.div_ceil(QUANTIZE_WARPS), args)?;
-        self.download(kernel, &dout, out)
+        self.download_out(kernel, &dout, out)
     }
 
     fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, y: &mut [f32]) -> Result<()> {
@@ -179,11 +277,11 @@ impl Backend for GpuBackend {
         let (m, rows) = (w.m as u32, rows as u32);
         let dw = self.upload(kernel, w.data)?;
         let dx = self.upload(kernel, xq)?;
-        let mut dy = self.upload(kernel, y)?;
+        let mut dy = self.upload_out(kernel, y)?;
         let mut args = self.builder(kernel);
         args.arg(&dw).arg(&dx).arg(&mut dy).arg(&m).arg(&groups).arg(&rows);
         self.run(kernel, m.div_ceil(MMVQ_WARPS), args)?;
-        self.download(kernel, &dy, y)
+        self.download_out(kernel, &dy, y)
     }
 
     fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()> {
@@ -192,10 +290,81 @@ impl Backend for GpuBackend {
         let (m, k, rows) = (w.m as u32, w.k as u32, rows as u32);
         let dw = self.upload(kernel, w.data)?;
         let dx = self.upload(kernel, x)?;
-        let mut dy = self.upload(kernel, y)?;
+        let mut dy = self.upload_out(kernel, y)?;
         let mut args = self.builder(kernel);
         args.arg(&dw).arg(&dx).arg(&mut dy).arg(&m).arg(&k).arg(&rows);
         self.run(kernel, m.div_ceil(MMVQ_WARPS), args)?;
-        self.download(kernel, &dy, y)
+        self.download_out(kernel, &dy, y)
+    }
+
+    fn argmax_rows(&self, x: &[f32], n: usize, variant: Variant, idx: &mut [u32], all_nan: &mut [u32]) -> Result<()> {
+        let rows = check_head("argmax_rows", x, n, &[idx.len(), all_nan.len()])? as u32;
+        let (n32, chunks) = (n as u32, n.div_ceil(HEAD_CHUNK) as u32);
+        let dx = self.upload("argmax_rows", x)?;
+        let mut di = self.upload_out("argmax_rows", idx)?;
+        let mut df = self.upload_out("argmax_rows", all_nan)?;
+        match variant {
+            Variant::Reference => {
+                let mut a = self.builder("argmax_rows_ref");
+                a.arg(&dx).arg(&n32).arg(&rows).arg(&mut di).arg(&mut df);
+                self.run("argmax_rows_ref", rows, a)?;
+            }
+            Variant::Fast => {
+                let mut pv = self.scratch::<f32>("argmax_rows_split", (rows * chunks) as usize)?;
+                let mut pi = self.scratch::<u32>("argmax_rows_split", (rows * chunks) as usize)?;
+                let mut a = self.builder("argmax_rows_split");
+                a.arg(&dx).arg(&n32).arg(&rows).arg(&chunks).arg(&mut pv).arg(&mut pi);
+                self.run("argmax_rows_split", rows * chunks, a)?;
+                let mut a = self.builder("argmax_rows_final");
+                a.arg(&pv).arg(&pi).arg(&rows).arg(&chunks).arg(&mut di).arg(&mut df);
+                self.run("argmax_rows_final", rows, a)?;
+            }
+        }
+        self.download_out("argmax_rows", &di, idx)?;
+        self.download_out("argmax_rows", &df, all_nan)
+    }
+
+    fn row_top_prob(&self, x: &[f32], n: usize, variant: Variant, p: &mut [f32]) -> Result<()> {
+        let rows = check_head("row_top_prob", x, n, &[p.len()])? as u32;
+        let (n32, chunks) = (n as u32, n.div_ceil(HEAD_CHUNK) as u32);
+        let dx = self.upload("row_top_prob", x)?;
+        let mut dp = self.upload_out("row_top_prob", p)?;
+        match variant {
+            Variant::Reference => {
+                let mut a = self.builder("row_top_prob_ref");
+                a.arg(&dx).arg(&n32).arg(&rows).arg(&mut dp);
+                self.run("row_top_prob_ref", rows, a)?;
+            }
+            Variant::Fast => {
+                let mut pm = self.scratch::<f32>("row_top_prob_max", (rows * chunks) as usize)?;
+                let mut ps = self.scratch::<f32>("row_top_prob_sum", (rows * chunks) as usize)?;
+                let mut a = self.builder("row_top_prob_max");
+                a.arg(&dx).arg(&n32).arg(&rows).arg(&chunks).arg(&mut pm);
+                self.run("row_top_prob_max", rows * chunks, a)?;
+                let mut a = self.builder("row_top_prob_sum");
+                a.arg(&dx).arg(&n32).arg(&rows).arg(&chunks).arg(&pm).arg(&mut ps);
+                self.run("row_top_prob_sum", rows * chunks, a)?;
+                let mut a = self.builder("row_top_prob_final");
+                a.arg(&ps).arg(&rows).arg(&chunks).arg(&mut dp);
+                self.run("row_top_prob_final", rows, a)?;
+            }
+        }
+        self.download_out("row_top_prob", &dp, p)
+    }
+
+    fn quantize_q8_0_scaled(&self, x: &[f32], k: usize, scales: &[f32], per_column: bool, variant: Variant, out: &mut [u8]) -> Result<()> {
+        let (kernel, per_block) = match variant {
+            Variant::Reference => ("quantize_q8_0_scaled_ref", 32 * QUANTIZE_WARPS),
+            Variant::Fast => ("quantize_q8_0_scaled", QUANTIZE_WARPS),
+        };
+        let groups = check_quantize_q8_0(x, k, scales, per_column, out)? as u32;
+        let (k32, col) = (k as u32, per_column as u32);
+        let dx = self.upload(kernel, x)?;
+        let ds = self.upload(kernel, scales)?;
+        let mut dout = self.upload_out(kernel, out)?;
+        let mut a = self.builder(kernel);
+        a.arg(&dx).arg(&k32).arg(&ds).arg(&col).arg(&groups).arg(&mut dout);
+        self.run(kernel, groups.div_ceil(per_block), a)?;
+        self.download_out(kernel, &dout, out)
     }
 }

@@ -11,7 +11,10 @@ use crate::error::{Error, Result};
 use crate::gpu::{open_device, GpuBackend};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::formats::{iq4_nl, LAYOUT_CONSTANTS};
-use strata_gpu_shared::launch::{amd_waves_per_eu, BOUNDS, MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{
+    amd_waves_per_eu, BOUNDS, COPY_CHUNK, COPY_SEGMENT_WORDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS,
+};
+use strata_gpu_shared::order::HEAD_THREADS;
 
 const HEADER_NAME: &str = "strata_hip.h";
 const HEADER: &str = include_str!("../../device/hip/strata_hip.h");
@@ -23,6 +26,9 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("blocks.hip", include_str!("../../device/hip/blocks.hip")),
     ("mmvq.hip", include_str!("../../device/hip/mmvq.hip")),
     ("matvec.hip", include_str!("../../device/hip/matvec.hip")),
+    ("head.hip", include_str!("../../device/hip/head.hip")),
+    ("quantize_q8_0.hip", include_str!("../../device/hip/quantize_q8_0.hip")),
+    ("copy.hip", include_str!("../../device/hip/copy.hip")),
 ];
 
 /// `#define`s generated from gpu-shared: launch bounds per kernel, sizes and offsets, the
@@ -38,6 +44,10 @@ pub fn prelude() -> String {
         ("MMVQ_WARPS", MMVQ_WARPS as usize),
         ("MMVQ_MAX_ROWS", MMVQ_MAX_ROWS),
         ("QUANTIZE_WARPS", QUANTIZE_WARPS as usize),
+        ("HEAD_THREADS", HEAD_THREADS),
+        ("HEAD_CHUNK", HEAD_CHUNK),
+        ("COPY_CHUNK", COPY_CHUNK),
+        ("COPY_SEGMENT_WORDS", COPY_SEGMENT_WORDS),
     ];
     for (name, v) in LAYOUT_CONSTANTS.iter().copied().chain(geometry) {
         s += &format!("#define STRATA_{name} {v}\n");

@@ -10,6 +10,7 @@
 //! | [`hip`] | the `device/hip/*.hip` sources, compiled at run time by NVRTC |
 //! | [`bench`] | `strata bench`: kernels against the device copy bandwidth |
 //! | [`gguf`] | GGUF reader (validating, memory-mapped) and writer |
+//! | [`mapped`] | pinned device-mapped host memory, `copy_from_mapped_multi` |
 //! | [`parity`] | random cases, cross-backend `memcmp`, NMSE against float64 |
 
 pub mod backend;
@@ -19,9 +20,10 @@ pub mod cuda;
 pub mod error;
 pub mod gpu;
 pub mod hip;
+pub mod mapped;
 pub mod parity;
 pub mod reference;
 
-pub use backend::{Backend, FloatWeights, Weights};
+pub use backend::{Backend, FloatWeights, Variant, Weights};
 pub use error::{Error, Result};
 pub mod gguf;

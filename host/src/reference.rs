@@ -53,14 +53,17 @@ pub fn float_matvec_f64(w: &crate::backend::FloatWeights, x: &[f32], rows: usize
     y
 }
 
-/// `sum (got - want)^2 / sum want^2`; infinite when `got` holds a NaN or the reference is all 0.
+/// `sum (got - want)^2 / sum want^2`; 0 when both are all zero, infinite when `got` holds a NaN
+/// or differs from an all-zero reference.
 pub fn nmse(got: &[f32], want: &[f64]) -> f64 {
     let (mut err, mut norm) = (0.0f64, 0.0f64);
     for (&g, &w) in got.iter().zip(want) {
         err += (g as f64 - w).powi(2);
         norm += w * w;
     }
-    if err.is_nan() || norm == 0.0 {
+    if err == 0.0 {
+        0.0
+    } else if err.is_nan() || norm == 0.0 {
         f64::INFINITY
     } else {
         err / norm
@@ -81,5 +84,7 @@ mod tests {
         assert!((nmse(&off, &want) - 1e-2).abs() < 1e-6);
         let with_nan = [f32::NAN, -2.0, 3.0, 0.5];
         assert!(nmse(&with_nan, &want).is_infinite());
+        assert_eq!(nmse(&[0.0, 0.0], &[0.0, 0.0]), 0.0);
+        assert!(nmse(&[0.0, 1e-30], &[0.0, 0.0]).is_infinite());
     }
 }

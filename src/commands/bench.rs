@@ -22,6 +22,25 @@ pub enum What {
     /// GB/s (weight + activation bytes) and its percentage of the device-to-device copy
     /// bandwidth measured in the same run.
     Mmvq(MmvqArgs),
+    /// The sampler head and the small kernels, on `cuda` and `hip`: `argmax_rows` and
+    /// `row_top_prob` one block per row against the split kernels (vocabularies 106,299,
+    /// 151,936 and 248,320 at 1, 4, 5 and 8 rows), the quantizers, and
+    /// `copy_from_mapped_multi` against one copy per segment. Microseconds (medians) and
+    /// speed-ups.
+    Head(HeadArgs),
+}
+
+#[derive(clap::Args)]
+pub struct HeadArgs {
+    /// Backends, comma-separated (`cuda`, `hip`).
+    #[arg(long, default_value = "cuda,hip")]
+    pub backends: String,
+    /// Timed rounds per configuration; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
 }
 
 #[derive(clap::Args)]
@@ -53,7 +72,7 @@ pub struct MmvqArgs {
     pub json: bool,
 }
 
-fn list<T>(s: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<T>> {
+pub(crate) fn list<T>(s: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<T>> {
     s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(|x| parse(x).with_context(|| format!("bad {what} `{x}`"))).collect()
 }
 
@@ -65,7 +84,63 @@ fn parse_shape(s: &str) -> Option<(usize, usize)> {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     match &args.what {
         What::Mmvq(a) => mmvq(a),
+        What::Head(a) => head(a),
     }
+}
+
+/// The GPU backends named in `list` (comma-separated), opened on `device`.
+fn open_gpus<'a>(found: &'a Available, list: &str) -> anyhow::Result<Vec<&'a GpuBackend>> {
+    let wanted = super::bench::list(list, "backend (cuda, hip)", |b| ["cuda", "hip"].into_iter().find(|x| *x == b))?;
+    let mut gpus = Vec::new();
+    for (name, b) in [("cuda", &found.cuda), ("hip", &found.hip)] {
+        if wanted.contains(&name) {
+            gpus.push(b.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?);
+        }
+    }
+    if gpus.is_empty() {
+        bail!("no backend selected");
+    }
+    Ok(gpus)
+}
+
+fn head(a: &HeadArgs) -> anyhow::Result<ExitCode> {
+    if a.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let found = Available::open(a.device);
+    let gpus = open_gpus(&found, &a.backends)?;
+    println!("device: {}", gpus[0].info().name);
+    println!("{:<22} {:<16} {:<6} {:>12} {:>12} {:>9}", "kernel", "shape", "backend", "ref us", "fast us", "speed-up");
+    let print = |r: &bench::HeadRow| {
+        let reference = if r.reference_us > 0.0 { format!("{:.2}", r.reference_us) } else { "-".into() };
+        let speedup = if r.reference_us > 0.0 { format!("{:.2}x", r.reference_us / r.fast_us) } else { "-".into() };
+        println!("{:<22} {:<16} {:<6} {:>12} {:>12.2} {:>9}", r.what, r.shape, r.backend, reference, r.fast_us, speedup);
+    };
+    for vocab in [106_299, 151_936, 248_320] {
+        for rows in [1, 4, 5, 8] {
+            for g in &gpus {
+                eprint!("\rbench head: {rows}x{vocab} on {}...      ", g.name_static());
+                let rs = bench::head(g, vocab, rows, a.rounds, 1)?;
+                eprint!("\r{:50}\r", "");
+                rs.iter().for_each(print);
+            }
+        }
+    }
+    println!("(quantizers: `ref us` is quantize_q8_0_scaled one thread per block, `fast us` one warp per block)");
+    for (rows, k) in [(1, 2048), (8, 2048), (8, 4096)] {
+        for g in &gpus {
+            bench::quantizers(g, rows, k, a.rounds, 1)?.iter().for_each(print);
+        }
+    }
+    println!("(mapped copies: `ref us` is one cuMemcpyAsync per segment, `fast us` one copy_from_mapped_multi launch)");
+    for n in [1, 4, 16, 64] {
+        for len in [4 << 10, 64 << 10, 1 << 20, 4 << 20] {
+            for g in &gpus {
+                print(&bench::mapped_copy(g, n, len, a.rounds)?);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn mmvq(a: &MmvqArgs) -> anyhow::Result<ExitCode> {
@@ -76,18 +151,12 @@ fn mmvq(a: &MmvqArgs) -> anyhow::Result<ExitCode> {
     };
     let shapes = list(&a.shapes, "shape (MxK)", parse_shape)?;
     let rows = list(&a.rows, "row count (1..8)", |r| r.parse().ok().filter(|r| (1..=8).contains(r)))?;
-    let wanted = list(&a.backends, "backend (cuda, hip)", |b| ["cuda", "hip"].into_iter().find(|x| *x == b))?;
     if a.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
     let found = Available::open(a.device);
-    let mut gpus: Vec<&GpuBackend> = Vec::new();
-    for (name, b) in [("cuda", &found.cuda), ("hip", &found.hip)] {
-        if wanted.contains(&name) {
-            gpus.push(b.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?);
-        }
-    }
-    let Some(first) = gpus.first() else { bail!("no backend selected") };
+    let gpus = open_gpus(&found, &a.backends)?;
+    let first = gpus[0];
     let info = first.info();
     let copy = bench::copy_bandwidth(first, 1 << 30, 5)?;
     if !a.json {

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::backends::Available;
 use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
-use strata_host::parity::{self, Outcome, NMSE_MAX};
+use strata_host::parity::{self, Outcome, NMSE_MAX, TOP_PROB_NMSE_MAX};
 use strata_host::Backend;
 
 #[derive(clap::Args)]
@@ -32,13 +32,15 @@ const MMVQ_SHAPES: [(usize, usize, usize); 6] =
     [(2048, 2048, 1), (768, 2048, 4), (2048, 768, 8), (4096, 2048, 2), (1, 32, 1), (37, 96, 5)];
 /// Built-in float `matvec` shapes (M, K, rows): the routers of 128 and 512 experts, an odd one.
 const MATVEC_SHAPES: [(usize, usize, usize); 3] = [(128, 2048, 1), (512, 2560, 4), (37, 33, 8)];
+/// Built-in head shapes (rows, vocabulary).
+const HEAD_SHAPES: [(usize, usize); 4] = [(1, 151_936), (4, 248_320), (5, 106_299), (8, 4097)];
 /// Built-in `quantize_q8_1` shapes (rows, K).
 const QUANTIZE_SHAPES: [(usize, usize); 3] = [(1, 2048), (8, 2048), (3, 32)];
 
 fn print_row(o: &Outcome, secs: f64) {
     let nmse = o.nmse.map_or("-".to_string(), |e| format!("{e:.2e}"));
     println!(
-        "{:<14} {:<16} {:<14} {:<9} {:>10} {:>8.2}",
+        "{:<20} {:<22} {:<30} {:<9} {:>10} {:>8.2}",
         o.kernel,
         o.shape,
         o.backends.join(","),
@@ -68,7 +70,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let seed = args.seed.unwrap_or_else(parity::seed_from_env);
     println!("strata parity: backends {}, seed {seed} (replay with --seed {seed})", backends.iter().map(|b| b.name()).collect::<Vec<_>>().join(", "));
-    println!("{:<14} {:<16} {:<14} {:<9} {:>10} {:>8}", "kernel", "shape", "backends", "identical", "NMSE f64", "seconds");
+    println!("{:<20} {:<22} {:<30} {:<9} {:>10} {:>8}", "kernel", "shape", "backends", "identical", "NMSE f64", "seconds");
     let mut rng = SmallRng::seed_from_u64(seed);
     let (mut total, mut failed) = (0, 0);
     let mut record = |o: Outcome, t: Instant| {
@@ -94,12 +96,22 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             record(parity::mmvq_case(&backends, format, m, k, rows, rng.random(), true)?, t);
         }
     }
+    for (rows, n) in HEAD_SHAPES {
+        let t = Instant::now();
+        record(parity::argmax_case(&backends, rows, n, rng.random())?, t);
+        let t = Instant::now();
+        record(parity::top_prob_case(&backends, rows, n, rng.random())?, t);
+    }
+    for per_column in [false, true] {
+        let t = Instant::now();
+        record(parity::quantize_q8_0_case(&backends, 4, 2048, per_column, rng.random())?, t);
+    }
     for format in FloatFormat::ALL {
         for (m, k, rows) in MATVEC_SHAPES {
             let t = Instant::now();
             record(parity::matvec_case(&backends, format, m, k, rows, rng.random())?, t);
         }
     }
-    println!("{} passed, {failed} failed (identical bytes across backends; NMSE vs float64 <= {NMSE_MAX:.0e})", total - failed);
+    println!("{} passed, {failed} failed (identical bytes across backends; NMSE vs float64 <= {NMSE_MAX:.0e}, row_top_prob <= {TOP_PROB_NMSE_MAX:.0e})", total - failed);
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

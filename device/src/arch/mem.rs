@@ -43,6 +43,31 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// Coherent global loads (memory the host may write between launches: device-mapped host
+/// memory), 1, 4 and 16 bytes, aligned to their size.
+#[inline(always)]
+pub unsafe fn ld_u8(p: *const u8) -> u8 {
+    let r: u16;
+    asm!("ld.global.u8 {r}, [{p}];", r = out(reg16) r, p = in(reg64) p, options(nostack, readonly));
+    r as u8
+}
+
+#[inline(always)]
+pub unsafe fn ld_u32(p: *const u8) -> u32 {
+    let r: u32;
+    asm!("ld.global.u32 {r}, [{p}];", r = out(reg32) r, p = in(reg64) p, options(nostack, readonly));
+    r
+}
+
+#[inline(always)]
+pub unsafe fn ld_v4(p: *const u8) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!("ld.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+         a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+         p = in(reg64) p, options(nostack, readonly));
+    [a, b, c, d]
+}
+
 /// Two 2-byte loads at `p` and `p + 2` joined little-endian into one word: the 4-byte read of
 /// a field that is only 2-byte aligned (Q8_0 and IQ4_NL quants sit after a 2-byte scale).
 #[inline(always)]
@@ -60,6 +85,17 @@ pub unsafe fn st_u8(p: *mut u8, v: u8) {
 #[inline(always)]
 pub unsafe fn st_u16(p: *mut u8, v: u16) {
     asm!("st.global.u16 [{p}], {v};", p = in(reg64) p, v = in(reg16) v, options(nostack));
+}
+
+#[inline(always)]
+pub unsafe fn st_u32(p: *mut u8, v: u32) {
+    asm!("st.global.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack));
+}
+
+#[inline(always)]
+pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
+    asm!("st.global.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};", p = in(reg64) p,
+         a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3], options(nostack));
 }
 
 #[inline(always)]

@@ -1,5 +1,8 @@
 //! One module per kernel family; each exports its `extern "ptx-kernel"` entries unmangled.
 pub mod blocks;
+pub mod copy;
+pub mod head;
 pub mod matvec;
 pub mod mmvq;
+pub mod quantize_q8_0;
 pub mod quantize_q8_1;

@@ -1,8 +1,10 @@
 //! CPU replicas of the kernels: the specs of [`crate::order`] run in plain Rust. They are the
 //! third backend and the reference the GPU kernels must match bit for bit.
 
+pub mod head;
 pub mod matvec;
 pub mod mmvq;
+pub mod quantize_q8_0;
 pub mod quantize_q8_1;
 
 use crate::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID, KSIGNS};
