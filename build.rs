@@ -137,6 +137,10 @@ fn build_arch(tc: &Toolchain, root: &Path, target_dir: &Path, arch: &str) -> Res
             String::from_utf8_lossy(&out.stderr)
         ));
     }
+    // The nested build's warnings would otherwise vanish: pass them on.
+    for line in String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.starts_with("warning")) {
+        println!("cargo:warning=device ({arch}): {line}");
+    }
     let ptx = target_dir.join(arch).join("nvptx64-nvidia-cuda/release/strata_device.ptx");
     std::fs::read_to_string(&ptx).map_err(|e| format!("device build left no {}: {e}", ptx.display()))
 }

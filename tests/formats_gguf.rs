@@ -11,15 +11,9 @@ use rand::{Rng, SeedableRng};
 use strata::host::reference::dequant_row_f32;
 use strata_gpu_shared::formats::WeightFormat;
 
-fn venv_python() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    let ok = p.exists() && Command::new(&p).args(["-c", "import gguf"]).output().is_ok_and(|o| o.status.success());
-    ok.then_some(p)
-}
-
 #[test]
 fn decode_matches_gguf_package() {
-    let Some(python) = venv_python() else {
+    let Some(python) = common::venv_python() else {
         return common::skip_or_fail(common::tools_required(), "gguf python package", "no .venv with gguf (scripts/setup-toolchain.sh)").unwrap_or(());
     };
     let seed = common::seed("decode_matches_gguf_package");
@@ -62,7 +56,7 @@ fn decode_matches_gguf_package() {
 /// The committed codebooks are what scripts/gen_codebooks.py makes of the pinned package.
 #[test]
 fn codebooks_are_generated_from_the_package() {
-    let Some(python) = venv_python() else {
+    let Some(python) = common::venv_python() else {
         return common::skip_or_fail(common::tools_required(), "gguf python package", "no .venv with gguf").unwrap_or(());
     };
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

@@ -87,12 +87,6 @@ fn writer_output_reads_back_identically() {
     }
 }
 
-fn venv_python() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    let ok = p.exists() && Command::new(&p).args(["-c", "import gguf"]).output().is_ok_and(|o| o.status.success());
-    ok.then_some(p)
-}
-
 fn interop(python: &Path, args: &[&str]) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/gguf_interop.py");
     let out = Command::new(python).arg(script).args(args).output().unwrap();
@@ -112,7 +106,7 @@ fn strata_cli(args: &[&str]) -> std::process::Output {
 /// gives the package's own dequantization of every tensor, bit for bit.
 #[test]
 fn reads_and_dumps_a_file_the_gguf_package_wrote() {
-    let Some(python) = venv_python() else {
+    let Some(python) = common::venv_python() else {
         return common::skip_or_fail(common::tools_required(), "gguf python package", "no .venv with gguf").unwrap_or(());
     };
     let seed = common::seed("reads_and_dumps_a_file_the_gguf_package_wrote");
@@ -147,7 +141,7 @@ fn reads_and_dumps_a_file_the_gguf_package_wrote() {
 /// (dequantized) values.
 #[test]
 fn gguf_package_reads_what_strata_wrote() {
-    let Some(python) = venv_python() else {
+    let Some(python) = common::venv_python() else {
         return common::skip_or_fail(common::tools_required(), "gguf python package", "no .venv with gguf").unwrap_or(());
     };
     let seed = common::seed("gguf_package_reads_what_strata_wrote");

@@ -54,3 +54,10 @@ pub fn seed(test: &str) -> u64 {
     eprintln!("{test}: seed {s} (replay with STRATA_SEED={s})");
     s
 }
+
+/// The project venv's python, when it has the `gguf` package (scripts/setup-toolchain.sh).
+pub fn venv_python() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    let ok = p.exists() && std::process::Command::new(&p).args(["-c", "import gguf"]).output().is_ok_and(|o| o.status.success());
+    ok.then_some(p)
+}

@@ -57,3 +57,22 @@ pub fn warp_sum_i32(mut v: i32) -> i32 {
     }
     v
 }
+
+/// Sums each used row slot's partials over the warp (butterfly) and has lane `r` store row
+/// `r`'s sum at `out(r)`: the common tail of the one-warp-per-output-row kernels.
+///
+/// # Safety
+/// `out(r)` must be a valid, 4-byte aligned f32 address for every `r < rows`.
+#[inline(always)]
+pub unsafe fn store_row_sums<const N: usize>(acc: &[f32; N], rows: u32, out: impl Fn(usize) -> *mut f32) {
+    let lane = super::index::lane();
+    for (r, &a) in acc.iter().enumerate() {
+        if r as u32 >= rows {
+            continue;
+        }
+        let v = warp_sum_f32(a);
+        if lane == r as u32 {
+            super::mem::st_f32(out(r), v);
+        }
+    }
+}

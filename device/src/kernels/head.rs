@@ -12,6 +12,19 @@ const WARPS: u32 = HEAD_THREADS as u32 / 32;
 /// Index of a "no element yet" candidate: loses to every real one (a NaN with the largest index).
 const NONE: u32 = u32::MAX;
 
+/// The (row, chunk) a split block covers: the row's logits and the chunk's element range, or
+/// `None` for a block past the real work (padded grids).
+#[inline(always)]
+unsafe fn split_block(x: *const f32, n: u32, rows: u32, chunks: u32) -> Option<(u32, *const f32, u32, u32)> {
+    let b = index::block_idx();
+    if b >= rows * chunks {
+        return None;
+    }
+    let (row, c) = (b / chunks, b % chunks);
+    let start = c * HEAD_CHUNK as u32;
+    Some((row, x.add(row as usize * n as usize), start, (start + HEAD_CHUNK as u32).min(n)))
+}
+
 #[inline(always)]
 unsafe fn ld_f32(p: *const f32, i: usize) -> f32 {
     f32::from_bits(mem::ld_nc_u32(p.add(i) as *const u8))
@@ -86,16 +99,11 @@ pub unsafe extern "ptx-kernel" fn argmax_rows_ref(x: *const f32, n: u32, rows: u
 /// blocks, `chunks = ceil(n / HEAD_CHUNK)`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn argmax_rows_split(x: *const f32, n: u32, rows: u32, chunks: u32, part_val: *mut f32, part_idx: *mut u32) {
-    let b = index::block_idx();
-    if b >= rows * chunks {
-        return; // the whole block
-    }
-    let (row, c) = (b / chunks, b % chunks);
-    let start = c * HEAD_CHUNK as u32;
-    let best = range_best(x.add(row as usize * n as usize), start, (start + HEAD_CHUNK as u32).min(n));
+    let Some((_, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
+    let best = range_best(xr, start, end);
     if index::thread_idx() == 0 {
-        *part_val.add(b as usize) = best.0;
-        *part_idx.add(b as usize) = best.1;
+        *part_val.add(index::block_idx() as usize) = best.0;
+        *part_idx.add(index::block_idx() as usize) = best.1;
     }
 }
 
@@ -210,15 +218,10 @@ pub unsafe extern "ptx-kernel" fn row_top_prob_ref(x: *const f32, n: u32, rows: 
 /// `x`: `rows * n` f32; `part_max`: `rows * chunks`; at least `rows * chunks` blocks.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn row_top_prob_max(x: *const f32, n: u32, rows: u32, chunks: u32, part_max: *mut f32) {
-    let b = index::block_idx();
-    if b >= rows * chunks {
-        return; // the whole block
-    }
-    let (row, c) = (b / chunks, b % chunks);
-    let start = c * HEAD_CHUNK as u32;
-    let m = range_max(x.add(row as usize * n as usize), start, (start + HEAD_CHUNK as u32).min(n));
+    let Some((_, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
+    let m = range_max(xr, start, end);
     if index::thread_idx() == 0 {
-        *part_max.add(b as usize) = m;
+        *part_max.add(index::block_idx() as usize) = m;
     }
 }
 
@@ -229,19 +232,14 @@ pub unsafe extern "ptx-kernel" fn row_top_prob_max(x: *const f32, n: u32, rows: 
 /// As `row_top_prob_max`, plus `part_sum`: `rows * chunks`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn row_top_prob_sum(x: *const f32, n: u32, rows: u32, chunks: u32, part_max: *const f32, part_sum: *mut f32) {
-    let b = index::block_idx();
-    if b >= rows * chunks {
-        return; // the whole block
-    }
-    let (row, c) = (b / chunks, b % chunks);
+    let Some((row, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
     let mut m = f32::NEG_INFINITY;
     for i in 0..chunks {
         m = m.max(ld_f32(part_max, (row * chunks + i) as usize));
     }
-    let start = c * HEAD_CHUNK as u32;
-    let s = chunk_sum(x.add(row as usize * n as usize), start, (start + HEAD_CHUNK as u32).min(n), m);
+    let s = chunk_sum(xr, start, end, m);
     if index::thread_idx() == 0 {
-        *part_sum.add(b as usize) = s;
+        *part_sum.add(index::block_idx() as usize) = s;
     }
 }
 

@@ -54,15 +54,7 @@ unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u3
         });
         j += 32;
     }
-    for (r, &a) in acc.iter().enumerate() {
-        if r as u32 >= rows {
-            continue;
-        }
-        let v = warp::warp_sum_f32(a);
-        if lane == r as u32 {
-            mem::st_f32(y.add(r * m as usize + row as usize), v);
-        }
-    }
+    warp::store_row_sums(&acc, rows, |r| y.add(r * m as usize + row as usize));
 }
 
 /// f32 weights. Launch: `ceil(m / MMVQ_WARPS)` blocks of `32 * MMVQ_WARPS` threads.

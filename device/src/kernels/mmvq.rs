@@ -54,15 +54,7 @@ unsafe fn mmvq<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups
         });
         b += 32;
     }
-    for (r, &a) in acc.iter().enumerate() {
-        if r as u32 >= rows {
-            continue;
-        }
-        let v = warp::warp_sum_f32(a);
-        if lane == r as u32 {
-            mem::st_f32(y.add(r * m as usize + row as usize), v);
-        }
-    }
+    warp::store_row_sums(&acc, rows, |r| y.add(r * m as usize + row as usize));
 }
 
 /// Declares one `extern "ptx-kernel"` entry per format over the shared body.
