@@ -128,40 +128,20 @@ pub fn random_weights(rng: &mut SmallRng, format: WeightFormat, m: usize, k: usi
     data
 }
 
-fn first_diff<T: PartialEq + std::fmt::Debug>(a: &[T], b: &[T]) -> Option<(usize, String, String)> {
-    a.iter().zip(b).position(|(x, y)| x != y).map(|i| (i, format!("{:?}", a[i]), format!("{:?}", b[i])))
-}
 
 /// Runs `quantize_q8_1` on `backends` (reference first) for `rows` x `k` random activations.
 pub fn quantize_case(backends: &[&dyn Backend], rows: usize, k: usize, seed: u64) -> Result<Outcome> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let x = random_activations(&mut rng, rows * k);
     let len = rows * k / GROUP * q8_1::BYTES;
-    let mut outs = Vec::new();
-    let mut unwritten = Vec::new();
-    for b in backends {
-        let (mut a, mut c) = (vec![0x00u8; len], vec![0xffu8; len]);
-        b.quantize_q8_1(&x, &mut a)?;
-        b.quantize_q8_1(&x, &mut c)?;
-        let bad: Vec<usize> = (0..len).filter(|&i| a[i] != c[i]).collect();
-        if let Some(&first) = bad.first() {
-            unwritten.push((b.name().to_string(), bad.len(), first));
-        }
-        outs.push(a);
-    }
-    let mismatch = outs[1..].iter().zip(&backends[1..]).find_map(|(o, b)| {
-        first_diff(o, &outs[0]).map(|(index, got, want)| Mismatch {
-            backend: b.name().to_string(),
-            index,
-            got: format!("byte {got} (block {}, offset {})", index / q8_1::BYTES, index % q8_1::BYTES),
-            want: format!("byte {want}"),
-        })
-    });
+    let runs: Vec<_> = backends.iter().map(|&b| (b, Variant::Fast, b.name().to_string())).collect();
+    let (outs, unwritten) = run_bytes(&runs, len, |b, _, out| b.quantize_q8_1(&x, out))?;
+    let mismatch = compare_bits(&outs, |i, v| format!("byte {v} (block {}, offset {})", i / q8_1::BYTES, i % q8_1::BYTES));
     Ok(Outcome {
         kernel: "quantize_q8_1".into(),
         shape: format!("{rows}x{k}"),
         seed,
-        backends: backends.iter().map(|b| b.name().to_string()).collect(),
+        backends: outs.into_iter().map(|o| o.0).collect(),
         mismatch,
         unwritten,
         nmse: None,
@@ -209,28 +189,45 @@ fn run_f32(
     len: usize,
     run: impl Fn(&dyn Backend, &mut [f32]) -> Result<()>,
 ) -> Result<(Vec<Vec<f32>>, Option<Mismatch>, Vec<(String, usize, usize)>)> {
-    let mut outs: Vec<Vec<f32>> = Vec::new();
+    let mut outs = Vec::new();
     let mut unwritten = Vec::new();
     for &b in backends {
         let mut y = vec![f32::from_bits(POISON_F32); len];
         run(b, &mut y)?;
-        let bad: Vec<usize> = (0..y.len()).filter(|&i| y[i].to_bits() == POISON_F32).collect();
-        if let Some(&first) = bad.first() {
-            unwritten.push((b.name().to_string(), bad.len(), first));
-        }
-        outs.push(y);
+        note_unwritten(&mut unwritten, b.name(), y.iter().map(|v| v.to_bits() == POISON_F32));
+        outs.push((b.name().to_string(), y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()));
     }
-    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
-    let reference = bits(&outs[0]);
-    let mismatch = outs[1..].iter().zip(&backends[1..]).find_map(|(o, b)| {
-        first_diff(&bits(o), &reference).map(|(index, _, _)| Mismatch {
-            backend: b.name().to_string(),
-            index,
-            got: format!("{:e} ({:#010x})", o[index], o[index].to_bits()),
-            want: format!("{:e} ({:#010x})", outs[0][index], reference[index]),
-        })
-    });
-    Ok((outs, mismatch, unwritten))
+    let mismatch = compare_bits(&outs, |_, v| format!("{:e} ({v:#010x})", f32::from_bits(v)));
+    Ok((outs.into_iter().map(|(_, bits)| bits.into_iter().map(f32::from_bits).collect()).collect(), mismatch, unwritten))
+}
+
+/// Records how many elements a run left unwritten (`left[i]` true), and the first.
+fn note_unwritten(unwritten: &mut Vec<(String, usize, usize)>, name: &str, left: impl Iterator<Item = bool>) {
+    let bad: Vec<usize> = left.enumerate().filter(|p| p.1).map(|p| p.0).collect();
+    if let Some(&first) = bad.first() {
+        unwritten.push((name.to_string(), bad.len(), first));
+    }
+}
+
+/// Runs a kernel with a byte output of `len` bytes twice per (backend, variant), into buffers
+/// filled with 0x00 and with 0xff: a byte the two runs disagree on was not written. Returns the
+/// first run's bytes as words for [`compare_bits`].
+#[allow(clippy::type_complexity)]
+fn run_bytes(
+    runs: &[(&dyn Backend, Variant, String)],
+    len: usize,
+    run: impl Fn(&dyn Backend, Variant, &mut [u8]) -> Result<()>,
+) -> Result<(Vec<(String, Vec<u32>)>, Vec<(String, usize, usize)>)> {
+    let mut outs = Vec::new();
+    let mut unwritten = Vec::new();
+    for (b, variant, name) in runs {
+        let (mut a, mut c) = (vec![0x00u8; len], vec![0xffu8; len]);
+        run(*b, *variant, &mut a)?;
+        run(*b, *variant, &mut c)?;
+        note_unwritten(&mut unwritten, name, a.iter().zip(&c).map(|(x, y)| x != y));
+        outs.push((name.clone(), a.into_iter().map(u32::from).collect()));
+    }
+    Ok((outs, unwritten))
 }
 
 /// Runs `matvec` for float `format` on `backends` (reference first): `m` x `k` random weights
@@ -352,10 +349,7 @@ pub fn argmax_case(backends: &[&dyn Backend], rows: usize, n: usize, seed: u64) 
     for (b, variant, name) in variants(backends) {
         let (mut idx, mut flag) = (vec![POISON_F32; rows], vec![POISON_F32; rows]);
         b.argmax_rows(&x, n, variant, &mut idx, &mut flag)?;
-        let bad = idx.iter().chain(&flag).filter(|&&v| v == POISON_F32).count();
-        if bad > 0 {
-            unwritten.push((name.clone(), bad, 0));
-        }
+        note_unwritten(&mut unwritten, &name, idx.iter().zip(&flag).map(|(&i, &f)| i == POISON_F32 || f == POISON_F32));
         // One word per row: index in the low 31 bits, the all-NaN flag on top.
         outs.push((name, idx.iter().zip(&flag).map(|(&i, &f)| i | f << 31).collect()));
     }
@@ -392,10 +386,7 @@ pub fn top_prob_case(backends: &[&dyn Backend], rows: usize, n: usize, seed: u64
     for (b, variant, name) in variants(backends) {
         let mut p = vec![f32::from_bits(POISON_F32); rows];
         b.row_top_prob(&x, n, variant, &mut p)?;
-        let bad = p.iter().filter(|v| v.to_bits() == POISON_F32).count();
-        if bad > 0 {
-            unwritten.push((name.clone(), bad, 0));
-        }
+        note_unwritten(&mut unwritten, &name, p.iter().map(|v| v.to_bits() == POISON_F32));
         if first.is_empty() {
             first = p.clone();
         }
@@ -430,23 +421,13 @@ pub fn quantize_q8_0_case(backends: &[&dyn Backend], rows: usize, k: usize, per_
         })
         .collect();
     let len = rows * k / GROUP * strata_gpu_shared::formats::q8_0::BYTES;
-    let mut outs = Vec::new();
-    let mut unwritten = Vec::new();
-    for (b, variant, name) in variants(backends) {
-        let (mut a, mut c) = (vec![0x00u8; len], vec![0xffu8; len]);
-        b.quantize_q8_0_scaled(&x, k, &scales, per_column, variant, &mut a)?;
-        b.quantize_q8_0_scaled(&x, k, &scales, per_column, variant, &mut c)?;
-        let bad: Vec<usize> = (0..len).filter(|&i| a[i] != c[i]).collect();
-        if let Some(&f) = bad.first() {
-            unwritten.push((name.clone(), bad.len(), f));
-        }
-        outs.push((name, a.into_iter().map(u32::from).collect()));
-    }
+    let (outs, unwritten) = run_bytes(&variants(backends), len, |b, v, out| b.quantize_q8_0_scaled(&x, k, &scales, per_column, v, out))?;
+    let mismatch = compare_bits(&outs, |i, v| format!("byte {v} (block {}, offset {})", i / 34, i % 34));
     Ok(Outcome {
         kernel: "quantize_q8_0_scaled".into(),
         shape: format!("{rows}x{k} {}", if per_column { "per-column" } else { "per-row" }),
         seed,
-        mismatch: compare_bits(&outs, |i, v| format!("byte {v} (block {}, offset {})", i / 34, i % 34)),
+        mismatch,
         backends: outs.into_iter().map(|o| o.0).collect(),
         unwritten,
         nmse: None,

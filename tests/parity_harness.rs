@@ -1,0 +1,96 @@
+//! The parity harness itself: a backend that is wrong by one bit, or leaves one element
+//! unwritten, must be caught by every case function (so a green parity run means something).
+use strata::host::cpu::CpuBackend;
+use strata::host::parity;
+use strata::host::{Backend, FloatWeights, Result, Variant, Weights};
+use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    FlipLastBit,
+    SkipLast,
+}
+
+/// The CPU replica with one fault applied to the last element of every output.
+struct Broken(CpuBackend, Fault);
+
+impl Broken {
+    fn spoil<T: Copy>(&self, out: &mut [T], keep: &[T], flip: impl Fn(T) -> T) {
+        let last = out.len() - 1;
+        out[last] = match self.1 {
+            Fault::FlipLastBit => flip(out[last]),
+            Fault::SkipLast => keep[last],
+        };
+    }
+}
+
+impl Backend for Broken {
+    fn name(&self) -> &'static str {
+        "broken"
+    }
+    fn quantize_q8_1(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        let keep = out.to_vec();
+        self.0.quantize_q8_1(x, out)?;
+        self.spoil(out, &keep, |b| b ^ 1);
+        Ok(())
+    }
+    fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, y: &mut [f32]) -> Result<()> {
+        let keep = y.to_vec();
+        self.0.mmvq(w, xq, rows, y)?;
+        self.spoil(y, &keep, |v| f32::from_bits(v.to_bits() ^ 1));
+        Ok(())
+    }
+    fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()> {
+        let keep = y.to_vec();
+        self.0.matvec(w, x, rows, y)?;
+        self.spoil(y, &keep, |v| f32::from_bits(v.to_bits() ^ 1));
+        Ok(())
+    }
+    fn argmax_rows(&self, x: &[f32], n: usize, v: Variant, idx: &mut [u32], all_nan: &mut [u32]) -> Result<()> {
+        let keep = idx.to_vec();
+        self.0.argmax_rows(x, n, v, idx, all_nan)?;
+        self.spoil(idx, &keep, |i| i ^ 1);
+        Ok(())
+    }
+    fn row_top_prob(&self, x: &[f32], n: usize, v: Variant, p: &mut [f32]) -> Result<()> {
+        let keep = p.to_vec();
+        self.0.row_top_prob(x, n, v, p)?;
+        self.spoil(p, &keep, |x| f32::from_bits(x.to_bits() ^ 1));
+        Ok(())
+    }
+    fn quantize_q8_0_scaled(&self, x: &[f32], k: usize, s: &[f32], pc: bool, v: Variant, out: &mut [u8]) -> Result<()> {
+        let keep = out.to_vec();
+        self.0.quantize_q8_0_scaled(x, k, s, pc, v, out)?;
+        self.spoil(out, &keep, |b| b ^ 1);
+        Ok(())
+    }
+}
+
+#[test]
+fn every_case_catches_a_wrong_bit_and_an_unwritten_element() {
+    let cpu = CpuBackend::new();
+    for fault in [Fault::FlipLastBit, Fault::SkipLast] {
+        let bad = Broken(CpuBackend::new(), fault);
+        let pair: [&dyn Backend; 2] = [&cpu, &bad];
+        let outcomes = [
+            parity::quantize_case(&pair, 3, 256, 1).unwrap(),
+            parity::mmvq_case(&pair, WeightFormat::Iq3S, 40, 512, 3, 2, false).unwrap(),
+            parity::matvec_case(&pair, FloatFormat::Bf16, 40, 100, 2, 3).unwrap(),
+            parity::argmax_case(&pair, 4, 5000, 4).unwrap(),
+            parity::top_prob_case(&pair, 4, 5000, 5).unwrap(),
+            parity::quantize_q8_0_case(&pair, 2, 128, true, 6).unwrap(),
+        ];
+        for o in outcomes {
+            assert!(!o.passed(), "{}: a {} backend passed", o.kernel, if fault == Fault::SkipLast { "lazy" } else { "wrong" });
+            match fault {
+                // A skipped element is caught as unwritten where outputs are poisoned per run;
+                // either way the case must fail and say which backend.
+                Fault::SkipLast => assert!(o.explain().contains("broken"), "{}", o.explain()),
+                Fault::FlipLastBit => {
+                    let m = o.mismatch.as_ref().unwrap_or_else(|| panic!("{}: no mismatch reported", o.kernel));
+                    assert!(m.backend.starts_with("broken"), "{}", o.explain());
+                }
+            }
+        }
+    }
+}
