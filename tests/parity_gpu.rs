@@ -99,6 +99,30 @@ macro_rules! parity_pair {
             }
 
             #[test]
+            fn moe_identical() {
+                let (Some(a), Some(b)) = (open($reference), open($other)) else { return };
+                let seed = common::seed(concat!(stringify!($pair), "::moe"));
+                let mut rng = SmallRng::seed_from_u64(seed);
+                let gu = [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S, WeightFormat::Q8_0];
+                let dn = [WeightFormat::Iq4Nl, WeightFormat::Q2_0, WeightFormat::Iq3S, WeightFormat::Q8_0];
+                for (i, &g) in gu.iter().enumerate() {
+                    for (j, &d) in dn.iter().enumerate() {
+                        // The model shapes for some pairs, smaller ones for the rest.
+                        let (n_embd, n_ff) = match (i + j) % 3 {
+                            0 => (2560, 768),
+                            1 => (2048, 768),
+                            _ => (512, 512),
+                        };
+                        let (t, k) = (rng.random_range(1..=8), rng.random_range(1..=10));
+                        let case = parity::MoeCase::random(&mut rng, (g, d), 12, n_embd, n_ff, t, k);
+                        let out = parity::moe_case(&[&*a, &*b], &case, seed).unwrap();
+                        eprintln!("  {} {} {}: identical {} NMSE {:.2e}", out.kernel, out.shape, out.backends.join("="), out.identical(), out.nmse.unwrap());
+                        check(out);
+                    }
+                }
+            }
+
+            #[test]
             fn matvec_identical() {
                 let (Some(a), Some(b)) = (open($reference), open($other)) else { return };
                 let seed = common::seed(concat!(stringify!($pair), "::matvec"));
@@ -149,6 +173,30 @@ fn padded_grids_change_nothing() {
             check(parity::quantize_case(&[&*plain, &padded], rows, 32 * rng.random_range(1..=300), seed).unwrap());
             check(parity::quantize_q8_0_case(&[&*plain, &padded], rows, 32 * rng.random_range(1..=300), true, seed).unwrap());
             check(parity::matvec_case(&[&*plain, &padded], FloatFormat::Bf16, rng.random_range(1..=700), rng.random_range(1..=3000), rows, seed).unwrap());
+        }
+    }
+}
+
+/// On each GPU backend, a token's combined output is bit-identical alone and inside windows of
+/// 2..8 tokens with random other tokens.
+#[test]
+fn moe_window_invariance() {
+    for name in ["cuda", "hip"] {
+        let Some(g) = open(name) else { return };
+        let seed = common::seed("moe_window_invariance");
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for t in 2..=8 {
+            let case = parity::MoeCase::random(&mut rng, (WeightFormat::Iq3Xxs, WeightFormat::Iq4Nl), 16, 2048, 768, t, 8);
+            let row = case.n_embd / 32 * 36;
+            let mut xq = vec![0u8; t * row];
+            g.quantize_q8_1(&case.x, &mut xq).unwrap();
+            let (_, _, full) = parity::run_moe(&*g, &case, &xq, 0).unwrap();
+            for j in 0..t {
+                let (_, _, alone) = parity::run_moe(&*g, &case.alone(j), &xq[j * row..(j + 1) * row], 0).unwrap();
+                let inside = &full[j * case.n_embd..(j + 1) * case.n_embd];
+                let diff = alone.iter().zip(inside).position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(diff.is_none(), "{name}: token {j} of a {t}-token window differs alone at column {diff:?}");
+            }
         }
     }
 }

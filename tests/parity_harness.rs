@@ -2,7 +2,7 @@
 //! unwritten, must be caught by every case function (so a green parity run means something).
 use strata::host::cpu::CpuBackend;
 use strata::host::parity;
-use strata::host::{Backend, FloatWeights, Result, Variant, Weights};
+use strata::host::{Backend, FloatWeights, MoeOut, MoeWindow, Result, Variant, Weights};
 use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -58,6 +58,12 @@ impl Backend for Broken {
         self.spoil(p, &keep, |x| f32::from_bits(x.to_bits() ^ 1));
         Ok(())
     }
+    fn moe(&self, w: &MoeWindow, o: &mut MoeOut) -> Result<()> {
+        let keep = o.out.to_vec();
+        self.0.moe(w, o)?;
+        self.spoil(o.out, &keep, |x| f32::from_bits(x.to_bits() ^ 1));
+        Ok(())
+    }
     fn quantize_q8_0_scaled(&self, x: &[f32], k: usize, s: &[f32], pc: bool, v: Variant, out: &mut [u8]) -> Result<()> {
         let keep = out.to_vec();
         self.0.quantize_q8_0_scaled(x, k, s, pc, v, out)?;
@@ -79,6 +85,7 @@ fn every_case_catches_a_wrong_bit_and_an_unwritten_element() {
             parity::argmax_case(&pair, 4, 5000, 4).unwrap(),
             parity::top_prob_case(&pair, 4, 5000, 5).unwrap(),
             parity::quantize_q8_0_case(&pair, 2, 128, true, 6).unwrap(),
+            parity::moe_case(&pair, &parity::MoeCase::random(&mut rand::SeedableRng::seed_from_u64(7), (WeightFormat::Iq2Xs, WeightFormat::Iq4Nl), 6, 256, 64, 3, 2), 7).unwrap(),
         ];
         for o in outcomes {
             assert!(!o.passed(), "{}: a {} backend passed", o.kernel, if fault == Fault::SkipLast { "lazy" } else { "wrong" });

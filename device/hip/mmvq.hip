@@ -13,30 +13,43 @@ STRATA_FN float contribution(const Group& g, const uint8_t* xb, float pow2) {
   return (g.d * dx) * ((float)exact * pow2);
 }
 
+// This lane's partials of one weight row against up to 8 q8_1 rows, row r at act(r): the mmvq
+// spec before its butterfly (device/src/kernels/mmvq.rs row_partials).
+template <typename F, typename Act>
+static __device__ __forceinline__ void row_partials(const uint8_t* wrow, uint32_t groups, uint32_t rows, Act act,
+                                                    float* acc) {
+  float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
+#pragma unroll
+  for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) acc[r] = 0.0f;
+  for (uint32_t b = lane(); b < groups; b += 32) {
+    Group g = F::load(wrow + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS);
+#pragma unroll
+    for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
+      if ((uint32_t)r < rows) acc[r] = acc[r] + contribution(g, act(r) + (uint64_t)b * STRATA_Q8_1_BYTES, pow2);
+    }
+  }
+}
+
+// Butterfly of each used row's partials; lane r stores row r at out(r).
+template <typename Out>
+static __device__ __forceinline__ void store_row_sums(const float* acc, uint32_t rows, Out out) {
+#pragma unroll
+  for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
+    if ((uint32_t)r >= rows) continue;
+    float v = warp_sum_f32(acc[r]);
+    if (lane() == (uint32_t)r) *out(r) = v;
+  }
+}
+
 template <typename F>
 static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, float* y, uint32_t m,
                                             uint32_t groups, uint32_t rows) {
   uint32_t row = block_idx() * STRATA_MMVQ_WARPS + warp_in_block();
   if (row >= m) return;
-  uint32_t l = lane();
   const uint8_t* wrow = w + (uint64_t)row * (groups / F::GROUPS) * F::BYTES;
-  float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
   float acc[STRATA_MMVQ_MAX_ROWS];
-#pragma unroll
-  for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) acc[r] = 0.0f;
-  for (uint32_t b = l; b < groups; b += 32) {
-    Group g = F::load(wrow + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS);
-#pragma unroll
-    for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
-      if ((uint32_t)r < rows) acc[r] = acc[r] + contribution(g, x + ((uint64_t)r * groups + b) * STRATA_Q8_1_BYTES, pow2);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
-    if ((uint32_t)r >= rows) continue;
-    float v = warp_sum_f32(acc[r]);
-    if (l == (uint32_t)r) y[(uint64_t)r * m + row] = v;
-  }
+  row_partials<F>(wrow, groups, rows, [&](int r) { return x + (uint64_t)r * groups * STRATA_Q8_1_BYTES; }, acc);
+  store_row_sums(acc, rows, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 
 #define MMVQ_ENTRY(name, F)                                                                                 \

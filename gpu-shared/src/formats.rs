@@ -234,6 +234,22 @@ impl WeightFormat {
         }
     }
 
+    /// The lower-case tag of the format in kernel names (`q8_0`, `iq2_xxs`).
+    pub const fn tag(self) -> &'static str {
+        match self {
+            WeightFormat::Q8_0 => "q8_0",
+            WeightFormat::Q6K => "q6_k",
+            WeightFormat::Iq2Xxs => "iq2_xxs",
+            WeightFormat::Iq2Xs => "iq2_xs",
+            WeightFormat::Iq2S => "iq2_s",
+            WeightFormat::Iq3Xxs => "iq3_xxs",
+            WeightFormat::Iq3S => "iq3_s",
+            WeightFormat::Iq4Nl => "iq4_nl",
+            WeightFormat::Iq4Xs => "iq4_xs",
+            WeightFormat::Q2_0 => "q2_0",
+        }
+    }
+
     /// Name of the `mmvq` kernel entry for this format (same in PTX, HIP and the replica).
     pub const fn mmvq_kernel(self) -> &'static str {
         match self {

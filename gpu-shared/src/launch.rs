@@ -19,6 +19,14 @@ pub const QUANTIZE_WARPS: u32 = 4;
 /// Elements per block of the split head kernels (`argmax_rows`, `row_top_prob`): a 151,936
 /// vocabulary is 38 blocks per row.
 pub const HEAD_CHUNK: usize = 4096;
+/// Warps of a `moe_gu_*` block; each computes 4 of the block's 32 `n_ff` rows.
+pub const MOE_GU_WARPS: u32 = 8;
+/// `n_ff` rows per `moe_gu_*` block: one q8_1 group of the SwiGLU output.
+pub const MOE_GU_ROWS: u32 = 32;
+/// Entries of a group one pass of the expert kernels takes (its activation rows per weight
+/// decode); larger groups take several passes.
+pub const MOE_ENTRY_PASS: u32 = MMVQ_MAX_ROWS as u32;
+
 /// Bytes of one segment each block of `copy_from_mapped_multi` copies: one 16-byte move per
 /// thread of a 256-thread block. (64 KiB per block was measured 6x slower than one copy per
 /// segment at 64 KiB segments: one block's serial reads across PCIe are latency-bound.)
@@ -56,9 +64,36 @@ pub const BOUNDS: &[Bounds] = &[
     head("row_top_prob_sum"),
     head("row_top_prob_final"),
     Bounds { kernel: "copy_from_mapped_multi", threads: 256, min_blocks: 4, smem_bytes: 0 },
+    Bounds { kernel: "moe_group", threads: 32, min_blocks: 1, smem_bytes: 0 },
+    Bounds { kernel: "moe_combine", threads: 256, min_blocks: 4, smem_bytes: 0 },
+    moe_gu("moe_gu_q8_0"),
+    moe_gu("moe_gu_q6_k"),
+    moe_gu("moe_gu_iq2_xxs"),
+    moe_gu("moe_gu_iq2_xs"),
+    moe_gu("moe_gu_iq2_s"),
+    moe_gu("moe_gu_iq3_xxs"),
+    moe_gu("moe_gu_iq3_s"),
+    moe_gu("moe_gu_iq4_nl"),
+    moe_gu("moe_gu_iq4_xs"),
+    moe_gu("moe_gu_q2_0"),
+    mmvq("moe_down_q8_0"),
+    mmvq("moe_down_q6_k"),
+    mmvq("moe_down_iq2_xxs"),
+    mmvq("moe_down_iq2_xs"),
+    mmvq("moe_down_iq2_s"),
+    mmvq("moe_down_iq3_xxs"),
+    mmvq("moe_down_iq3_s"),
+    mmvq("moe_down_iq4_nl"),
+    mmvq("moe_down_iq4_xs"),
+    mmvq("moe_down_q2_0"),
     Bounds { kernel: "quantize_q8_0_scaled", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     Bounds { kernel: "quantize_q8_0_scaled_ref", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
 ];
+
+/// The gate/up geometry: `MOE_GU_WARPS` warps, shared words for one pass's SwiGLU outputs.
+const fn moe_gu(kernel: &'static str) -> Bounds {
+    Bounds { kernel, threads: 32 * MOE_GU_WARPS, min_blocks: 2, smem_bytes: 4 * MOE_ENTRY_PASS * MOE_GU_ROWS }
+}
 
 /// The head geometry: 256 threads (`order::HEAD_THREADS`), one block per row or per chunk, and
 /// [`HEAD_SMEM_WORDS`] words of shared memory for the block reductions.

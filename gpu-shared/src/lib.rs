@@ -8,6 +8,7 @@
 //! - [`launch`]: launch geometry and launch bounds of every kernel (build.rs writes the bounds
 //!   into the PTX; the HIP side gets them as a generated header).
 //! - [`math`]: `exp_neg` and other float functions specified to the operation.
+//! - [`moe`]: the routed-expert group table, grouping, SwiGLU.
 //! - [`order`]: the float reduction orders every kernel variant and backend must follow.
 //! - [`replica`]: the CPU replica of each kernel, which follows those orders exactly.
 #![no_std]
@@ -18,5 +19,6 @@ pub mod formats;
 pub mod grid_pad;
 pub mod launch;
 pub mod math;
+pub mod moe;
 pub mod order;
 pub mod replica;

@@ -25,6 +25,55 @@ pub struct FloatWeights<'a> {
     pub data: &'a [u8],
 }
 
+/// One expert tensor of a MoE layer: `n_expert` matrices of `rows` x `cols` values of `format`,
+/// one after another.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertTensor<'a> {
+    pub format: WeightFormat,
+    pub n_expert: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl ExpertTensor<'_> {
+    pub fn expert_bytes(&self) -> usize {
+        self.rows * self.format.row_bytes(self.cols)
+    }
+
+    /// Row `i` of expert `e`.
+    pub fn row(&self, e: usize, i: usize) -> &[u8] {
+        let rb = self.format.row_bytes(self.cols);
+        let at = e * self.expert_bytes() + i * rb;
+        &self.data[at..at + rb]
+    }
+}
+
+/// A verify window through one MoE layer's routed experts: `tokens` rows of q8_1 activations
+/// (`n_embd` values each), each token's `k` expert ids and routing weights (token-major), and
+/// the gate, up (`n_ff` x `n_embd`) and down (`n_embd` x `n_ff`) expert tensors.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeWindow<'a> {
+    pub tokens: usize,
+    pub k: usize,
+    pub ids: &'a [u32],
+    pub weights: &'a [f32],
+    pub xq: &'a [u8],
+    pub gate: ExpertTensor<'a>,
+    pub up: ExpertTensor<'a>,
+    pub down: ExpertTensor<'a>,
+}
+
+/// What a MoE window produces, intermediates included so that parity can say where two
+/// backends part: `hq` the SwiGLU output per selection (q8_1, `tokens * k` rows of `n_ff / 32`
+/// blocks), `y` the down output per selection (`tokens * k` rows of `n_embd`), `out` the
+/// combined rows (`tokens` x `n_embd`).
+pub struct MoeOut<'a> {
+    pub hq: &'a mut [u8],
+    pub y: &'a mut [f32],
+    pub out: &'a mut [f32],
+}
+
 /// Which kernel of a family runs where a family has a reference and a fast variant (the CPU
 /// replica computes the one spec both follow).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +109,9 @@ pub trait Backend {
 
     /// Rows of `k` values times per-row (`per_column == false`) or per-column scales to Q8_0.
     fn quantize_q8_0_scaled(&self, x: &[f32], k: usize, scales: &[f32], per_column: bool, variant: Variant, out: &mut [u8]) -> Result<()>;
+
+    /// The routed experts of one window: grouping, gate/up + SwiGLU + q8_1, down, combine.
+    fn moe(&self, w: &MoeWindow, out: &mut MoeOut) -> Result<()>;
 }
 
 fn shape_err(kernel: &'static str, detail: String) -> Error {
@@ -160,4 +212,41 @@ pub fn check_quantize_q8_0(x: &[f32], k: usize, scales: &[f32], per_column: bool
         return Err(shape_err(kname, format!("output is {} bytes, {groups} blocks need {}", out.len(), groups * strata_gpu_shared::formats::q8_0::BYTES)));
     }
     Ok(groups)
+}
+
+/// Checks a MoE window's sizes and ids; returns (n_embd, n_ff).
+pub fn check_moe(w: &MoeWindow, o: &MoeOut) -> Result<(usize, usize)> {
+    let kname = "moe";
+    let err = |d: String| Err(shape_err(kname, d));
+    let (n_embd, n_ff) = (w.gate.cols, w.gate.rows);
+    if w.tokens == 0 || w.k == 0 || w.tokens * w.k > 256 {
+        return err(format!("{} tokens x {} slots (1..=256 selections supported)", w.tokens, w.k));
+    }
+    if w.up.format != w.gate.format {
+        return err(format!("gate is {} and up {}: one format for both", w.gate.format.name(), w.up.format.name()));
+    }
+    if w.up.rows != n_ff || w.up.cols != n_embd || w.down.rows != n_embd || w.down.cols != n_ff {
+        return err(format!("gate {}x{}, up {}x{}, down {}x{} do not fit one another", w.gate.rows, w.gate.cols, w.up.rows, w.up.cols, w.down.rows, w.down.cols));
+    }
+    if n_ff == 0 || n_ff % GROUP != 0 || n_embd == 0 || n_embd % GROUP != 0 {
+        return err(format!("n_ff {n_ff} and n_embd {n_embd} must be positive multiples of {GROUP}"));
+    }
+    for t in [&w.gate, &w.up, &w.down] {
+        if t.cols % t.format.block_values() != 0 || t.n_expert != w.gate.n_expert || t.data.len() != t.n_expert * t.expert_bytes() {
+            return err(format!("{} expert tensor of {} x {}x{} holds {} bytes, needs {}", t.format.name(), t.n_expert, t.rows, t.cols, t.data.len(), t.n_expert * t.expert_bytes()));
+        }
+    }
+    let n = w.tokens * w.k;
+    if let Some(bad) = w.ids.iter().find(|&&id| id as usize >= w.gate.n_expert) {
+        return err(format!("expert id {bad} out of range (layer has {} experts)", w.gate.n_expert));
+    }
+    if w.ids.len() != n || w.weights.len() != n {
+        return err(format!("{} ids and {} weights for {n} selections", w.ids.len(), w.weights.len()));
+    }
+    let xq_len = w.tokens * n_embd / GROUP * q8_1::BYTES;
+    let hq_len = n * n_ff / GROUP * q8_1::BYTES;
+    if w.xq.len() != xq_len || o.hq.len() != hq_len || o.y.len() != n * n_embd || o.out.len() != w.tokens * n_embd {
+        return err(format!("buffers of {} / {} / {} / {} elements, need {xq_len} / {hq_len} / {} / {}", w.xq.len(), o.hq.len(), o.y.len(), o.out.len(), n * n_embd, w.tokens * n_embd));
+    }
+    Ok((n_embd, n_ff))
 }

@@ -1,5 +1,9 @@
 //! The `cpu` backend: the gpu-shared replicas, split over the machine's threads.
-use crate::backend::{check_head, check_matvec, check_mmvq, check_quantize, check_quantize_q8_0, Backend, FloatWeights, Variant, Weights};
+use crate::backend::{
+    check_head, check_matvec, check_mmvq, check_moe, check_quantize, check_quantize_q8_0, Backend, FloatWeights, MoeOut, MoeWindow, Variant,
+    Weights,
+};
+use strata_gpu_shared::moe::swiglu;
 use crate::error::Result;
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::replica;
@@ -100,6 +104,42 @@ impl Backend for CpuBackend {
     fn quantize_q8_0_scaled(&self, x: &[f32], k: usize, scales: &[f32], per_column: bool, _variant: Variant, out: &mut [u8]) -> Result<()> {
         check_quantize_q8_0(x, k, scales, per_column, out)?;
         replica::quantize_q8_0::quantize_scaled(x, k, scales, per_column, out);
+        Ok(())
+    }
+
+    fn moe(&self, w: &MoeWindow, o: &mut MoeOut) -> Result<()> {
+        let (n_embd, n_ff) = check_moe(w, o)?;
+        let xrow = n_embd / 32 * q8_1::BYTES;
+        let hrow = n_ff / 32 * q8_1::BYTES;
+        // Per selection: gate and up rows, SwiGLU, q8_1 (each a function of its own token only).
+        self.par_chunks(o.hq, hrow, |first, chunk| {
+            let mut h = vec![0f32; n_ff];
+            for (i, hq) in chunk.chunks_exact_mut(hrow).enumerate() {
+                let e = first + i;
+                let (expert, x) = (w.ids[e] as usize, &w.xq[e / w.k * xrow..(e / w.k + 1) * xrow]);
+                for (r, v) in h.iter_mut().enumerate() {
+                    let g = replica::mmvq::row_dot(w.gate.format, w.gate.row(expert, r), x);
+                    let u = replica::mmvq::row_dot(w.up.format, w.up.row(expert, r), x);
+                    *v = swiglu(g, u);
+                }
+                replica::quantize_q8_1::quantize(&h, hq);
+            }
+        });
+        let hq: &[u8] = o.hq;
+        self.par_chunks(o.y, n_embd, |first, chunk| {
+            for (i, y) in chunk.chunks_exact_mut(n_embd).enumerate() {
+                let e = first + i;
+                let h = &hq[e * hrow..(e + 1) * hrow];
+                for (r, v) in y.iter_mut().enumerate() {
+                    *v = replica::mmvq::row_dot(w.down.format, w.down.row(w.ids[e] as usize, r), h);
+                }
+            }
+        });
+        for (t, out) in o.out.chunks_exact_mut(n_embd).enumerate() {
+            for (col, v) in out.iter_mut().enumerate() {
+                *v = (0..w.k).fold(0.0f32, |acc, s| acc + w.weights[t * w.k + s] * o.y[(t * w.k + s) * n_embd + col]);
+            }
+        }
         Ok(())
     }
 }

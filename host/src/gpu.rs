@@ -11,11 +11,13 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::backend::{
-    check_head, check_matvec, check_mmvq, check_quantize, check_quantize_q8_0, Backend, FloatWeights, Variant, Weights,
+    check_head, check_matvec, check_mmvq, check_moe, check_quantize, check_quantize_q8_0, Backend, FloatWeights, MoeOut, MoeWindow,
+    Variant, Weights,
 };
 use crate::error::{Error, Result};
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
-use strata_gpu_shared::launch::{bounds, BOUNDS, HEAD_CHUNK, MMVQ_WARPS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, BOUNDS, HEAD_CHUNK, MMVQ_WARPS, MOE_GU_ROWS, QUANTIZE_WARPS};
+use strata_gpu_shared::moe;
 
 /// Guard elements after every output buffer, filled with [`Guard::GUARD`] and checked after the
 /// kernel: a kernel that writes past its output is caught on every call, padded grids included.
@@ -241,6 +243,11 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// The table's `'static` name of a kernel built at run time (`moe_gu_iq3_s`).
+    fn kernel(&self, name: &str) -> Result<&'static str> {
+        bounds(name).map(|b| b.kernel).ok_or_else(|| Error::Setup { backend: self.name, what: format!("kernel {name}"), detail: "not in the launch table".into() })
+    }
+
     /// Device scratch of `len` elements.
     fn scratch<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, kernel: &str, len: usize) -> Result<CudaSlice<T>> {
         self.stream.alloc_zeros(len).map_err(self.driver_err(kernel, "scratch allocation"))
@@ -366,5 +373,37 @@ impl Backend for GpuBackend {
         a.arg(&dx).arg(&k32).arg(&ds).arg(&col).arg(&groups).arg(&mut dout);
         self.run(kernel, groups.div_ceil(per_block), a)?;
         self.download_out(kernel, &dout, out)
+    }
+
+    fn moe(&self, w: &MoeWindow, o: &mut MoeOut) -> Result<()> {
+        let (n_embd, n_ff) = check_moe(w, o)?;
+        let (gu, down) = (self.kernel(&format!("moe_gu_{}", w.gate.format.tag()))?, self.kernel(&format!("moe_down_{}", w.down.format.tag()))?);
+        let n = (w.tokens * w.k) as u32;
+        let (k, n_expert, tokens) = (w.k as u32, w.gate.n_expert as u32, w.tokens as u32);
+        let (embd_groups, ff_groups, n_embd32, n_ff32) = ((n_embd / 32) as u32, (n_ff / 32) as u32, n_embd as u32, n_ff as u32);
+        let (gu_bytes, down_bytes) = (w.gate.expert_bytes() as u64, w.down.expert_bytes() as u64);
+        let ids = self.upload("moe_group", w.ids)?;
+        let weights = self.upload("moe_combine", w.weights)?;
+        let xq = self.upload(gu, w.xq)?;
+        let (gate, up, dn) = (self.upload(gu, w.gate.data)?, self.upload(gu, w.up.data)?, self.upload(down, w.down.data)?);
+        let mut table = self.scratch::<u32>("moe_group", moe::table_words(n as usize))?;
+        let mut hq = self.upload_out(gu, o.hq)?;
+        let mut y = self.upload_out(down, o.y)?;
+        let mut out = self.upload_out("moe_combine", o.out)?;
+        let mut a = self.builder("moe_group");
+        a.arg(&ids).arg(&n).arg(&n_expert).arg(&mut table);
+        self.run("moe_group", 1, a)?;
+        let mut a = self.builder(gu);
+        a.arg(&gate).arg(&up).arg(&gu_bytes).arg(&xq).arg(&table).arg(&n).arg(&k).arg(&embd_groups).arg(&n_ff32).arg(&mut hq);
+        self.run(gu, n * (n_ff32 / MOE_GU_ROWS), a)?;
+        let mut a = self.builder(down);
+        a.arg(&dn).arg(&down_bytes).arg(&hq).arg(&table).arg(&n).arg(&ff_groups).arg(&n_embd32).arg(&mut y);
+        self.run(down, n * n_embd32.div_ceil(MMVQ_WARPS), a)?;
+        let mut a = self.builder("moe_combine");
+        a.arg(&y).arg(&weights).arg(&tokens).arg(&k).arg(&n_embd32).arg(&mut out);
+        self.run("moe_combine", (tokens * n_embd32).div_ceil(256), a)?;
+        self.download_out(gu, &hq, o.hq)?;
+        self.download_out(down, &y, o.y)?;
+        self.download_out("moe_combine", &out, o.out)
     }
 }

@@ -12,7 +12,8 @@ use crate::gpu::{open_device, GpuBackend};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::formats::{iq4_nl, LAYOUT_CONSTANTS};
 use strata_gpu_shared::launch::{
-    amd_waves_per_eu, BOUNDS, COPY_CHUNK, COPY_SEGMENT_WORDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS,
+    amd_waves_per_eu, BOUNDS, COPY_CHUNK, COPY_SEGMENT_WORDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_ENTRY_PASS,
+    MOE_GU_ROWS, MOE_GU_WARPS, QUANTIZE_WARPS,
 };
 use strata_gpu_shared::order::HEAD_THREADS;
 
@@ -29,6 +30,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("head.hip", include_str!("../../device/hip/head.hip")),
     ("quantize_q8_0.hip", include_str!("../../device/hip/quantize_q8_0.hip")),
     ("copy.hip", include_str!("../../device/hip/copy.hip")),
+    ("moe.hip", include_str!("../../device/hip/moe.hip")),
 ];
 
 /// `#define`s generated from gpu-shared: launch bounds per kernel, sizes and offsets, the
@@ -47,6 +49,9 @@ pub fn prelude() -> String {
         ("HEAD_THREADS", HEAD_THREADS),
         ("HEAD_CHUNK", HEAD_CHUNK),
         ("COPY_CHUNK", COPY_CHUNK),
+        ("MOE_GU_WARPS", MOE_GU_WARPS as usize),
+        ("MOE_GU_ROWS", MOE_GU_ROWS as usize),
+        ("MOE_ENTRY_PASS", MOE_ENTRY_PASS as usize),
         ("COPY_SEGMENT_WORDS", COPY_SEGMENT_WORDS),
     ];
     for (name, v) in LAYOUT_CONSTANTS.iter().copied().chain(geometry) {

@@ -24,6 +24,6 @@ pub mod mapped;
 pub mod parity;
 pub mod reference;
 
-pub use backend::{Backend, FloatWeights, Variant, Weights};
+pub use backend::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Variant, Weights};
 pub use error::{Error, Result};
 pub mod gguf;

@@ -7,7 +7,7 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::{Backend, FloatWeights, Variant, Weights};
+use crate::backend::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Variant, Weights};
 use crate::error::Result;
 use crate::reference::{float_matvec_f64, matvec_f64, nmse};
 use strata_gpu_shared::f16::f32_to_f16;
@@ -431,6 +431,158 @@ pub fn quantize_q8_0_case(backends: &[&dyn Backend], rows: usize, k: usize, per_
         backends: outs.into_iter().map(|o| o.0).collect(),
         unwritten,
         nmse: None,
+        nmse_max: NMSE_MAX,
+    })
+}
+
+/// A random MoE layer and window: the expert tensors and the window's inputs.
+pub struct MoeCase {
+    pub gate: Vec<u8>,
+    pub up: Vec<u8>,
+    pub down: Vec<u8>,
+    pub formats: (WeightFormat, WeightFormat),
+    pub n_expert: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub tokens: usize,
+    pub k: usize,
+    pub ids: Vec<u32>,
+    pub weights: Vec<f32>,
+    pub x: Vec<f32>,
+}
+
+impl MoeCase {
+    /// Random weights; each token picks `k` distinct experts from a pool a little larger than
+    /// `k`, so tokens share experts (groups of 1..tokens entries) and some experts go unused.
+    #[allow(clippy::too_many_arguments)]
+    pub fn random(rng: &mut SmallRng, formats: (WeightFormat, WeightFormat), n_expert: usize, n_embd: usize, n_ff: usize, tokens: usize, k: usize) -> MoeCase {
+        let gate = random_weights(rng, formats.0, n_expert * n_ff, n_embd);
+        let up = random_weights(rng, formats.0, n_expert * n_ff, n_embd);
+        let down = random_weights(rng, formats.1, n_expert * n_embd, n_ff);
+        let pool_size = rng.random_range(k..=n_expert.min(k + 3));
+        let mut pool: Vec<u32> = (0..n_expert as u32).collect();
+        for i in 0..pool_size {
+            let j = rng.random_range(i..n_expert);
+            pool.swap(i, j);
+        }
+        pool.truncate(pool_size);
+        let (mut ids, mut weights) = (Vec::new(), Vec::new());
+        for _ in 0..tokens {
+            let mut mine = pool.clone();
+            for i in 0..k {
+                let j = rng.random_range(i..mine.len());
+                mine.swap(i, j);
+            }
+            ids.extend(&mine[..k]);
+            let raw: Vec<f32> = (0..k).map(|_| rng.random_range(0.05f32..1.0)).collect();
+            let sum: f32 = raw.iter().sum();
+            weights.extend(raw.iter().map(|w| w / sum));
+        }
+        let x: Vec<f32> = (0..tokens * n_embd).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        MoeCase { gate, up, down, formats, n_expert, n_embd, n_ff, tokens, k, ids, weights, x }
+    }
+
+    /// The window as backends take it, with `xq` the activations quantized by `quantizer`.
+    pub fn window<'a>(&'a self, xq: &'a [u8]) -> MoeWindow<'a> {
+        let t = |format, rows, cols, data: &'a [u8]| ExpertTensor { format, n_expert: self.n_expert, rows, cols, data };
+        MoeWindow {
+            tokens: self.tokens,
+            k: self.k,
+            ids: &self.ids,
+            weights: &self.weights,
+            xq,
+            gate: t(self.formats.0, self.n_ff, self.n_embd, &self.gate),
+            up: t(self.formats.0, self.n_ff, self.n_embd, &self.up),
+            down: t(self.formats.1, self.n_embd, self.n_ff, &self.down),
+        }
+    }
+
+    /// The same layer with only token `j` of the window.
+    pub fn alone(&self, j: usize) -> MoeCase {
+        let k = self.k;
+        MoeCase {
+            gate: self.gate.clone(),
+            up: self.up.clone(),
+            down: self.down.clone(),
+            tokens: 1,
+            ids: self.ids[j * k..(j + 1) * k].to_vec(),
+            weights: self.weights[j * k..(j + 1) * k].to_vec(),
+            x: self.x[j * self.n_embd..(j + 1) * self.n_embd].to_vec(),
+            ..*self
+        }
+    }
+
+    /// Float64 reference: dequantized weights, unquantized activations and SwiGLU output.
+    pub fn reference_f64(&self) -> Vec<f64> {
+        let w = self.window(&[]);
+        let dot = |t: &ExpertTensor, e: usize, i: usize, v: &[f64]| -> f64 {
+            let mut row = Vec::with_capacity(t.cols);
+            crate::reference::dequant_row_f32(t.format, t.row(e, i), t.cols, &mut row);
+            row.iter().zip(v).map(|(&a, b)| a as f64 * b).sum()
+        };
+        let mut out = vec![0.0f64; self.tokens * self.n_embd];
+        for t in 0..self.tokens {
+            let x: Vec<f64> = self.x[t * self.n_embd..(t + 1) * self.n_embd].iter().map(|&v| v as f64).collect();
+            for s in 0..self.k {
+                let e = self.ids[t * self.k + s] as usize;
+                let h: Vec<f64> = (0..self.n_ff)
+                    .map(|i| {
+                        let g = dot(&w.gate, e, i, &x);
+                        g / (1.0 + (-g).exp()) * dot(&w.up, e, i, &x)
+                    })
+                    .collect();
+                for i in 0..self.n_embd {
+                    out[t * self.n_embd + i] += self.weights[t * self.k + s] as f64 * dot(&w.down, e, i, &h);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Runs a window on one backend with poisoned outputs; returns (hq, y, out).
+pub fn run_moe(b: &dyn Backend, case: &MoeCase, xq: &[u8], hq_fill: u8) -> Result<(Vec<u8>, Vec<f32>, Vec<f32>)> {
+    let n = case.tokens * case.k;
+    let mut hq = vec![hq_fill; n * case.n_ff / GROUP * q8_1::BYTES];
+    let mut y = vec![f32::from_bits(POISON_F32); n * case.n_embd];
+    let mut out = vec![f32::from_bits(POISON_F32); case.tokens * case.n_embd];
+    b.moe(&case.window(xq), &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut out })?;
+    Ok((hq, y, out))
+}
+
+/// The MoE window on every backend: the SwiGLU q8_1 rows, the down rows and the combined rows
+/// identical (first difference reported by stage), every element written, and the combined
+/// rows' NMSE against float64 end to end.
+pub fn moe_case(backends: &[&dyn Backend], case: &MoeCase, seed: u64) -> Result<Outcome> {
+    let mut xq = vec![0u8; case.tokens * case.n_embd / GROUP * q8_1::BYTES];
+    backends[0].quantize_q8_1(&case.x, &mut xq)?;
+    let mut outs = Vec::new();
+    let mut unwritten = Vec::new();
+    let mut first_out = Vec::new();
+    for &b in backends {
+        let (hq, y, out) = run_moe(b, case, &xq, 0x00)?;
+        let (hq2, _, _) = run_moe(b, case, &xq, 0xff)?;
+        note_unwritten(&mut unwritten, b.name(), hq.iter().zip(&hq2).map(|(a, c)| a != c).chain(y.iter().chain(&out).map(|v| v.to_bits() == POISON_F32)));
+        if first_out.is_empty() {
+            first_out = out.clone();
+        }
+        let words: Vec<u32> = hq.iter().map(|&v| v as u32).chain(y.iter().chain(&out).map(|v| v.to_bits())).collect();
+        outs.push((b.name().to_string(), words));
+    }
+    let (nh, ny) = (case.tokens * case.k * case.n_ff / GROUP * q8_1::BYTES, case.tokens * case.k * case.n_embd);
+    let mismatch = compare_bits(&outs, |i, v| match i {
+        i if i < nh => format!("hq byte {v} (selection {}, block {})", i / (case.n_ff / GROUP * q8_1::BYTES), i % (case.n_ff / GROUP * q8_1::BYTES) / q8_1::BYTES),
+        i if i < nh + ny => format!("y {:e} (selection {}, row {})", f32::from_bits(v), (i - nh) / case.n_embd, (i - nh) % case.n_embd),
+        i => format!("out {:e} (token {}, col {})", f32::from_bits(v), (i - nh - ny) / case.n_embd, (i - nh - ny) % case.n_embd),
+    });
+    Ok(Outcome {
+        kernel: format!("moe {}/{}", case.formats.0.name(), case.formats.1.name()),
+        shape: format!("{}x{} e{} T{} k{}", case.n_embd, case.n_ff, case.n_expert, case.tokens, case.k),
+        seed,
+        backends: outs.into_iter().map(|o| o.0).collect(),
+        mismatch,
+        unwritten,
+        nmse: Some(nmse(&first_out, &case.reference_f64())),
         nmse_max: NMSE_MAX,
     })
 }

@@ -32,6 +32,11 @@ const MMVQ_SHAPES: [(usize, usize, usize); 6] =
     [(2048, 2048, 1), (768, 2048, 4), (2048, 768, 8), (4096, 2048, 2), (1, 32, 1), (37, 96, 5)];
 /// Built-in float `matvec` shapes (M, K, rows): the routers of 128 and 512 experts, an odd one.
 const MATVEC_SHAPES: [(usize, usize, usize); 3] = [(128, 2048, 1), (512, 2560, 4), (37, 33, 8)];
+/// Built-in MoE windows: (gate/up, down) formats, n_embd, n_ff, tokens, k (16 experts).
+const MOE_CASES: [((WeightFormat, WeightFormat), usize, usize, usize, usize); 2] = [
+    ((WeightFormat::Iq3Xxs, WeightFormat::Iq4Nl), 2560, 640, 4, 10),
+    ((WeightFormat::Iq2S, WeightFormat::Q2_0), 2048, 768, 8, 8),
+];
 /// Built-in head shapes (rows, vocabulary).
 const HEAD_SHAPES: [(usize, usize); 4] = [(1, 151_936), (4, 248_320), (5, 106_299), (8, 4097)];
 /// Built-in `quantize_q8_1` shapes (rows, K).
@@ -105,6 +110,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for per_column in [false, true] {
         let t = Instant::now();
         record(parity::quantize_q8_0_case(&backends, 4, 2048, per_column, rng.random())?, t);
+    }
+    for (formats, n_embd, n_ff, tokens, k) in MOE_CASES {
+        let t = Instant::now();
+        let case = parity::MoeCase::random(&mut rng, formats, 16, n_embd, n_ff, tokens, k);
+        record(parity::moe_case(&backends, &case, seed)?, t);
     }
     for format in FloatFormat::ALL {
         for (m, k, rows) in MATVEC_SHAPES {

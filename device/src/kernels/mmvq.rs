@@ -26,6 +26,33 @@ unsafe fn contribution(g: &blocks::Group, xb: *const u8, pow2: f32) -> f32 {
     (g.d * dx) * (exact as f32 * pow2)
 }
 
+/// This lane's partials of one weight row (`groups` groups of `F` at `wrow`) against up to 8
+/// q8_1 activation rows, row `r` starting at `act(r)`: partial `r` sums, left to right from +0.0,
+/// the contributions of groups `lane, lane + 32, ...`. The mmvq spec before its butterfly; every
+/// kernel that multiplies quantized weights by q8_1 rows is built on it.
+///
+/// # Safety
+/// `wrow` holds the row's whole blocks; each `act(r)` for `r < rows` holds `groups` q8_1
+/// blocks, 4-byte aligned; `rows <= MMVQ_MAX_ROWS`.
+#[inline(always)]
+pub unsafe fn row_partials<F: Block>(wrow: *const u8, groups: u32, rows: u32, act: impl Fn(usize) -> *const u8) -> [f32; MMVQ_MAX_ROWS] {
+    // 2^-k, exact: the group's integer dot times it is the exact rational S / 2^k.
+    let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
+    let mut acc = [0.0f32; MMVQ_MAX_ROWS];
+    let mut b = index::lane();
+    while b < groups {
+        let g = F::load(wrow.add((b / F::GROUPS) as usize * F::BYTES), b % F::GROUPS);
+        // One unrolled copy per row slot so `acc` stays in registers; slots past `rows` skip.
+        crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if (r as u32) < rows {
+                acc[r] += contribution(&g, act(r).add(b as usize * q8_1::BYTES), pow2);
+            }
+        });
+        b += 32;
+    }
+    acc
+}
+
 /// The shared body of every `mmvq_*` entry.
 ///
 /// # Safety
@@ -38,22 +65,8 @@ unsafe fn mmvq<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups
     if row >= m {
         return; // whole warp: the butterfly below needs every lane, and gets it
     }
-    let lane = index::lane();
     let wrow = w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES);
-    // 2^-k, exact: the group's integer dot times it is the exact rational S / 2^k.
-    let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
-    let mut acc = [0.0f32; MMVQ_MAX_ROWS];
-    let mut b = lane;
-    while b < groups {
-        let g = F::load(wrow.add((b / F::GROUPS) as usize * F::BYTES), b % F::GROUPS);
-        // One unrolled copy per row slot so `acc` stays in registers; slots past `rows` skip.
-        crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
-            if (r as u32) < rows {
-                acc[r] += contribution(&g, x.add((r * groups as usize + b as usize) * q8_1::BYTES), pow2);
-            }
-        });
-        b += 32;
-    }
+    let acc = row_partials::<F>(wrow, groups, rows, |r| x.add(r * groups as usize * q8_1::BYTES));
     warp::store_row_sums(&acc, rows, |r| y.add(r * m as usize + row as usize));
 }
 

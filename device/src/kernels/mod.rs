@@ -4,5 +4,6 @@ pub mod copy;
 pub mod head;
 pub mod matvec;
 pub mod mmvq;
+pub mod moe;
 pub mod quantize_q8_0;
 pub mod quantize_q8_1;

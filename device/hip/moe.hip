@@ -1,0 +1,156 @@
+// Routed experts for a verify window: moe_group, moe_gu_* (gate/up + SwiGLU + q8_1, fused),
+// moe_down_*, moe_combine. Twin of device/src/kernels/moe.rs; specs in gpu-shared/src/moe.rs and
+// the mmvq order.
+#include "strata_hip.h"
+#include "blocks.hip"
+#include "mmvq.hip"
+#include "quantize_q8_1.hip"
+
+// Table layout (gpu-shared/src/moe.rs): [groups, errors, expert[n], start[n], count[n], entries[n]].
+#define MOE_EXPERT(n) 2u
+#define MOE_START(n) (2u + (n))
+#define MOE_COUNT(n) (2u + 2u * (n))
+#define MOE_ENTRIES(n) (2u + 3u * (n))
+
+STRATA_FN uint32_t ld_u32w(const uint32_t* p, uint64_t i) { return ld_nc_u32((const uint8_t*)(p + i)); }
+
+// moe::group: groups in increasing expert id, entries in increasing selection index.
+STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uint32_t* table) {
+  if (block_idx() != 0 || thread_idx() != 0) return;
+  uint32_t groups = 0, errors = 0, filled = 0;
+  bool have_prev = false;
+  uint32_t prev = 0;
+  for (;;) {
+    bool found = false;
+    uint32_t next = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      uint32_t id = ids[i];
+      if (id < n_expert && (!have_prev || id > prev) && (!found || id < next)) {
+        next = id;
+        found = true;
+      }
+    }
+    if (!found) break;
+    table[MOE_EXPERT(n) + groups] = next;
+    table[MOE_START(n) + groups] = filled;
+    for (uint32_t e = 0; e < n; e++)
+      if (ids[e] == next) table[MOE_ENTRIES(n) + filled++] = e;
+    table[MOE_COUNT(n) + groups] = filled - table[MOE_START(n) + groups];
+    groups++;
+    prev = next;
+    have_prev = true;
+  }
+  for (uint32_t i = 0; i < n; i++) errors += ids[i] >= n_expert ? 1u : 0u;
+  for (uint32_t g = groups; g < n; g++) {
+    table[MOE_EXPERT(n) + g] = 0;
+    table[MOE_START(n) + g] = filled;
+    table[MOE_COUNT(n) + g] = 0;
+  }
+  for (uint32_t e = filled; e < n; e++) table[MOE_ENTRIES(n) + e] = 0;
+  table[0] = groups;
+  table[1] = errors;
+}
+
+// moe::silu and swiglu, from exp_neg.
+STRATA_FN float silu(float g) {
+  if (g >= 0.0f) return g / (1.0f + exp_neg(-g));
+  float e = exp_neg(g);
+  return (g * e) / (1.0f + e);
+}
+
+template <typename F>
+static __device__ __forceinline__ void moe_gu(const uint8_t* gate, const uint8_t* up, uint64_t expert_bytes,
+                                              const uint8_t* xq, const uint32_t* table, uint32_t n, uint32_t k,
+                                              uint32_t embd_groups, uint32_t n_ff, uint8_t* hq) {
+  uint32_t chunks = n_ff / STRATA_MOE_GU_ROWS;
+  uint32_t b = block_idx(), g = b / chunks, chunk = b % chunks;
+  if (g >= ld_u32w(table, 0)) return;
+  uint32_t expert = ld_u32w(table, MOE_EXPERT(n) + g), start = ld_u32w(table, MOE_START(n) + g),
+           count = ld_u32w(table, MOE_COUNT(n) + g);
+  uint64_t row_bytes = (uint64_t)(embd_groups / F::GROUPS) * F::BYTES;
+  gate += expert * expert_bytes;
+  up += expert * expert_bytes;
+  const uint32_t* entries = table + MOE_ENTRIES(n) + start;
+  uint32_t warp = warp_in_block(), rows_per_warp = STRATA_MOE_GU_ROWS / STRATA_MOE_GU_WARPS;
+  for (uint32_t pass = 0; pass < count; pass += STRATA_MOE_ENTRY_PASS) {
+    uint32_t m = count - pass < STRATA_MOE_ENTRY_PASS ? count - pass : STRATA_MOE_ENTRY_PASS;
+    auto act = [&](int r) { return xq + (uint64_t)(ld_u32w(entries, pass + r) / k) * embd_groups * STRATA_Q8_1_BYTES; };
+    for (uint32_t j = 0; j < rows_per_warp; j++) {
+      uint32_t local = warp * rows_per_warp + j;
+      uint64_t row = (uint64_t)chunk * STRATA_MOE_GU_ROWS + local;
+      float gs[STRATA_MMVQ_MAX_ROWS], us[STRATA_MMVQ_MAX_ROWS];
+      row_partials<F>(gate + row * row_bytes, embd_groups, m, act, gs);
+      row_partials<F>(up + row * row_bytes, embd_groups, m, act, us);
+#pragma unroll
+      for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
+        if ((uint32_t)r < m) {
+          float h = silu(warp_sum_f32(gs[r])) * warp_sum_f32(us[r]);
+          if (lane() == 0) strata_smem[r * STRATA_MOE_GU_ROWS + local] = __builtin_bit_cast(uint32_t, h);
+        }
+      }
+    }
+    sync_threads();
+    if (warp < m) {
+      uint32_t e = ld_u32w(entries, pass + warp);
+      float v = __builtin_bit_cast(float, strata_smem[warp * STRATA_MOE_GU_ROWS + lane()]);
+      quantize_group(v, hq + ((uint64_t)e * chunks + chunk) * STRATA_Q8_1_BYTES);
+    }
+    sync_threads();
+  }
+}
+
+template <typename F>
+static __device__ __forceinline__ void moe_down(const uint8_t* w, uint64_t expert_bytes, const uint8_t* hq,
+                                                const uint32_t* table, uint32_t n, uint32_t ff_groups, uint32_t n_embd,
+                                                float* y) {
+  uint32_t row_blocks = (n_embd + STRATA_MMVQ_WARPS - 1) / STRATA_MMVQ_WARPS;
+  uint32_t b = block_idx(), g = b / row_blocks, row = (b % row_blocks) * STRATA_MMVQ_WARPS + warp_in_block();
+  if (g >= ld_u32w(table, 0) || row >= n_embd) return;
+  uint32_t expert = ld_u32w(table, MOE_EXPERT(n) + g), start = ld_u32w(table, MOE_START(n) + g),
+           count = ld_u32w(table, MOE_COUNT(n) + g);
+  const uint8_t* wrow = w + expert * expert_bytes + (uint64_t)row * (ff_groups / F::GROUPS) * F::BYTES;
+  const uint32_t* entries = table + MOE_ENTRIES(n) + start;
+  for (uint32_t pass = 0; pass < count; pass += STRATA_MOE_ENTRY_PASS) {
+    uint32_t m = count - pass < STRATA_MOE_ENTRY_PASS ? count - pass : STRATA_MOE_ENTRY_PASS;
+    auto entry = [&](int r) { return (uint64_t)ld_u32w(entries, pass + r); };
+    float acc[STRATA_MMVQ_MAX_ROWS];
+    row_partials<F>(wrow, ff_groups, m, [&](int r) { return hq + entry(r) * ff_groups * STRATA_Q8_1_BYTES; }, acc);
+    store_row_sums(acc, m, [&](int r) { return y + entry(r) * n_embd + row; });
+  }
+}
+
+STRATA_KERNEL(moe_combine)(const float* y, const float* weights, uint32_t tokens, uint32_t k, uint32_t n_embd, float* out) {
+  uint32_t i = block_idx() * STRATA_THREADS_moe_combine + thread_idx();
+  if (i >= tokens * n_embd) return;
+  uint32_t t = i / n_embd, col = i % n_embd;
+  float acc = 0.0f;
+  for (uint32_t s = 0; s < k; s++) {
+    uint64_t e = (uint64_t)t * k + s;
+    float w = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(weights + e)));
+    float v = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(y + e * n_embd + col)));
+    acc = acc + w * v;
+  }
+  out[i] = acc;
+}
+
+#define MOE_ENTRY(tag, F)                                                                                          \
+  STRATA_KERNEL(moe_gu_##tag)(const uint8_t* gate, const uint8_t* up, uint64_t expert_bytes, const uint8_t* xq,     \
+                              const uint32_t* table, uint32_t n, uint32_t k, uint32_t embd_groups, uint32_t n_ff,  \
+                              uint8_t* hq) {                                                                       \
+    moe_gu<F>(gate, up, expert_bytes, xq, table, n, k, embd_groups, n_ff, hq);                                     \
+  }                                                                                                                \
+  STRATA_KERNEL(moe_down_##tag)(const uint8_t* w, uint64_t expert_bytes, const uint8_t* hq, const uint32_t* table, \
+                                uint32_t n, uint32_t ff_groups, uint32_t n_embd, float* y) {                       \
+    moe_down<F>(w, expert_bytes, hq, table, n, ff_groups, n_embd, y);                                              \
+  }
+
+MOE_ENTRY(q8_0, Q8_0)
+MOE_ENTRY(q6_k, Q6K)
+MOE_ENTRY(iq2_xxs, Iq2Xxs)
+MOE_ENTRY(iq2_xs, Iq2Xs)
+MOE_ENTRY(iq2_s, Iq2S)
+MOE_ENTRY(iq3_xxs, Iq3Xxs)
+MOE_ENTRY(iq3_s, Iq3S)
+MOE_ENTRY(iq4_nl, Iq4Nl)
+MOE_ENTRY(iq4_xs, Iq4Xs)
+MOE_ENTRY(q2_0, Q2_0)

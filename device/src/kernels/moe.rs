@@ -1,0 +1,180 @@
+//! Routed experts for a verify window: `moe_group` (selections to groups, on the device),
+//! `moe_gu_*` (gate and up rows for every entry of a group, SwiGLU, and the result quantized to
+//! q8_1, fused), `moe_down_*` (the down projection of every entry) and `moe_combine` (each
+//! token's entries, weighted, in slot order). Each weight part is decoded once per block pass
+//! and applied to every entry of the pass. Specs: `strata_gpu_shared::moe` and the mmvq order;
+//! every value is a function of its own token's inputs alone, so a token's output is the same in
+//! any window.
+use super::blocks::{self, Block};
+use super::mmvq::row_partials;
+use super::quantize_q8_1::quantize_group;
+use crate::arch::mem::Smem;
+use crate::arch::{index, mem, sync, warp};
+use strata_gpu_shared::formats::{q8_1, GROUP};
+use strata_gpu_shared::launch::{MMVQ_WARPS, MOE_ENTRY_PASS, MOE_GU_ROWS, MOE_GU_WARPS};
+use strata_gpu_shared::moe;
+
+#[inline(always)]
+unsafe fn ld(p: *const u32, i: usize) -> u32 {
+    mem::ld_nc_u32(p.add(i) as *const u8)
+}
+
+/// One block of 32 threads; thread 0 builds the table (`moe::group`).
+///
+/// # Safety
+/// `ids`: `n` u32; `table`: `moe::table_words(n)` u32.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn moe_group(ids: *const u32, n: u32, n_expert: u32, table: *mut u32) {
+    if index::block_idx() == 0 && index::thread_idx() == 0 {
+        let ids = core::slice::from_raw_parts(ids, n as usize);
+        let table = core::slice::from_raw_parts_mut(table, moe::table_words(n as usize));
+        moe::group(ids, n_expert, table);
+    }
+}
+
+/// A group of the table: (expert, first entry, entry count), or `None` past the groups.
+#[inline(always)]
+unsafe fn group_of(table: *const u32, n: u32, g: u32) -> Option<(u32, u32, u32)> {
+    if g >= ld(table, moe::N_GROUPS) {
+        return None;
+    }
+    let n = n as usize;
+    Some((ld(table, moe::EXPERT + g as usize), ld(table, moe::start(n) + g as usize), ld(table, moe::count(n) + g as usize)))
+}
+
+/// Gate and up of one expert for every entry of its group, SwiGLU, quantized to q8_1.
+/// Block `b`: group `b / (n_ff / 32)`, rows `32 * (b % (n_ff / 32)) ..` of `n_ff`.
+///
+/// # Safety
+/// `gate`, `up`: `n_expert` matrices of `n_ff` rows x `embd_groups` groups of `F`, each
+/// `expert_bytes` long; `xq`: the window's token rows, `embd_groups` q8_1 blocks each; `table`
+/// from `moe_group` for `n = tokens * k` selections; `hq`: `n` rows of `n_ff / 32` q8_1 blocks.
+#[inline(always)]
+unsafe fn gu<F: Block>(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, embd_groups: u32, n_ff: u32, hq: *mut u8) {
+    let chunks = n_ff / MOE_GU_ROWS;
+    let b = index::block_idx();
+    let Some((expert, start, count)) = group_of(table, n, b / chunks) else { return }; // whole block
+    let chunk = b % chunks;
+    let row_bytes = (embd_groups / F::GROUPS) as usize * F::BYTES;
+    let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
+    let entries = table.add(moe::entries(n as usize) + start as usize);
+    let warp = index::warp_in_block();
+    let rows_per_warp = MOE_GU_ROWS / MOE_GU_WARPS;
+    let smem = Smem::dynamic();
+    let mut pass = 0;
+    while pass < count {
+        let m = (count - pass).min(MOE_ENTRY_PASS);
+        let act = |r: usize| xq.add((ld(entries, pass as usize + r) / k) as usize * embd_groups as usize * q8_1::BYTES);
+        for j in 0..rows_per_warp {
+            let local = warp * rows_per_warp + j;
+            let row = (chunk * MOE_GU_ROWS + local) as usize;
+            let g = row_partials::<F>(gate.add(row * row_bytes), embd_groups, m, act);
+            let u = row_partials::<F>(up.add(row * row_bytes), embd_groups, m, act);
+            crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if (r as u32) < m {
+                    let h = moe::swiglu(warp::warp_sum_f32(g[r]), warp::warp_sum_f32(u[r]));
+                    if index::lane() == 0 {
+                        smem.st_u32(r as u32 * MOE_GU_ROWS + local, h.to_bits());
+                    }
+                }
+            });
+        }
+        sync::sync_threads();
+        if warp < m {
+            let e = ld(entries, (pass + warp) as usize);
+            let v = f32::from_bits(smem.ld_u32(warp * MOE_GU_ROWS + index::lane()));
+            quantize_group(v, hq.add((e as usize * chunks as usize + chunk as usize) * q8_1::BYTES));
+        }
+        sync::sync_threads();
+        pass += MOE_ENTRY_PASS;
+    }
+}
+
+/// Down of one expert for every entry of its group: `y[e][row]`. Block `b`: group
+/// `b / ceil(n_embd / MMVQ_WARPS)`, one row per warp.
+///
+/// # Safety
+/// `down`: `n_expert` matrices of `n_embd` rows x `ff_groups` groups of `F`, `expert_bytes`
+/// each; `hq` from `moe_gu_*`; `table` from `moe_group`; `y`: `n` rows of `n_embd` f32.
+#[inline(always)]
+unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, y: *mut f32) {
+    let row_blocks = n_embd.div_ceil(MMVQ_WARPS);
+    let b = index::block_idx();
+    let row = (b % row_blocks) * MMVQ_WARPS + index::warp_in_block();
+    let Some((expert, start, count)) = group_of(table, n, b / row_blocks) else { return }; // whole block
+    if row >= n_embd {
+        return; // whole warp
+    }
+    let wrow = w.add(expert as usize * expert_bytes as usize + row as usize * (ff_groups / F::GROUPS) as usize * F::BYTES);
+    let entries = table.add(moe::entries(n as usize) + start as usize);
+    let mut pass = 0;
+    while pass < count {
+        let m = (count - pass).min(MOE_ENTRY_PASS);
+        let entry = |r: usize| ld(entries, pass as usize + r) as usize;
+        let acc = row_partials::<F>(wrow, ff_groups, m, |r| hq.add(entry(r) * ff_groups as usize * q8_1::BYTES));
+        warp::store_row_sums(&acc, m, |r| y.add(entry(r) * n_embd as usize + row as usize));
+        pass += MOE_ENTRY_PASS;
+    }
+}
+
+/// `out[t][i] = sum over slots s, in order, from +0.0, of weights[t * k + s] * y[t * k + s][i]`:
+/// one thread per output value.
+///
+/// # Safety
+/// `y`: `tokens * k` rows of `n_embd` f32; `weights`: `tokens * k`; `out`: `tokens * n_embd`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn moe_combine(y: *const f32, weights: *const f32, tokens: u32, k: u32, n_embd: u32, out: *mut f32) {
+    let i = index::block_idx() * index::block_dim() + index::thread_idx();
+    if i >= tokens * n_embd {
+        return;
+    }
+    let (t, col) = (i / n_embd, i % n_embd);
+    let mut acc = 0.0f32;
+    for s in 0..k {
+        let e = (t * k + s) as usize;
+        let w = f32::from_bits(mem::ld_nc_u32(weights.add(e) as *const u8));
+        let v = f32::from_bits(mem::ld_nc_u32(y.add(e * n_embd as usize + col as usize) as *const u8));
+        acc += w * v;
+    }
+    mem::st_f32(out.add(i as usize), acc);
+}
+
+macro_rules! moe_entries {
+    ($($gu:ident, $down:ident => $block:ty),* $(,)?) => {$(
+        /// Gate/up + SwiGLU + q8_1 for one weight format. Launch: `n * (n_ff / 32)` blocks of
+        /// `32 * MOE_GU_WARPS` threads.
+        ///
+        /// # Safety
+        /// As `gu`.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $gu(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, embd_groups: u32, n_ff: u32, hq: *mut u8) {
+            gu::<$block>(gate, up, expert_bytes, xq, table, n, k, embd_groups, n_ff, hq)
+        }
+
+        /// Down for one weight format. Launch: `n * ceil(n_embd / MMVQ_WARPS)` blocks of
+        /// `32 * MMVQ_WARPS` threads.
+        ///
+        /// # Safety
+        /// As `down`.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $down(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, y: *mut f32) {
+            down::<$block>(w, expert_bytes, hq, table, n, ff_groups, n_embd, y)
+        }
+    )*};
+}
+
+moe_entries! {
+    moe_gu_q8_0, moe_down_q8_0 => blocks::Q8_0,
+    moe_gu_q6_k, moe_down_q6_k => blocks::Q6K,
+    moe_gu_iq2_xxs, moe_down_iq2_xxs => blocks::Iq2Xxs,
+    moe_gu_iq2_xs, moe_down_iq2_xs => blocks::Iq2Xs,
+    moe_gu_iq2_s, moe_down_iq2_s => blocks::Iq2S,
+    moe_gu_iq3_xxs, moe_down_iq3_xxs => blocks::Iq3Xxs,
+    moe_gu_iq3_s, moe_down_iq3_s => blocks::Iq3S,
+    moe_gu_iq4_nl, moe_down_iq4_nl => blocks::Iq4Nl,
+    moe_gu_iq4_xs, moe_down_iq4_xs => blocks::Iq4Xs,
+    moe_gu_q2_0, moe_down_q2_0 => blocks::Q2_0,
+}
+
+// The SwiGLU outputs of a pass fit one q8_1 group per entry; the unrolled entry loop lists 8.
+const _: () = assert!(MOE_GU_ROWS as usize == GROUP && MOE_ENTRY_PASS == 8);
