@@ -200,3 +200,36 @@ fn moe_window_invariance() {
         }
     }
 }
+
+/// EXPDEC gate/up (1 and 2 weight rows per lane) gives the plain `moe_gu` kernels' bytes on every
+/// stage, on both GPU backends, for windows whose groups need one or two staging passes.
+#[test]
+fn expdec_matches_default() {
+    use strata::host::gpu::ExpertKnobs;
+    for name in ["cuda", "hip"] {
+        let mut plain = match name {
+            "cuda" => cuda::open(0, strata::ptx::IMAGES),
+            _ => hip::open(0),
+        }
+        .map_err(|e| common::skip_or_fail::<()>(common::gpu_required(), name, &e.to_string()));
+        let Ok(plain) = plain.as_mut() else { return };
+        plain.set_expert_knobs(ExpertKnobs { expdec: false, r: 1 });
+        let seed = common::seed("expdec_matches_default");
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for r in [1, 2] {
+            let mut fast = match name {
+                "cuda" => cuda::open(0, strata::ptx::IMAGES).unwrap(),
+                _ => hip::open(0).unwrap(),
+            };
+            fast.set_expert_knobs(ExpertKnobs { expdec: true, r });
+            for g in [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S, WeightFormat::Q8_0] {
+                let (n_embd, n_ff) = if rng.random_bool(0.5) { (2560, 640) } else { (2048, 768) };
+                let (t, k) = (rng.random_range(1..=8), rng.random_range(1..=10));
+                let case = parity::MoeCase::random(&mut rng, (g, WeightFormat::Iq4Nl), 10, n_embd, n_ff, t, k);
+                let out = parity::moe_case(&[&*plain as &dyn Backend, &fast], &case, seed).unwrap();
+                eprintln!("  {name} expdec r{r} {} {}: identical {}", out.kernel, out.shape, out.identical());
+                check(out);
+            }
+        }
+    }
+}

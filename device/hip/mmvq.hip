@@ -4,13 +4,19 @@
 #include "strata_hip.h"
 #include "blocks.hip"
 
-// c_b = (dw * dx) * (S * 2^-k) of one decoded group and one q8_1 block, S exact.
-STRATA_FN float contribution(const Group& g, const uint8_t* xb, float pow2) {
-  float dx = f16_to_f32(ld_nc_u16(xb + STRATA_Q8_1_OFF_D));
+// contribution with the activation block already loaded (its 8 quant words, its scale as f32).
+STRATA_FN float contribution_words(const Group& g, const uint32_t* q, float dx, float pow2) {
   int32_t s[2] = {0, 0};
-  for (int i = 0; i < 8; i++) s[i / 4] = dp4a(g.w[i], ld_nc_u32(xb + STRATA_Q8_1_OFF_Q + 4 * i), s[i / 4]);
+  for (int i = 0; i < 8; i++) s[i / 4] = dp4a(g.w[i], q[i], s[i / 4]);
   int32_t exact = g.f[0] * s[0] + g.f[1] * s[1];
   return (g.d * dx) * ((float)exact * pow2);
+}
+
+// c_b = (dw * dx) * (S * 2^-k) of one decoded group and one q8_1 block, S exact.
+STRATA_FN float contribution(const Group& g, const uint8_t* xb, float pow2) {
+  uint32_t q[8];
+  for (int i = 0; i < 8; i++) q[i] = ld_nc_u32(xb + STRATA_Q8_1_OFF_Q + 4 * i);
+  return contribution_words(g, q, f16_to_f32(ld_nc_u16(xb + STRATA_Q8_1_OFF_D)), pow2);
 }
 
 // This lane's partials of one weight row against up to 8 q8_1 rows, row r at act(r): the mmvq

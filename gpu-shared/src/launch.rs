@@ -27,6 +27,16 @@ pub const MOE_GU_ROWS: u32 = 32;
 /// decode); larger groups take several passes.
 pub const MOE_ENTRY_PASS: u32 = MMVQ_MAX_ROWS as u32;
 
+/// Entries an EXPDEC pass stages in shared memory.
+pub const EXPDEC_ENTRIES: u32 = 4;
+
+/// Dynamic shared memory of an `expdec_gu_*` launch for rows of `n_embd` values, in bytes:
+/// `EXPDEC_ENTRIES` staged q8_1 rows (9 words per 32-value group) and their SwiGLU outputs
+/// (`MOE_GU_ROWS` words each).
+pub const fn expdec_gu_smem(n_embd: usize) -> u32 {
+    (4 * EXPDEC_ENTRIES as usize * (9 * (n_embd / 32) + MOE_GU_ROWS as usize)) as u32
+}
+
 /// Bytes of one segment each block of `copy_from_mapped_multi` copies: one 16-byte move per
 /// thread of a 256-thread block. (64 KiB per block was measured 6x slower than one copy per
 /// segment at 64 KiB segments: one block's serial reads across PCIe are latency-bound.)
@@ -76,6 +86,18 @@ pub const BOUNDS: &[Bounds] = &[
     moe_gu("moe_gu_iq4_nl"),
     moe_gu("moe_gu_iq4_xs"),
     moe_gu("moe_gu_q2_0"),
+    expdec("expdec_gu_q8_0_r1"),
+    expdec("expdec_gu_q8_0_r2"),
+    expdec("expdec_gu_iq2_xxs_r1"),
+    expdec("expdec_gu_iq2_xxs_r2"),
+    expdec("expdec_gu_iq2_xs_r1"),
+    expdec("expdec_gu_iq2_xs_r2"),
+    expdec("expdec_gu_iq2_s_r1"),
+    expdec("expdec_gu_iq2_s_r2"),
+    expdec("expdec_gu_iq3_xxs_r1"),
+    expdec("expdec_gu_iq3_xxs_r2"),
+    expdec("expdec_gu_iq3_s_r1"),
+    expdec("expdec_gu_iq3_s_r2"),
     mmvq("moe_down_q8_0"),
     mmvq("moe_down_q6_k"),
     mmvq("moe_down_iq2_xxs"),
@@ -93,6 +115,12 @@ pub const BOUNDS: &[Bounds] = &[
 /// The gate/up geometry: `MOE_GU_WARPS` warps, shared words for one pass's SwiGLU outputs.
 const fn moe_gu(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MOE_GU_WARPS, min_blocks: 2, smem_bytes: 4 * MOE_ENTRY_PASS * MOE_GU_ROWS }
+}
+
+/// EXPDEC gate/up: the `moe_gu` geometry; shared memory depends on `n_embd` and is given at
+/// launch ([`expdec_gu_smem`]).
+const fn expdec(kernel: &'static str) -> Bounds {
+    Bounds { kernel, threads: 32 * MOE_GU_WARPS, min_blocks: 2, smem_bytes: 0 }
 }
 
 /// The head geometry: 256 threads (`order::HEAD_THREADS`), one block per row or per chunk, and

@@ -253,3 +253,106 @@ pub fn mapped_copy(g: &GpuBackend, n: usize, len: usize, rounds: usize) -> Resul
     s.synchronize().map_err(drv(g, "copy bench"))?;
     Ok(HeadRow { backend: g.name_static(), what: "copy_from_mapped_multi".into(), shape: format!("{n}x{}KiB", len / 1024), reference_us: each, fast_us: multi })
 }
+
+
+/// One line of `strata bench experts`.
+#[derive(Clone, Debug)]
+pub struct ExpertRow {
+    pub backend: &'static str,
+    pub variant: String,
+    pub tokens: usize,
+    /// Median microseconds: the whole layer (group, gate/up, down, combine), gate/up alone and
+    /// down alone.
+    pub all_us: f64,
+    pub gu_us: f64,
+    pub down_us: f64,
+    /// Expert weight bytes a window reads (its distinct experts' gate, up and down), averaged
+    /// over the windows, over `all_us`: GB/s.
+    pub gbps: f64,
+    /// Whether this variant's outputs equal the first variant's, byte for byte.
+    pub identical: bool,
+}
+
+/// The routed experts of one layer shape on `g`: for each token count and each variant of
+/// `variants`, 12 random windows (different experts each, so the weights are read cold; the
+/// layer is sized so that all its experts exceed the L2) cycled through; median of `rounds`.
+#[allow(clippy::too_many_arguments)]
+pub fn experts(
+    g: &mut GpuBackend,
+    formats: (WeightFormat, WeightFormat),
+    (n_embd, n_ff, n_expert, k): (usize, usize, usize, usize),
+    token_counts: &[usize],
+    variants: &[crate::gpu::ExpertKnobs],
+    rounds: usize,
+    seed: u64,
+) -> Result<Vec<ExpertRow>> {
+    use crate::gpu::{MoeBuffers, MoeStages};
+    use crate::parity::MoeCase;
+    const WINDOWS: usize = 12;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let layer = MoeCase::random(&mut rng, formats, n_expert, n_embd, n_ff, 1, k);
+    let dl = g.upload_layer(layer.window(&[]).gate, layer.window(&[]).up, layer.window(&[]).down)?;
+    let saved = g.expert_knobs();
+    let mut rows = Vec::new();
+    for &t in token_counts {
+        let mut wins = Vec::new();
+        let mut bytes = 0.0;
+        for _ in 0..WINDOWS {
+            let (ids, weights, x) = MoeCase::random_window(&mut rng, n_expert, n_embd, t, k);
+            let mut xq = vec![0u8; t * n_embd / GROUP * q8_1::BYTES];
+            quantize(&x, &mut xq);
+            let mut distinct = ids.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            bytes += (distinct.len() * (2 * n_ff * formats.0.row_bytes(n_embd) + n_embd * formats.1.row_bytes(n_ff))) as f64 / WINDOWS as f64;
+            let n = t * k;
+            let s = g.stream();
+            wins.push(MoeBuffers {
+                tokens: t,
+                k,
+                ids: g.upload("bench", &ids)?,
+                weights: g.upload("bench", &weights)?,
+                xq: g.upload("bench", &xq)?,
+                table: s.alloc_zeros(strata_gpu_shared::moe::table_words(n)).map_err(drv(g, "scratch"))?,
+                hq: s.alloc_zeros(n * n_ff / GROUP * q8_1::BYTES).map_err(drv(g, "scratch"))?,
+                y: s.alloc_zeros(n * n_embd).map_err(drv(g, "scratch"))?,
+                out: s.alloc_zeros(t * n_embd).map_err(drv(g, "scratch"))?,
+            });
+        }
+        let mut first: Option<Vec<f32>> = None;
+        for &knobs in variants {
+            g.set_expert_knobs(knobs);
+            let mut time = |stages: MoeStages| -> Result<f64> {
+                let mut i = 0;
+                median_us(g, rounds, || {
+                    i += 1;
+                    g.moe_queue(&dl, &mut wins[i % WINDOWS], stages)
+                })
+            };
+            let all = time(MoeStages::ALL)?;
+            let gu = time(MoeStages { group: false, gate_up: true, down: false, combine: false })?;
+            let down = time(MoeStages { group: false, gate_up: false, down: true, combine: false })?;
+            // The outputs of every window, for the identical column.
+            let mut result = Vec::new();
+            for w in wins.iter_mut() {
+                g.moe_queue(&dl, w, MoeStages::ALL)?;
+                let mut out = vec![0f32; t * n_embd];
+                g.download("bench", &w.out, &mut out)?;
+                result.extend(out);
+            }
+            let identical = *first.get_or_insert_with(|| result.clone()) == result;
+            rows.push(ExpertRow {
+                backend: g.name_static(),
+                variant: if knobs.expdec { format!("expdec r{}", knobs.r) } else { "default".into() },
+                tokens: t,
+                all_us: all,
+                gu_us: gu,
+                down_us: down,
+                gbps: bytes / (all * 1e-6) / 1e9,
+                identical,
+            });
+        }
+    }
+    g.set_expert_knobs(saved);
+    Ok(rows)
+}

@@ -11,13 +11,84 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::backend::{
-    check_head, check_matvec, check_mmvq, check_moe, check_quantize, check_quantize_q8_0, Backend, FloatWeights, MoeOut, MoeWindow,
-    Variant, Weights,
+    check_head, check_matvec, check_mmvq, check_moe, check_quantize, check_quantize_q8_0, Backend, ExpertTensor, FloatWeights, MoeOut,
+    MoeWindow, Variant, Weights,
 };
 use crate::error::{Error, Result};
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
-use strata_gpu_shared::launch::{bounds, BOUNDS, HEAD_CHUNK, MMVQ_WARPS, MOE_GU_ROWS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, expdec_gu_smem, BOUNDS, HEAD_CHUNK, MMVQ_WARPS, MOE_GU_ROWS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
+
+/// Dynamic shared memory the EXPDEC kernels may ask for without opting in to more (48 KiB):
+/// larger `n_embd` runs the default kernels.
+const EXPDEC_SMEM_MAX: u32 = 48 * 1024;
+
+/// Which routed-expert kernels run. Read once from the environment (`STRATA_EXPDEC=0|1` for the
+/// EXPDEC gate/up kernels, `STRATA_EXPDEC_R=1|2` weight rows per lane). The defaults, EXPDEC
+/// with 2 rows per lane, are what `strata bench experts` chose on the H200 (2026-11-30, all of
+/// docs/bench/experts-h200-2026-11-30.txt): EXPDEC was faster in all 140 configurations (the
+/// layer 1.09-1.29x, gate/up 1.42-1.51x summed per format), and 2 rows per lane beat 1 by 9-11%
+/// on gate/up for IQ2_XXS, IQ2_S and IQ3_XXS and tied on IQ3_S (-1.4%).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertKnobs {
+    pub expdec: bool,
+    pub r: u32,
+}
+
+impl Default for ExpertKnobs {
+    fn default() -> Self {
+        ExpertKnobs { expdec: true, r: 2 }
+    }
+}
+
+impl ExpertKnobs {
+    pub fn from_env() -> ExpertKnobs {
+        static KNOBS: std::sync::OnceLock<ExpertKnobs> = std::sync::OnceLock::new();
+        *KNOBS.get_or_init(|| {
+            let d = ExpertKnobs::default();
+            let expdec = std::env::var("STRATA_EXPDEC").map_or(d.expdec, |v| v != "0");
+            let r = std::env::var("STRATA_EXPDEC_R").ok().and_then(|v| v.parse().ok()).filter(|r| [1, 2].contains(r)).unwrap_or(d.r);
+            ExpertKnobs { expdec, r }
+        })
+    }
+}
+
+/// One MoE layer's expert tensors on the device.
+pub struct MoeLayer {
+    pub gate: CudaSlice<u8>,
+    pub up: CudaSlice<u8>,
+    pub down: CudaSlice<u8>,
+    pub formats: (strata_gpu_shared::formats::WeightFormat, strata_gpu_shared::formats::WeightFormat),
+    pub n_expert: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+}
+
+/// One window's inputs, scratch and outputs on the device (outputs may carry guard elements).
+pub struct MoeBuffers {
+    pub tokens: usize,
+    pub k: usize,
+    pub ids: CudaSlice<u32>,
+    pub weights: CudaSlice<f32>,
+    pub xq: CudaSlice<u8>,
+    pub table: CudaSlice<u32>,
+    pub hq: CudaSlice<u8>,
+    pub y: CudaSlice<f32>,
+    pub out: CudaSlice<f32>,
+}
+
+/// Which launches of a MoE window to queue (benches time the stages apart).
+#[derive(Clone, Copy, Debug)]
+pub struct MoeStages {
+    pub group: bool,
+    pub gate_up: bool,
+    pub down: bool,
+    pub combine: bool,
+}
+
+impl MoeStages {
+    pub const ALL: MoeStages = MoeStages { group: true, gate_up: true, down: true, combine: true };
+}
 
 /// Guard elements after every output buffer, filled with [`Guard::GUARD`] and checked after the
 /// kernel: a kernel that writes past its output is caught on every call, padded grids included.
@@ -132,6 +203,8 @@ pub struct GpuBackend {
     pub ptx_arch: String,
     /// Launch grids go through `grid_pad` for these wave slots when set.
     pad: Option<WaveSlots>,
+    /// Which expert kernels run.
+    experts: ExpertKnobs,
     _module: Arc<CudaModule>,
 }
 
@@ -154,7 +227,7 @@ impl GpuBackend {
         }
         let arch = format!("sm_{}{}", info.compute_capability.0, info.compute_capability.1);
         let pad = grid_pad_wanted(&arch).then(|| info.wave_slots());
-        Ok(GpuBackend { name, stream: ctx.default_stream(), functions, info, ptx_arch, pad, _module: module })
+        Ok(GpuBackend { name, stream: ctx.default_stream(), functions, info, ptx_arch, pad, experts: ExpertKnobs::from_env(), _module: module })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -165,6 +238,15 @@ impl GpuBackend {
     /// ignore the extra blocks).
     pub fn set_grid_pad(&mut self, on: bool) {
         self.pad = on.then(|| self.info.wave_slots());
+    }
+
+    /// Chooses the expert kernels (tests and benches compare the variants).
+    pub fn set_expert_knobs(&mut self, knobs: ExpertKnobs) {
+        self.experts = knobs;
+    }
+
+    pub fn expert_knobs(&self) -> ExpertKnobs {
+        self.experts
     }
 
     pub fn grid_pad_on(&self) -> bool {
@@ -207,21 +289,36 @@ impl GpuBackend {
     /// # Safety
     /// `args` holds exactly the parameters the kernel declares, with device buffers of the sizes
     /// its contract names (the shape checks in `backend` establish them for the safe callers).
-    pub(crate) unsafe fn launch_async(&self, kernel: &'static str, blocks: u32, mut args: LaunchArgs) -> Result<()> {
+    pub(crate) unsafe fn launch_async(&self, kernel: &'static str, blocks: u32, args: LaunchArgs) -> Result<()> {
+        let smem = bounds(kernel).expect("every launched kernel is in BOUNDS").smem_bytes;
+        self.launch_async_smem(kernel, blocks, smem, args)
+    }
+
+    /// As [`Self::launch_async`] with the dynamic shared memory given (kernels whose need
+    /// depends on the shape).
+    ///
+    /// # Safety
+    /// As [`Self::launch_async`], and `smem` is what the kernel needs for this launch's shape.
+    pub(crate) unsafe fn launch_async_smem(&self, kernel: &'static str, blocks: u32, smem: u32, mut args: LaunchArgs) -> Result<()> {
         let b = bounds(kernel).expect("every launched kernel is in BOUNDS");
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (b.threads, 1, 1), shared_mem_bytes: b.smem_bytes };
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (b.threads, 1, 1), shared_mem_bytes: smem };
         args.launch(cfg).map(|_| ()).map_err(self.driver_err(kernel, "launch"))
     }
 
     /// Launches (on a padded grid when padding is on) and waits, so an execution error is
     /// reported against this kernel.
     pub(crate) fn run(&self, kernel: &'static str, blocks: u32, args: LaunchArgs) -> Result<()> {
+        self.run_smem(kernel, blocks, bounds(kernel).expect("every launched kernel is in BOUNDS").smem_bytes, args)
+    }
+
+    /// As [`Self::run`] with the dynamic shared memory given.
+    pub(crate) fn run_smem(&self, kernel: &'static str, blocks: u32, smem: u32, args: LaunchArgs) -> Result<()> {
         let threads = bounds(kernel).expect("every launched kernel is in BOUNDS").threads;
         let blocks = self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots));
-        // SAFETY: every caller pushes exactly the parameters the kernel declares and device
-        // buffers sized by the shape checks in `backend`; every kernel returns at once in blocks
-        // past its real work, so a padded grid is covered.
-        unsafe { self.launch_async(kernel, blocks, args) }?;
+        // SAFETY: every caller pushes exactly the parameters the kernel declares, device
+        // buffers sized by the shape checks in `backend` and the shared memory its shape needs;
+        // every kernel returns at once in blocks past its real work, so a padded grid is covered.
+        unsafe { self.launch_async_smem(kernel, blocks, smem, args) }?;
         self.stream.synchronize().map_err(self.driver_err(kernel, "execution"))
     }
 
@@ -243,9 +340,84 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// Uploads a layer's expert tensors (shapes already checked by `check_moe`).
+    pub fn upload_layer(&self, gate: ExpertTensor, up: ExpertTensor, down: ExpertTensor) -> Result<MoeLayer> {
+        Ok(MoeLayer {
+            gate: self.upload("moe_gu", gate.data)?,
+            up: self.upload("moe_gu", up.data)?,
+            down: self.upload("moe_down", down.data)?,
+            formats: (gate.format, down.format),
+            n_expert: gate.n_expert,
+            n_embd: gate.cols,
+            n_ff: gate.rows,
+        })
+    }
+
+    /// Queues a window's launches (without waiting): grouping, gate/up (EXPDEC when the knobs
+    /// ask and the shared memory fits), down, combine.
+    pub fn moe_queue(&self, l: &MoeLayer, w: &mut MoeBuffers, stages: MoeStages) -> Result<()> {
+        let (g, d) = l.formats;
+        let n = (w.tokens * w.k) as u32;
+        let (k, n_expert, tokens) = (w.k as u32, l.n_expert as u32, w.tokens as u32);
+        let (embd_groups, ff_groups, n_embd, n_ff) = ((l.n_embd / 32) as u32, (l.n_ff / 32) as u32, l.n_embd as u32, l.n_ff as u32);
+        let gu_bytes = (l.n_ff * g.row_bytes(l.n_embd)) as u64;
+        let down_bytes = (l.n_embd * d.row_bytes(l.n_ff)) as u64;
+        let smem = expdec_gu_smem(l.n_embd);
+        let gu = match self.experts.expdec && smem <= EXPDEC_SMEM_MAX {
+            true => self.kernel(&format!("expdec_gu_{}_r{}", g.tag(), self.experts.r))?,
+            false => self.kernel(&format!("moe_gu_{}", g.tag()))?,
+        };
+        let gu_smem = if gu.starts_with("expdec") { smem } else { bounds(gu).map_or(0, |b| b.smem_bytes) };
+        let down = self.kernel(&format!("moe_down_{}", d.tag()))?;
+        let pad = |kernel: &str, blocks: u32| {
+            let threads = bounds(kernel).map_or(32, |b| b.threads);
+            self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots))
+        };
+        // SAFETY (all four): the parameters are each kernel's, in order, over buffers sized by
+        // `check_moe` (or the bench's own equivalent shapes); kernels return at once in blocks
+        // past the real groups, rows or values, so padded and worst-case grids are covered.
+        if stages.group {
+            let mut a = self.builder("moe_group");
+            a.arg(&w.ids).arg(&n).arg(&n_expert).arg(&mut w.table);
+            unsafe { self.launch_async("moe_group", 1, a) }?;
+        }
+        if stages.gate_up {
+            self.log_first_launch(gu, gu_smem);
+            let mut a = self.builder(gu);
+            a.arg(&l.gate).arg(&l.up).arg(&gu_bytes).arg(&w.xq).arg(&w.table).arg(&n).arg(&k).arg(&embd_groups).arg(&n_ff).arg(&mut w.hq);
+            unsafe { self.launch_async_smem(gu, pad(gu, n * (n_ff / MOE_GU_ROWS)), gu_smem, a) }?;
+        }
+        if stages.down {
+            self.log_first_launch(down, 0);
+            let mut a = self.builder(down);
+            a.arg(&l.down).arg(&down_bytes).arg(&w.hq).arg(&w.table).arg(&n).arg(&ff_groups).arg(&n_embd).arg(&mut w.y);
+            unsafe { self.launch_async(down, pad(down, n * n_embd.div_ceil(MMVQ_WARPS)), a) }?;
+        }
+        if stages.combine {
+            let mut a = self.builder("moe_combine");
+            a.arg(&w.y).arg(&w.weights).arg(&tokens).arg(&k).arg(&n_embd).arg(&mut w.out);
+            unsafe { self.launch_async("moe_combine", pad("moe_combine", (tokens * n_embd).div_ceil(256)), a) }?;
+        }
+        Ok(())
+    }
+
     /// The table's `'static` name of a kernel built at run time (`moe_gu_iq3_s`).
     fn kernel(&self, name: &str) -> Result<&'static str> {
         bounds(name).map(|b| b.kernel).ok_or_else(|| Error::Setup { backend: self.name, what: format!("kernel {name}"), detail: "not in the launch table".into() })
+    }
+
+    /// With `STRATA_LOG=info`, one line the first time each expert kernel launches: its name and
+    /// parameters.
+    fn log_first_launch(&self, kernel: &'static str, smem: u32) {
+        static SEEN: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+        if std::env::var("STRATA_LOG").is_ok_and(|v| v == "info") {
+            let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+            if !seen.contains(&kernel) {
+                seen.push(kernel);
+                let b = bounds(kernel).expect("in BOUNDS");
+                eprintln!("strata: {}: first launch of {kernel}: {} threads, min {} blocks/SM, {smem} bytes shared, knobs {:?}", self.name, b.threads, b.min_blocks, self.experts);
+            }
+        }
     }
 
     /// Device scratch of `len` elements.
@@ -377,33 +549,24 @@ impl Backend for GpuBackend {
 
     fn moe(&self, w: &MoeWindow, o: &mut MoeOut) -> Result<()> {
         let (n_embd, n_ff) = check_moe(w, o)?;
-        let (gu, down) = (self.kernel(&format!("moe_gu_{}", w.gate.format.tag()))?, self.kernel(&format!("moe_down_{}", w.down.format.tag()))?);
-        let n = (w.tokens * w.k) as u32;
-        let (k, n_expert, tokens) = (w.k as u32, w.gate.n_expert as u32, w.tokens as u32);
-        let (embd_groups, ff_groups, n_embd32, n_ff32) = ((n_embd / 32) as u32, (n_ff / 32) as u32, n_embd as u32, n_ff as u32);
-        let (gu_bytes, down_bytes) = (w.gate.expert_bytes() as u64, w.down.expert_bytes() as u64);
-        let ids = self.upload("moe_group", w.ids)?;
-        let weights = self.upload("moe_combine", w.weights)?;
-        let xq = self.upload(gu, w.xq)?;
-        let (gate, up, dn) = (self.upload(gu, w.gate.data)?, self.upload(gu, w.up.data)?, self.upload(down, w.down.data)?);
-        let mut table = self.scratch::<u32>("moe_group", moe::table_words(n as usize))?;
-        let mut hq = self.upload_out(gu, o.hq)?;
-        let mut y = self.upload_out(down, o.y)?;
-        let mut out = self.upload_out("moe_combine", o.out)?;
-        let mut a = self.builder("moe_group");
-        a.arg(&ids).arg(&n).arg(&n_expert).arg(&mut table);
-        self.run("moe_group", 1, a)?;
-        let mut a = self.builder(gu);
-        a.arg(&gate).arg(&up).arg(&gu_bytes).arg(&xq).arg(&table).arg(&n).arg(&k).arg(&embd_groups).arg(&n_ff32).arg(&mut hq);
-        self.run(gu, n * (n_ff32 / MOE_GU_ROWS), a)?;
-        let mut a = self.builder(down);
-        a.arg(&dn).arg(&down_bytes).arg(&hq).arg(&table).arg(&n).arg(&ff_groups).arg(&n_embd32).arg(&mut y);
-        self.run(down, n * n_embd32.div_ceil(MMVQ_WARPS), a)?;
-        let mut a = self.builder("moe_combine");
-        a.arg(&y).arg(&weights).arg(&tokens).arg(&k).arg(&n_embd32).arg(&mut out);
-        self.run("moe_combine", (tokens * n_embd32).div_ceil(256), a)?;
-        self.download_out(gu, &hq, o.hq)?;
-        self.download_out(down, &y, o.y)?;
-        self.download_out("moe_combine", &out, o.out)
+        let layer = self.upload_layer(w.gate, w.up, w.down)?;
+        let n = w.tokens * w.k;
+        let mut win = MoeBuffers {
+            tokens: w.tokens,
+            k: w.k,
+            ids: self.upload("moe_group", w.ids)?,
+            weights: self.upload("moe_combine", w.weights)?,
+            xq: self.upload("moe_gu", w.xq)?,
+            table: self.scratch::<u32>("moe_group", moe::table_words(n))?,
+            hq: self.upload_out("moe_gu", o.hq)?,
+            y: self.upload_out("moe_down", o.y)?,
+            out: self.upload_out("moe_combine", o.out)?,
+        };
+        debug_assert_eq!((layer.n_embd, layer.n_ff), (n_embd, n_ff));
+        self.moe_queue(&layer, &mut win, MoeStages::ALL)?;
+        self.stream.synchronize().map_err(self.driver_err("moe", "execution"))?;
+        self.download_out("moe_gu", &win.hq, o.hq)?;
+        self.download_out("moe_down", &win.y, o.y)?;
+        self.download_out("moe_combine", &win.out, o.out)
     }
 }

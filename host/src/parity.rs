@@ -459,6 +459,13 @@ impl MoeCase {
         let gate = random_weights(rng, formats.0, n_expert * n_ff, n_embd);
         let up = random_weights(rng, formats.0, n_expert * n_ff, n_embd);
         let down = random_weights(rng, formats.1, n_expert * n_embd, n_ff);
+        let (ids, weights, x) = Self::random_window(rng, n_expert, n_embd, tokens, k);
+        MoeCase { gate, up, down, formats, n_expert, n_embd, n_ff, tokens, k, ids, weights, x }
+    }
+
+    /// A window's selections, routing weights and activations: each token picks `k` distinct
+    /// experts from a pool a little larger than `k` (so tokens share experts).
+    pub fn random_window(rng: &mut SmallRng, n_expert: usize, n_embd: usize, tokens: usize, k: usize) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
         let pool_size = rng.random_range(k..=n_expert.min(k + 3));
         let mut pool: Vec<u32> = (0..n_expert as u32).collect();
         for i in 0..pool_size {
@@ -479,7 +486,7 @@ impl MoeCase {
             weights.extend(raw.iter().map(|w| w / sum));
         }
         let x: Vec<f32> = (0..tokens * n_embd).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-        MoeCase { gate, up, down, formats, n_expert, n_embd, n_ff, tokens, k, ids, weights, x }
+        (ids, weights, x)
     }
 
     /// The window as backends take it, with `xq` the activations quantized by `quantizer`.

@@ -28,6 +28,35 @@ pub enum What {
     /// `copy_from_mapped_multi` against one copy per segment. Microseconds (medians) and
     /// speed-ups.
     Head(HeadArgs),
+    /// Routed experts of one layer for verify windows of T tokens: the default kernels against
+    /// EXPDEC (1 and 2 weight rows per lane), per format pair (gate/up, down), at
+    /// n_embd 2560 / n_ff 640 with 10 of 512 experts and 2048 / 768 with 8 of 128; weights read
+    /// cold (12 windows of different experts cycled); microseconds for the whole layer, gate/up
+    /// and down, GB/s of expert weights read, % of the copy bandwidth, and `identical` (the
+    /// variant's outputs equal the default's byte for byte).
+    Experts(ExpertsArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ExpertsArgs {
+    /// Format pairs `GATEUP/DOWN`, comma-separated.
+    #[arg(long, default_value = "IQ3_XXS/IQ4_NL,IQ3_S/IQ4_NL,IQ2_S/IQ4_NL,IQ3_XXS/Q2_0,IQ3_S/Q2_0,IQ2_S/Q2_0,IQ2_XXS/IQ4_NL")]
+    pub pairs: String,
+    /// Layer shapes `N_EMBD/N_FF/EXPERTS/K`, comma-separated.
+    #[arg(long, default_value = "2560/640/512/10,2048/768/128/8")]
+    pub shapes: String,
+    /// Window sizes (tokens), comma-separated.
+    #[arg(long, default_value = "1,2,3,4,8")]
+    pub tokens: String,
+    /// Backends, comma-separated (`cuda`, `hip`).
+    #[arg(long, default_value = "cuda,hip")]
+    pub backends: String,
+    /// Timed rounds per configuration; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
 }
 
 #[derive(clap::Args)]
@@ -85,7 +114,58 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     match &args.what {
         What::Mmvq(a) => mmvq(a),
         What::Head(a) => head(a),
+        What::Experts(a) => experts(a),
     }
+}
+
+fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
+    use strata_host::gpu::ExpertKnobs;
+    let fmt = |s: &str| WeightFormat::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s));
+    let pairs = list(&a.pairs, "format pair (GATEUP/DOWN)", |p| p.split_once('/').and_then(|(g, d)| Some((fmt(g)?, fmt(d)?))))?;
+    let shapes = list(&a.shapes, "shape (N_EMBD/N_FF/EXPERTS/K)", |s| {
+        let v: Vec<usize> = s.split('/').map(|x| x.parse().ok().filter(|&x| x > 0)).collect::<Option<_>>()?;
+        (v.len() == 4 && v[0] % 256 == 0 && v[1] % 32 == 0).then(|| (v[0], v[1], v[2], v[3]))
+    })?;
+    let tokens = list(&a.tokens, "token count (1..8)", |t| t.parse().ok().filter(|t| (1..=8).contains(t)))?;
+    if a.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let mut found = Available::open(a.device);
+    let wanted = list(&a.backends, "backend (cuda, hip)", |b| ["cuda", "hip"].into_iter().find(|x| *x == b))?;
+    let copy = bench::copy_bandwidth(open_gpus(&found, &a.backends)?[0], 1 << 30, 5)?;
+    println!("device-to-device copy: {copy:.0} GB/s");
+    println!("{:<16} {:<18} {:>2} {:<6} {:<10} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9}", "pair", "shape", "T", "backend", "variant", "all us", "gu us", "down us", "GB/s", "%copy", "identical");
+    let variants = [ExpertKnobs { expdec: false, r: 1 }, ExpertKnobs { expdec: true, r: 1 }, ExpertKnobs { expdec: true, r: 2 }];
+    for &(gf, df) in &pairs {
+        for &(n_embd, n_ff, n_expert, k) in &shapes {
+            for (name, b) in [("cuda", &mut found.cuda), ("hip", &mut found.hip)] {
+                if !wanted.contains(&name) {
+                    continue;
+                }
+                let g = b.as_mut().map_err(|e| anyhow::anyhow!("{e}"))?;
+                eprint!("\rbench experts: {}/{} {n_embd}/{n_ff} on {name}...      ", gf.name(), df.name());
+                let rows = bench::experts(g, (gf, df), (n_embd, n_ff, n_expert, k), &tokens, &variants, a.rounds, 1)?;
+                eprint!("\r{:60}\r", "");
+                for r in rows {
+                    println!(
+                        "{:<16} {:<18} {:>2} {:<6} {:<10} {:>9.2} {:>9.2} {:>9.2} {:>7.0} {:>6.1} {:>9}",
+                        format!("{}/{}", gf.name(), df.name()),
+                        format!("{n_embd}/{n_ff} {k}of{n_expert}"),
+                        r.tokens,
+                        r.backend,
+                        r.variant,
+                        r.all_us,
+                        r.gu_us,
+                        r.down_us,
+                        r.gbps,
+                        100.0 * r.gbps / copy,
+                        if r.identical { "yes" } else { "NO" }
+                    );
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The GPU backends named in `list` (comma-separated), opened on `device`.

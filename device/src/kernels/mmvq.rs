@@ -21,7 +21,15 @@ const _: () = assert!(MMVQ_MAX_ROWS == 8);
 #[inline(always)]
 unsafe fn contribution(g: &blocks::Group, xb: *const u8, pow2: f32) -> f32 {
     let dx = convert::f16_to_f32(mem::ld_nc_u16(xb.add(q8_1::OFF_D)));
-    let half = |h: usize| (4 * h..4 * h + 4).fold(0, |s, i| int::dp4a(g.w[i], mem::ld_nc_u32(xb.add(q8_1::OFF_Q + 4 * i)), s));
+    let q: [u32; 8] = core::array::from_fn(|i| mem::ld_nc_u32(xb.add(q8_1::OFF_Q + 4 * i)));
+    contribution_words(g, &q, dx, pow2)
+}
+
+/// [`contribution`] with the activation block already loaded: its 8 quant words and its scale
+/// widened to f32 (the shared-memory staged kernels hand these in).
+#[inline(always)]
+pub fn contribution_words(g: &blocks::Group, q: &[u32; 8], dx: f32, pow2: f32) -> f32 {
+    let half = |h: usize| (4 * h..4 * h + 4).fold(0, |s, i| int::dp4a(g.w[i], q[i], s));
     let exact = g.f[0] * half(0) + g.f[1] * half(1);
     (g.d * dx) * (exact as f32 * pow2)
 }

@@ -1,6 +1,7 @@
 //! One module per kernel family; each exports its `extern "ptx-kernel"` entries unmangled.
 pub mod blocks;
 pub mod copy;
+pub mod expdec;
 pub mod head;
 pub mod matvec;
 pub mod mmvq;
