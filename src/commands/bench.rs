@@ -48,11 +48,18 @@ pub struct ExpertsArgs {
     /// Window sizes (tokens), comma-separated.
     #[arg(long, default_value = "1,2,3,4,8")]
     pub tokens: String,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// What every GPU bench takes: where it runs and how often it measures.
+#[derive(clap::Args)]
+pub struct RunArgs {
     /// Backends, comma-separated (`cuda`, `hip`).
     #[arg(long, default_value = "cuda,hip")]
     pub backends: String,
-    /// Timed rounds per configuration; the median is reported.
-    #[arg(long, default_value_t = 5)]
+    /// Timed rounds per configuration (at least 1); the median is reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub rounds: usize,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
@@ -61,15 +68,8 @@ pub struct ExpertsArgs {
 
 #[derive(clap::Args)]
 pub struct HeadArgs {
-    /// Backends, comma-separated (`cuda`, `hip`).
-    #[arg(long, default_value = "cuda,hip")]
-    pub backends: String,
-    /// Timed rounds per configuration; the median is reported.
-    #[arg(long, default_value_t = 5)]
-    pub rounds: usize,
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(clap::Args)]
@@ -84,18 +84,11 @@ pub struct MmvqArgs {
     /// Activation rows per call, comma-separated (1..8).
     #[arg(long, default_value = "1,2,4,8")]
     pub rows: String,
-    /// Backends, comma-separated (`cuda`, `hip`).
-    #[arg(long, default_value = "cuda,hip")]
-    pub backends: String,
-    /// Timed rounds per configuration; the median is reported.
-    #[arg(long, default_value_t = 5)]
-    pub rounds: usize,
     /// Seed of the random weights and activations.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Print JSON (one object per measurement) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -127,12 +120,9 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
         (v.len() == 4 && v[0] % 256 == 0 && v[1] % 32 == 0).then(|| (v[0], v[1], v[2], v[3]))
     })?;
     let tokens = list(&a.tokens, "token count (1..8)", |t| t.parse().ok().filter(|t| (1..=8).contains(t)))?;
-    if a.rounds == 0 {
-        bail!("--rounds must be at least 1");
-    }
-    let mut found = Available::open(a.device);
-    let wanted = list(&a.backends, "backend (cuda, hip)", |b| ["cuda", "hip"].into_iter().find(|x| *x == b))?;
-    let copy = bench::copy_bandwidth(open_gpus(&found, &a.backends)?[0], 1 << 30, 5)?;
+    let mut found = Available::open(a.run.device);
+    let wanted = list(&a.run.backends, "backend (cuda, hip)", |b| ["cuda", "hip"].into_iter().find(|x| *x == b))?;
+    let copy = bench::copy_bandwidth(open_gpus(&found, &a.run.backends)?[0], 1 << 30, 5)?;
     println!("device-to-device copy: {copy:.0} GB/s");
     println!("{:<16} {:<18} {:>2} {:<6} {:<10} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9}", "pair", "shape", "T", "backend", "variant", "all us", "gu us", "down us", "GB/s", "%copy", "identical");
     let variants = [ExpertKnobs { expdec: false, r: 1 }, ExpertKnobs { expdec: true, r: 1 }, ExpertKnobs { expdec: true, r: 2 }];
@@ -144,7 +134,7 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
                 }
                 let g = b.as_mut().map_err(|e| anyhow::anyhow!("{e}"))?;
                 eprint!("\rbench experts: {}/{} {n_embd}/{n_ff} on {name}...      ", gf.name(), df.name());
-                let rows = bench::experts(g, (gf, df), (n_embd, n_ff, n_expert, k), &tokens, &variants, a.rounds, 1)?;
+                let rows = bench::experts(g, (gf, df), (n_embd, n_ff, n_expert, k), &tokens, &variants, a.run.rounds, 1)?;
                 eprint!("\r{:60}\r", "");
                 for r in rows {
                     println!(
@@ -184,11 +174,8 @@ fn open_gpus<'a>(found: &'a Available, list: &str) -> anyhow::Result<Vec<&'a Gpu
 }
 
 fn head(a: &HeadArgs) -> anyhow::Result<ExitCode> {
-    if a.rounds == 0 {
-        bail!("--rounds must be at least 1");
-    }
-    let found = Available::open(a.device);
-    let gpus = open_gpus(&found, &a.backends)?;
+    let found = Available::open(a.run.device);
+    let gpus = open_gpus(&found, &a.run.backends)?;
     println!("device: {}", gpus[0].info().name);
     println!("{:<22} {:<16} {:<6} {:>12} {:>12} {:>9}", "kernel", "shape", "backend", "ref us", "fast us", "speed-up");
     let print = |r: &bench::HeadRow| {
@@ -200,7 +187,7 @@ fn head(a: &HeadArgs) -> anyhow::Result<ExitCode> {
         for rows in [1, 4, 5, 8] {
             for g in &gpus {
                 eprint!("\rbench head: {rows}x{vocab} on {}...      ", g.name_static());
-                let rs = bench::head(g, vocab, rows, a.rounds, 1)?;
+                let rs = bench::head(g, vocab, rows, a.run.rounds, 1)?;
                 eprint!("\r{:50}\r", "");
                 rs.iter().for_each(print);
             }
@@ -209,14 +196,14 @@ fn head(a: &HeadArgs) -> anyhow::Result<ExitCode> {
     println!("(quantizers: `ref us` is quantize_q8_0_scaled one thread per block, `fast us` one warp per block)");
     for (rows, k) in [(1, 2048), (8, 2048), (8, 4096)] {
         for g in &gpus {
-            bench::quantizers(g, rows, k, a.rounds, 1)?.iter().for_each(print);
+            bench::quantizers(g, rows, k, a.run.rounds, 1)?.iter().for_each(print);
         }
     }
     println!("(mapped copies: `ref us` is one cuMemcpyAsync per segment, `fast us` one copy_from_mapped_multi launch)");
     for n in [1, 4, 16, 64] {
         for len in [4 << 10, 64 << 10, 1 << 20, 4 << 20] {
             for g in &gpus {
-                print(&bench::mapped_copy(g, n, len, a.rounds)?);
+                print(&bench::mapped_copy(g, n, len, a.run.rounds)?);
             }
         }
     }
@@ -231,11 +218,8 @@ fn mmvq(a: &MmvqArgs) -> anyhow::Result<ExitCode> {
     };
     let shapes = list(&a.shapes, "shape (MxK)", parse_shape)?;
     let rows = list(&a.rows, "row count (1..8)", |r| r.parse().ok().filter(|r| (1..=8).contains(r)))?;
-    if a.rounds == 0 {
-        bail!("--rounds must be at least 1");
-    }
-    let found = Available::open(a.device);
-    let gpus = open_gpus(&found, &a.backends)?;
+    let found = Available::open(a.run.device);
+    let gpus = open_gpus(&found, &a.run.backends)?;
     let first = gpus[0];
     let info = first.info();
     let copy = bench::copy_bandwidth(first, 1 << 30, 5)?;
@@ -254,7 +238,7 @@ fn mmvq(a: &MmvqArgs) -> anyhow::Result<ExitCode> {
             let mut per: Vec<Vec<MmvqRow>> = Vec::new();
             for g in &gpus {
                 eprint!("\rbench mmvq: {} {m}x{k} on {}...        ", format.name(), g.name_static());
-                per.push(bench::mmvq(g, format, m, k, &rows, a.rounds, a.seed)?);
+                per.push(bench::mmvq(g, format, m, k, &rows, a.run.rounds, a.seed)?);
             }
             eprint!("\r{:60}\r", "");
             for (i, &r) in rows.iter().enumerate() {
