@@ -26,9 +26,8 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
                                                  uint32_t groups, uint32_t n_ff, uint8_t* hq) {
   uint32_t chunks = n_ff / STRATA_MOE_GU_ROWS;
   uint32_t b0 = block_idx(), g = b0 / chunks, chunk = b0 % chunks;
-  if (g >= ld_u32w(table, 0)) return;
-  uint32_t expert = ld_u32w(table, MOE_EXPERT(n) + g), start = ld_u32w(table, MOE_START(n) + g),
-           count = ld_u32w(table, MOE_COUNT(n) + g);
+  uint32_t expert, start, count;
+  if (!moe_group_of(table, n, g, expert, start, count)) return;
   uint64_t row_bytes = (uint64_t)(groups / F::GROUPS) * F::BYTES;
   gate += expert * expert_bytes;
   up += expert * expert_bytes;

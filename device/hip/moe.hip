@@ -51,6 +51,15 @@ STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uin
   table[1] = errors;
 }
 
+// Group g of the table: false past the groups, else its expert, first entry and entry count.
+STRATA_FN bool moe_group_of(const uint32_t* table, uint32_t n, uint32_t g, uint32_t& expert, uint32_t& start, uint32_t& count) {
+  if (g >= ld_u32w(table, 0)) return false;
+  expert = ld_u32w(table, MOE_EXPERT(n) + g);
+  start = ld_u32w(table, MOE_START(n) + g);
+  count = ld_u32w(table, MOE_COUNT(n) + g);
+  return true;
+}
+
 // moe::silu and swiglu, from exp_neg.
 STRATA_FN float silu(float g) {
   if (g >= 0.0f) return g / (1.0f + exp_neg(-g));
@@ -64,9 +73,8 @@ static __device__ __forceinline__ void moe_gu(const uint8_t* gate, const uint8_t
                                               uint32_t embd_groups, uint32_t n_ff, uint8_t* hq) {
   uint32_t chunks = n_ff / STRATA_MOE_GU_ROWS;
   uint32_t b = block_idx(), g = b / chunks, chunk = b % chunks;
-  if (g >= ld_u32w(table, 0)) return;
-  uint32_t expert = ld_u32w(table, MOE_EXPERT(n) + g), start = ld_u32w(table, MOE_START(n) + g),
-           count = ld_u32w(table, MOE_COUNT(n) + g);
+  uint32_t expert, start, count;
+  if (!moe_group_of(table, n, g, expert, start, count)) return;
   uint64_t row_bytes = (uint64_t)(embd_groups / F::GROUPS) * F::BYTES;
   gate += expert * expert_bytes;
   up += expert * expert_bytes;
@@ -105,9 +113,8 @@ static __device__ __forceinline__ void moe_down(const uint8_t* w, uint64_t exper
                                                 float* y) {
   uint32_t row_blocks = (n_embd + STRATA_MMVQ_WARPS - 1) / STRATA_MMVQ_WARPS;
   uint32_t b = block_idx(), g = b / row_blocks, row = (b % row_blocks) * STRATA_MMVQ_WARPS + warp_in_block();
-  if (g >= ld_u32w(table, 0) || row >= n_embd) return;
-  uint32_t expert = ld_u32w(table, MOE_EXPERT(n) + g), start = ld_u32w(table, MOE_START(n) + g),
-           count = ld_u32w(table, MOE_COUNT(n) + g);
+  uint32_t expert, start, count;
+  if (!moe_group_of(table, n, g, expert, start, count) || row >= n_embd) return;
   const uint8_t* wrow = w + expert * expert_bytes + (uint64_t)row * (ff_groups / F::GROUPS) * F::BYTES;
   const uint32_t* entries = table + MOE_ENTRIES(n) + start;
   for (uint32_t pass = 0; pass < count; pass += STRATA_MOE_ENTRY_PASS) {

@@ -10,17 +10,13 @@
 //! SwiGLU outputs `H[4][32]`: `36 G + 128` words, given at launch.
 use super::blocks::{self, Block};
 use super::mmvq::contribution_words;
+use super::moe::{group_of, ld};
 use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
 use crate::arch::{convert, index, mem, sync, warp};
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::launch::{EXPDEC_ENTRIES, MOE_GU_ROWS, MOE_GU_WARPS};
 use strata_gpu_shared::moe;
-
-#[inline(always)]
-unsafe fn ld(p: *const u32, i: usize) -> u32 {
-    mem::ld_nc_u32(p.add(i) as *const u8)
-}
 
 /// Stages entries `pass ..` (`m` of them) of the group: their q8_1 rows into LO / HI / D.
 #[inline(always)]
@@ -97,12 +93,8 @@ unsafe fn expdec_gu<F: Block, const R: usize>(
 ) {
     let chunks = n_ff / MOE_GU_ROWS;
     let b = index::block_idx();
-    let g = b / chunks;
-    if g >= ld(table, moe::N_GROUPS) {
-        return; // whole block
-    }
+    let Some((expert, start, count)) = group_of(table, n, b / chunks) else { return }; // whole block
     let n = n as usize;
-    let (expert, start, count) = (ld(table, moe::EXPERT + g as usize), ld(table, moe::start(n) + g as usize), ld(table, moe::count(n) + g as usize));
     let chunk = b % chunks;
     let row_bytes = (groups / F::GROUPS) as usize * F::BYTES;
     let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));

@@ -15,7 +15,7 @@ use strata_gpu_shared::launch::{MMVQ_WARPS, MOE_ENTRY_PASS, MOE_GU_ROWS, MOE_GU_
 use strata_gpu_shared::moe;
 
 #[inline(always)]
-unsafe fn ld(p: *const u32, i: usize) -> u32 {
+pub(super) unsafe fn ld(p: *const u32, i: usize) -> u32 {
     mem::ld_nc_u32(p.add(i) as *const u8)
 }
 
@@ -34,7 +34,7 @@ pub unsafe extern "ptx-kernel" fn moe_group(ids: *const u32, n: u32, n_expert: u
 
 /// A group of the table: (expert, first entry, entry count), or `None` past the groups.
 #[inline(always)]
-unsafe fn group_of(table: *const u32, n: u32, g: u32) -> Option<(u32, u32, u32)> {
+pub(super) unsafe fn group_of(table: *const u32, n: u32, g: u32) -> Option<(u32, u32, u32)> {
     if g >= ld(table, moe::N_GROUPS) {
         return None;
     }
