@@ -25,10 +25,17 @@ done
 "$pack/bin/strata" info > "$logs/strata-info.log" 2>&1 || fail=1
 "$pack/bin/strata" parity --require-gpu --random 6 > "$logs/strata-parity.log" 2>&1 || fail=1
 if [ "${STRATA_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  # The default knobs (R=1, DR=2, Q2_0 down), then the other EXPDEC code paths: IQ4_NL down,
+  # R=2, DR=4, the largest rows per block (MINB and DMINB change only the launch bounds).
+  other="--knob EXPDEC_DOWN=1 --knob EXPDEC_R=2 --knob EXPDEC_DR=4 --knob EXPDEC_DMINB=2 --knob EXPDEC_RB=128 --knob EXPDEC_DRB=256"
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 "$pack/bin/strata" parity --require-gpu --random 0 \
-      > "$logs/sanitizer-$tool.log" 2>&1 || fail=1
-    summary+=("$(printf '%-24s %s' "sanitizer $tool" "$(grep -E "(ERROR|RACECHECK) SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)")")
+    for knobs in default other; do
+      args=""; [ $knobs = other ] && args=$other
+      # shellcheck disable=SC2086
+      compute-sanitizer --tool $tool --error-exitcode 9 "$pack/bin/strata" $args parity --require-gpu --random 0 \
+        > "$logs/sanitizer-$tool-$knobs.log" 2>&1 || fail=1
+      summary+=("$(printf '%-24s %s' "sanitizer $tool $knobs" "$(grep -E "(ERROR|RACECHECK) SUMMARY" "$logs/sanitizer-$tool-$knobs.log" | tail -1)")")
+    done
   done
 fi
 echo "==== strata info"; cat "$logs/strata-info.log"

@@ -4,11 +4,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use strata::commands::{bench, dump, info, parity};
+use strata::host::knobs::ExpertKnobs;
 
 #[derive(Parser)]
 #[command(name = "strata", version, about = "Decode engine for quantized MoE GGUF models, with Rust GPU kernels proven bit for bit \
 against a hand-written HIP port and a CPU replica.")]
 struct Cli {
+    #[arg(long = "knob", value_name = "NAME=VALUE", global = true, help = knob_help())]
+    knobs: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -28,8 +31,34 @@ enum Command {
     Bench(bench::Args),
 }
 
+/// `--knob`'s help: every knob, its values and what it does, from the knob table.
+fn knob_help() -> String {
+    let knobs: Vec<String> = strata::host::knobs::KNOBS.iter().map(|k| format!("{}={} ({})", k.name, k.values, k.what)).collect();
+    format!(
+        "Set a routed-expert kernel knob over its STRATA_<NAME> environment variable (repeat for several): {}. Defaults and the measurements behind them: docs/kernels/moe.md",
+        knobs.join(", ")
+    )
+}
+
+/// The expert knobs: the environment's, then `--knob`s; fixed for the process before any
+/// backend opens.
+fn init_knobs(sets: &[String]) -> anyhow::Result<()> {
+    let mut knobs = ExpertKnobs::from_env().map_err(anyhow::Error::msg)?;
+    for set in sets {
+        let (name, value) = set.split_once('=').ok_or_else(|| anyhow::anyhow!("--knob {set:?}: expected NAME=VALUE"))?;
+        knobs.set(name, value).map_err(|e| anyhow::anyhow!("--knob {set:?}: {e}"))?;
+    }
+    knobs.check().map_err(|e| anyhow::anyhow!("--knob: {e}"))?;
+    ExpertKnobs::init_process(knobs);
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = init_knobs(&cli.knobs) {
+        eprintln!("strata: error: {e:#}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Info(a) => info::run(&a),
         Command::Dump(a) => dump::run(&a),

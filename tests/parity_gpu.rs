@@ -178,7 +178,9 @@ fn padded_grids_change_nothing() {
 }
 
 /// On each GPU backend, a token's combined output is bit-identical alone and inside windows of
-/// 2..8 tokens with random other tokens.
+/// 2..8 tokens with random other tokens, with the default knobs (so the rows per block the
+/// minimum-blocks rule picks differ between the lone token and the window), for an IQ4_NL and a
+/// Q2_0 (EXPDEC down) layer.
 #[test]
 fn moe_window_invariance() {
     for name in ["cuda", "hip"] {
@@ -186,7 +188,11 @@ fn moe_window_invariance() {
         let seed = common::seed("moe_window_invariance");
         let mut rng = SmallRng::seed_from_u64(seed);
         for t in 2..=8 {
-            let case = parity::MoeCase::random(&mut rng, (WeightFormat::Iq3Xxs, WeightFormat::Iq4Nl), 16, 2048, 768, t, 8);
+            let (formats, n_embd, n_ff, k) = match t % 2 {
+                0 => ((WeightFormat::Iq3Xxs, WeightFormat::Iq4Nl), 2048, 768, 8),
+                _ => ((WeightFormat::Iq2S, WeightFormat::Q2_0), 2560, 640, 10),
+            };
+            let case = parity::MoeCase::random(&mut rng, formats, 16, n_embd, n_ff, t, k);
             let row = case.n_embd / 32 * 36;
             let mut xq = vec![0u8; t * row];
             g.quantize_q8_1(&case.x, &mut xq).unwrap();
@@ -201,35 +207,66 @@ fn moe_window_invariance() {
     }
 }
 
-/// EXPDEC gate/up (1 and 2 weight rows per lane) gives the plain `moe_gu` kernels' bytes on every
-/// stage, on both GPU backends, for windows whose groups need one or two staging passes.
+/// Every value of every expert knob gives the CPU replica's bytes on both GPU backends (hq, y
+/// and the combined rows, all written): gate/up knobs (EXPDEC, R, MINB, RB including the rule)
+/// per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0 and
+/// IQ4_NL, over windows whose groups hold 0 to 11 entries, at the model shapes and an odd one
+/// (n_ff 448: 14 q8_1 chunks, so 128 rows per block leave a partial block; 14 groups per down
+/// row, so 18 row slots per block).
 #[test]
-fn expdec_matches_default() {
-    use strata::host::gpu::ExpertKnobs;
+fn expert_knobs_every_value() {
+    use strata::host::knobs::ExpertKnobs;
+    use strata_gpu_shared::launch::{EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R, EXPDEC_R, EXPDEC_RB};
+    let cpu = CpuBackend::new();
     for name in ["cuda", "hip"] {
-        let mut plain = match name {
+        let opened = match name {
             "cuda" => cuda::open(0, strata::ptx::IMAGES),
             _ => hip::open(0),
-        }
-        .map_err(|e| common::skip_or_fail::<()>(common::gpu_required(), name, &e.to_string()));
-        let Ok(plain) = plain.as_mut() else { return };
-        plain.set_expert_knobs(ExpertKnobs { expdec: false, r: 1 });
-        let seed = common::seed("expdec_matches_default");
+        };
+        let mut g = match opened {
+            Ok(g) => g,
+            Err(e) => return common::skip_or_fail(common::gpu_required(), name, &e.to_string()).unwrap_or(()),
+        };
+        let seed = common::seed("expert_knobs_every_value");
         let mut rng = SmallRng::seed_from_u64(seed);
-        for r in [1, 2] {
-            let mut fast = match name {
-                "cuda" => cuda::open(0, strata::ptx::IMAGES).unwrap(),
-                _ => hip::open(0).unwrap(),
-            };
-            fast.set_expert_knobs(ExpertKnobs { expdec: true, r });
-            for g in [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S, WeightFormat::Q8_0] {
-                let (n_embd, n_ff) = if rng.random_bool(0.5) { (2560, 640) } else { (2048, 768) };
-                let (t, k) = (rng.random_range(1..=8), rng.random_range(1..=10));
-                let case = parity::MoeCase::random(&mut rng, (g, WeightFormat::Iq4Nl), 10, n_embd, n_ff, t, k);
-                let out = parity::moe_case(&[&*plain as &dyn Backend, &fast], &case, seed).unwrap();
-                eprintln!("  {name} expdec r{r} {} {}: identical {}", out.kernel, out.shape, out.identical());
-                check(out);
+        let plain = ExpertKnobs { expdec: false, down: false, d20: false, ..ExpertKnobs::default() };
+        let mut sets = vec![plain];
+        for r in EXPDEC_R {
+            for minb in EXPDEC_MINB {
+                for rb in [0].into_iter().chain(EXPDEC_RB) {
+                    if minb == 4 && r > EXPDEC_MINB4_MAX_R {
+                        continue; // not compiled (spills)
+                    }
+                    sets.push(ExpertKnobs { expdec: true, r, minb, rb, minblk: rng.random_range(1..=2000), ..plain });
+                }
             }
         }
+        for dr in EXPDEC_DR {
+            for dminb in EXPDEC_MINB {
+                for drb in [0].into_iter().chain(EXPDEC_DRB) {
+                    if dminb == 4 && dr > EXPDEC_MINB4_MAX_DR {
+                        continue; // not compiled (spills)
+                    }
+                    sets.push(ExpertKnobs { down: true, d20: true, dr, dminb, drb, minblk: rng.random_range(1..=4000), ..plain });
+                }
+            }
+        }
+        let mut runs = 0;
+        for (i, &gf) in EXPDEC_GU_FORMATS.iter().enumerate() {
+            let df = [WeightFormat::Q2_0, WeightFormat::Iq4Nl][i % 2];
+            for (n_embd, n_ff) in [(2560, 640), (2048, 768), (512, 448)] {
+                let case = parity::MoeCase::crowded(&mut rng, (gf, df), n_embd, n_ff);
+                let xq = parity::moe_xq(&cpu, &case).unwrap();
+                let (want, _) = parity::moe_words(&cpu, &case, &xq).unwrap();
+                for &knobs in &sets {
+                    g.set_expert_knobs(knobs);
+                    let plan = knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k);
+                    let label = format!("{name} {} {}/{}", knobs.describe(), plan.gu.kernel, plan.down.kernel);
+                    check(parity::moe_against(("cpu", &want), &g, &label, &case, &xq, seed).unwrap());
+                    runs += 1;
+                }
+            }
+        }
+        eprintln!("  {name}: {runs} knob settings x windows identical to the replica (seed {seed})");
     }
 }

@@ -2,7 +2,19 @@
 // device/src/kernels/blocks.rs. Each format's load() turns group g of a block into a Group
 // (value j = d * f[j / 16] * byte j of w * 2^-SHIFT). Blocks are only 2-byte aligned, so 4-byte
 // fields are read as two 2-byte loads. Offsets and codebooks come from the generated prelude.
+// The IQ formats read their codebook through a grid: the global copy (GlobalGrid) by default,
+// or one the EXPDEC kernels staged in shared memory (StagedGrid).
 #include "strata_hip.h"
+
+struct GlobalGrid {
+  const uint32_t* words;
+  __device__ __forceinline__ uint32_t word(uint32_t i) const { return words[i]; }
+};
+
+struct StagedGrid {
+  uint32_t base;  // first word in the block's dynamic shared memory
+  __device__ __forceinline__ uint32_t word(uint32_t i) const { return strata_smem[base + i]; }
+};
 
 struct Group {
   float d;
@@ -42,14 +54,19 @@ STRATA_FN void iq4_words(const uint8_t* qs, uint32_t* w) {
 }
 
 // An 8-magnitude grid entry (two words) with its 8 sign bits.
-STRATA_FN void grid8(const uint32_t* grid, uint32_t entry, uint32_t signs, uint32_t* w) {
-  w[0] = apply_signs(grid[2 * entry], signs);
-  w[1] = apply_signs(grid[2 * entry + 1], signs >> 4);
+template <typename G>
+STRATA_FN void grid8(G grid, uint32_t entry, uint32_t signs, uint32_t* w) {
+  w[0] = apply_signs(grid.word(2 * entry), signs);
+  w[1] = apply_signs(grid.word(2 * entry + 1), signs >> 4);
 }
 
 struct Q8_0 {
   static constexpr uint32_t BYTES = STRATA_Q8_0_BYTES, GROUPS = 1, SHIFT = 0;
-  STRATA_FN Group load(const uint8_t* p, uint32_t) {
+  static constexpr uint32_t GRID_WORDS = 0;
+  STRATA_FN const uint32_t* grid() { return nullptr; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t, G) {
     Group g;
     for (int i = 0; i < 8; i++) g.w[i] = ld_nc_u32_a2(p + STRATA_Q8_0_OFF_Q + 4 * i);
     g.d = block_scale(p + STRATA_Q8_0_OFF_D);
@@ -60,7 +77,11 @@ struct Q8_0 {
 
 struct Q2_0 {
   static constexpr uint32_t BYTES = STRATA_Q2_0_BYTES, GROUPS = 2, SHIFT = 0;
-  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+  static constexpr uint32_t GRID_WORDS = 0;
+  STRATA_FN const uint32_t* grid() { return nullptr; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G) {
     Group g;
     for (int i = 0; i < 4; i++) {
       uint32_t two = ld_nc_u16(p + STRATA_Q2_0_OFF_QS + 8 * gi + 2 * i);
@@ -78,7 +99,11 @@ struct Q2_0 {
 
 struct Iq4Nl {
   static constexpr uint32_t BYTES = STRATA_IQ4_NL_BYTES, GROUPS = 1, SHIFT = 0;
-  STRATA_FN Group load(const uint8_t* p, uint32_t) {
+  static constexpr uint32_t GRID_WORDS = 0;
+  STRATA_FN const uint32_t* grid() { return nullptr; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t, G) {
     Group g;
     iq4_words(p + STRATA_IQ4_NL_OFF_QS, g.w);
     g.d = block_scale(p + STRATA_IQ4_NL_OFF_D);
@@ -89,7 +114,11 @@ struct Iq4Nl {
 
 struct Iq4Xs {
   static constexpr uint32_t BYTES = STRATA_IQ4_XS_BYTES, GROUPS = 8, SHIFT = 0;
-  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+  static constexpr uint32_t GRID_WORDS = 0;
+  STRATA_FN const uint32_t* grid() { return nullptr; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G) {
     Group g;
     uint32_t lo = ((uint32_t)ld_nc_u8(p + STRATA_IQ4_XS_OFF_SCALES_L + gi / 2) >> (4 * (gi % 2))) & 15u;
     uint32_t hi = ((uint32_t)ld_nc_u16(p + STRATA_IQ4_XS_OFF_SCALES_H) >> (2 * gi)) & 3u;
@@ -102,7 +131,11 @@ struct Iq4Xs {
 
 struct Q6K {
   static constexpr uint32_t BYTES = STRATA_Q6_K_BYTES, GROUPS = 8, SHIFT = 0;
-  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+  static constexpr uint32_t GRID_WORDS = 0;
+  STRATA_FN const uint32_t* grid() { return nullptr; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G) {
     Group g;
     uint32_t h = gi / 4, q = gi % 4;
     const uint8_t* ql = p + STRATA_Q6_K_OFF_QL + 64 * h + 32 * (q % 2);
@@ -124,11 +157,15 @@ struct Q6K {
 
 struct Iq2Xxs {
   static constexpr uint32_t BYTES = STRATA_IQ2_XXS_BYTES, GROUPS = 8, SHIFT = 3;
-  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+  static constexpr uint32_t GRID_WORDS = sizeof(STRATA_IQ2_XXS_GRID) / 4;
+  STRATA_FN const uint32_t* grid() { return STRATA_IQ2_XXS_GRID; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G grid) {
     Group g;
     const uint8_t* q = p + STRATA_IQ2_XXS_OFF_QS + 8 * gi;
     uint32_t a0 = ld_nc_u32_a2(q), a1 = ld_nc_u32_a2(q + 4);
-    for (int l = 0; l < 4; l++) grid8(STRATA_IQ2_XXS_GRID, a0 >> (8 * l) & 0xffu, ksigns(a1 >> (7 * l) & 127u), g.w + 2 * l);
+    for (int l = 0; l < 4; l++) grid8(grid, a0 >> (8 * l) & 0xffu, ksigns(a1 >> (7 * l) & 127u), g.w + 2 * l);
     g.d = block_scale(p + STRATA_IQ2_XXS_OFF_D);
     g.f[0] = g.f[1] = 2 * (int32_t)(a1 >> 28) + 1;
     return g;
@@ -137,11 +174,15 @@ struct Iq2Xxs {
 
 struct Iq2Xs {
   static constexpr uint32_t BYTES = STRATA_IQ2_XS_BYTES, GROUPS = 8, SHIFT = 3;
-  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+  static constexpr uint32_t GRID_WORDS = sizeof(STRATA_IQ2_XS_GRID) / 4;
+  STRATA_FN const uint32_t* grid() { return STRATA_IQ2_XS_GRID; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G grid) {
     Group g;
     for (int l = 0; l < 4; l++) {
       uint32_t q = ld_nc_u16(p + STRATA_IQ2_XS_OFF_QS + 2 * (4 * gi + l));
-      grid8(STRATA_IQ2_XS_GRID, q & 511u, ksigns(q >> 9), g.w + 2 * l);
+      grid8(grid, q & 511u, ksigns(q >> 9), g.w + 2 * l);
     }
     int32_t s = ld_nc_u8(p + STRATA_IQ2_XS_OFF_SCALES + gi);
     g.d = block_scale(p + STRATA_IQ2_XS_OFF_D);
@@ -153,14 +194,18 @@ struct Iq2Xs {
 
 struct Iq2S {
   static constexpr uint32_t BYTES = STRATA_IQ2_S_BYTES, GROUPS = 8, SHIFT = 3;
-  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+  static constexpr uint32_t GRID_WORDS = sizeof(STRATA_IQ2_S_GRID) / 4;
+  STRATA_FN const uint32_t* grid() { return STRATA_IQ2_S_GRID; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G grid) {
     Group g;
     uint32_t qs = ld_nc_u32_a2(p + STRATA_IQ2_S_OFF_QS + 4 * gi);
     uint32_t signs = ld_nc_u32_a2(p + STRATA_IQ2_S_OFF_SIGNS + 4 * gi);
     uint32_t qh = ld_nc_u8(p + STRATA_IQ2_S_OFF_QH + gi);
     for (int l = 0; l < 4; l++) {
       uint32_t entry = (qs >> (8 * l) & 0xffu) | ((qh >> (2 * l)) & 3u) << 8;
-      grid8(STRATA_IQ2_S_GRID, entry, signs >> (8 * l) & 0xffu, g.w + 2 * l);
+      grid8(grid, entry, signs >> (8 * l) & 0xffu, g.w + 2 * l);
     }
     int32_t s = ld_nc_u8(p + STRATA_IQ2_S_OFF_SCALES + gi);
     g.d = block_scale(p + STRATA_IQ2_S_OFF_D);
@@ -172,7 +217,11 @@ struct Iq2S {
 
 struct Iq3Xxs {
   static constexpr uint32_t BYTES = STRATA_IQ3_XXS_BYTES, GROUPS = 8, SHIFT = 2;
-  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+  static constexpr uint32_t GRID_WORDS = sizeof(STRATA_IQ3_XXS_GRID) / 4;
+  STRATA_FN const uint32_t* grid() { return STRATA_IQ3_XXS_GRID; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G grid) {
     Group g;
     const uint8_t* q = p + STRATA_IQ3_XXS_OFF_QS + 8 * gi;
     uint32_t idx[2] = {ld_nc_u32_a2(q), ld_nc_u32_a2(q + 4)};
@@ -181,7 +230,7 @@ struct Iq3Xxs {
       uint32_t signs = ksigns(aux >> (7 * l) & 127u);
       for (int half = 0; half < 2; half++) {
         int i = 2 * l + half;
-        g.w[i] = apply_signs(STRATA_IQ3_XXS_GRID[(idx[i / 4] >> (8 * (i % 4))) & 0xffu], signs >> (4 * half));
+        g.w[i] = apply_signs(grid.word((idx[i / 4] >> (8 * (i % 4))) & 0xffu), signs >> (4 * half));
       }
     }
     g.d = block_scale(p + STRATA_IQ3_XXS_OFF_D);
@@ -192,7 +241,11 @@ struct Iq3Xxs {
 
 struct Iq3S {
   static constexpr uint32_t BYTES = STRATA_IQ3_S_BYTES, GROUPS = 8, SHIFT = 0;
-  STRATA_FN Group load(const uint8_t* p, uint32_t gi) {
+  static constexpr uint32_t GRID_WORDS = sizeof(STRATA_IQ3_S_GRID) / 4;
+  STRATA_FN const uint32_t* grid() { return STRATA_IQ3_S_GRID; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G grid) {
     Group g;
     const uint8_t* q = p + STRATA_IQ3_S_OFF_QS + 8 * gi;
     uint32_t idx[2] = {ld_nc_u32_a2(q), ld_nc_u32_a2(q + 4)};
@@ -200,7 +253,7 @@ struct Iq3S {
     uint32_t signs = ld_nc_u32_a2(p + STRATA_IQ3_S_OFF_SIGNS + 4 * gi);
     for (int i = 0; i < 8; i++) {
       uint32_t entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xffu) | ((qh >> i) & 1u) << 8;
-      g.w[i] = apply_signs(STRATA_IQ3_S_GRID[entry], signs >> (4 * i));
+      g.w[i] = apply_signs(grid.word(entry), signs >> (4 * i));
     }
     uint32_t s = ((uint32_t)ld_nc_u8(p + STRATA_IQ3_S_OFF_SCALES + gi / 2) >> (4 * (gi % 2))) & 15u;
     g.d = block_scale(p + STRATA_IQ3_S_OFF_D);
@@ -208,3 +261,4 @@ struct Iq3S {
     return g;
   }
 };
+

@@ -218,6 +218,20 @@ impl WeightFormat {
         }
     }
 
+    /// The format's codebook words (`codebooks`), empty for the formats without one: what the
+    /// EXPDEC kernels stage in shared memory.
+    pub fn grid(self) -> &'static [u32] {
+        use crate::codebooks::*;
+        match self {
+            WeightFormat::Iq2Xxs => &IQ2_XXS_GRID,
+            WeightFormat::Iq2Xs => &IQ2_XS_GRID,
+            WeightFormat::Iq2S => &IQ2_S_GRID,
+            WeightFormat::Iq3Xxs => &IQ3_XXS_GRID,
+            WeightFormat::Iq3S => &IQ3_S_GRID,
+            _ => &[],
+        }
+    }
+
     /// GGUF type name, as ggml spells it.
     pub const fn name(self) -> &'static str {
         match self {

@@ -1,6 +1,7 @@
 //! Launch geometry and launch bounds of every kernel: the one table both the PTX post-processing
 //! in build.rs (`.maxntid`, `.minnctapersm`) and the HIP header (`__launch_bounds__` on NVIDIA,
 //! work-group size and waves per EU on AMD) are generated from, and that the host launches by.
+use crate::formats::WeightFormat;
 
 /// Threads per block and the minimum resident blocks per SM the compiler must allow, and the
 /// dynamic shared memory a launch gives the kernel.
@@ -29,12 +30,64 @@ pub const MOE_ENTRY_PASS: u32 = MMVQ_MAX_ROWS as u32;
 
 /// Entries an EXPDEC pass stages in shared memory.
 pub const EXPDEC_ENTRIES: u32 = 4;
+/// Threads of every EXPDEC block (`expdec_gu_*` has the `moe_gu` geometry).
+pub const EXPDEC_THREADS: u32 = 32 * MOE_GU_WARPS;
+/// Weight rows per lane of `expdec_gu_*` (`STRATA_EXPDEC_R`), one compiled entry each.
+pub const EXPDEC_R: [u32; 2] = [1, 2];
+/// Weight rows per lane of `expdec_down_*` (`STRATA_EXPDEC_DR`), one compiled entry each.
+pub const EXPDEC_DR: [u32; 3] = [1, 2, 4];
+/// Minimum resident blocks per SM the EXPDEC entries are compiled for (`STRATA_EXPDEC_MINB`),
+/// one compiled entry each.
+pub const EXPDEC_MINB: [u32; 2] = [2, 4];
+/// The most rows per lane compiled for 4 blocks per SM (64 registers a thread): R=2 gate/up and
+/// DR=4 down spilled there (220-320 bytes from NVRTC 13.0 on the H200 machine), so those
+/// entries exist for 2 blocks per SM only.
+pub const EXPDEC_MINB4_MAX_R: u32 = 1;
+pub const EXPDEC_MINB4_MAX_DR: u32 = 2;
+/// Gate/up rows per block of `expdec_gu_*` (`STRATA_EXPDEC_RB`): whole q8_1 groups of the
+/// SwiGLU output, 1, 2 or 4 of them. A run-time argument.
+pub const EXPDEC_RB: [u32; 3] = [32, 64, 128];
+/// Down rows per block of `expdec_down_*` (`STRATA_EXPDEC_DRB`), rounded down to whole steps
+/// ([`expdec_down_block_rows`]). A run-time argument.
+pub const EXPDEC_DRB: [u32; 5] = [16, 32, 64, 128, 256];
+/// The most 32-value groups a down row of `expdec_down_*` may have (`n_ff <= 1024`): each
+/// group's partial is then one contribution, and the row's sum is one butterfly over them.
+pub const EXPDEC_DOWN_MAX_GROUPS: u32 = 32;
 
-/// Dynamic shared memory of an `expdec_gu_*` launch for rows of `n_embd` values, in bytes:
-/// `EXPDEC_ENTRIES` staged q8_1 rows (9 words per 32-value group) and their SwiGLU outputs
-/// (`MOE_GU_ROWS` words each).
-pub const fn expdec_gu_smem(n_embd: usize) -> u32 {
-    (4 * EXPDEC_ENTRIES as usize * (9 * (n_embd / 32) + MOE_GU_ROWS as usize)) as u32
+/// Dynamic shared memory of an `expdec_gu_*` launch, in bytes: `EXPDEC_ENTRIES` staged q8_1
+/// rows of `n_embd` values (9 words per 32-value group), their SwiGLU outputs (`rb` words each)
+/// and the format's codebook (`grid_words`).
+pub const fn expdec_gu_smem(n_embd: usize, rb: u32, grid_words: usize) -> u32 {
+    (4 * (EXPDEC_ENTRIES as usize * (9 * (n_embd / 32) + rb as usize) + grid_words)) as u32
+}
+
+/// Rows one step of an `expdec_down_*` block computes: the block's threads form
+/// `EXPDEC_THREADS / ff_groups` row slots of `ff_groups` threads (one group each), and each slot
+/// takes `dr` rows.
+pub const fn expdec_down_step_rows(ff_groups: u32, dr: u32) -> u32 {
+    EXPDEC_THREADS / ff_groups * dr
+}
+
+/// The rows an `expdec_down_*` block takes for `drb` asked: whole steps (a step's partials are
+/// summed together), at least one.
+pub const fn expdec_down_block_rows(drb: u32, ff_groups: u32, dr: u32) -> u32 {
+    let step = expdec_down_step_rows(ff_groups, dr);
+    let steps = drb / step;
+    (if steps == 0 { 1 } else { steps }) * step
+}
+
+/// Dynamic shared memory of an `expdec_down_*` launch, in bytes: `EXPDEC_ENTRIES` staged q8_1
+/// rows of `ff_groups` groups (9 words each) and one step's partials (a word per entry, row and
+/// group).
+pub const fn expdec_down_smem(ff_groups: u32, dr: u32) -> u32 {
+    4 * EXPDEC_ENTRIES * (9 * ff_groups + expdec_down_step_rows(ff_groups, dr) * ff_groups)
+}
+
+/// The minimum-blocks rule (`STRATA_EXPDEC_MINBLK`): the most rows per block among `choices`
+/// (ascending) that still gives at least `min_blocks` blocks for `groups` groups of `rows` rows;
+/// the fewest rows per block when none does.
+pub fn rows_per_block(choices: &[u32], groups: u32, rows: u32, min_blocks: u32) -> u32 {
+    choices.iter().rev().copied().find(|&rb| groups * rows.div_ceil(rb) >= min_blocks).unwrap_or(choices[0])
 }
 
 /// Bytes of one segment each block of `copy_from_mapped_multi` copies: one 16-byte move per
@@ -52,7 +105,7 @@ const fn mmvq(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8, smem_bytes: 0 }
 }
 
-pub const BOUNDS: &[Bounds] = &[
+const BASE: [Bounds; 45] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q6_k"),
@@ -86,18 +139,6 @@ pub const BOUNDS: &[Bounds] = &[
     moe_gu("moe_gu_iq4_nl"),
     moe_gu("moe_gu_iq4_xs"),
     moe_gu("moe_gu_q2_0"),
-    expdec("expdec_gu_q8_0_r1"),
-    expdec("expdec_gu_q8_0_r2"),
-    expdec("expdec_gu_iq2_xxs_r1"),
-    expdec("expdec_gu_iq2_xxs_r2"),
-    expdec("expdec_gu_iq2_xs_r1"),
-    expdec("expdec_gu_iq2_xs_r2"),
-    expdec("expdec_gu_iq2_s_r1"),
-    expdec("expdec_gu_iq2_s_r2"),
-    expdec("expdec_gu_iq3_xxs_r1"),
-    expdec("expdec_gu_iq3_xxs_r2"),
-    expdec("expdec_gu_iq3_s_r1"),
-    expdec("expdec_gu_iq3_s_r2"),
     mmvq("moe_down_q8_0"),
     mmvq("moe_down_q6_k"),
     mmvq("moe_down_iq2_xxs"),
@@ -117,11 +158,50 @@ const fn moe_gu(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MOE_GU_WARPS, min_blocks: 2, smem_bytes: 4 * MOE_ENTRY_PASS * MOE_GU_ROWS }
 }
 
-/// EXPDEC gate/up: the `moe_gu` geometry; shared memory depends on `n_embd` and is given at
-/// launch ([`expdec_gu_smem`]).
-const fn expdec(kernel: &'static str) -> Bounds {
-    Bounds { kernel, threads: 32 * MOE_GU_WARPS, min_blocks: 2, smem_bytes: 0 }
+/// An EXPDEC entry: `EXPDEC_THREADS` threads, its compiled minimum blocks per SM; shared memory
+/// depends on the shape and is given at launch ([`expdec_gu_smem`], [`expdec_down_smem`]).
+const fn expdec(kernel: &'static str, min_blocks: u32) -> Bounds {
+    Bounds { kernel, threads: EXPDEC_THREADS, min_blocks, smem_bytes: 0 }
 }
+
+/// Every EXPDEC entry: `expdec_gu_<format>_r<R>_m<MINB>` and `expdec_down_<format>_d<DR>_m<MINB>`
+/// over [`EXPDEC_R`], [`EXPDEC_DR`] and [`EXPDEC_MINB`] (4 blocks per SM only up to
+/// [`EXPDEC_MINB4_MAX_R`] and [`EXPDEC_MINB4_MAX_DR`]).
+macro_rules! expdec_bounds {
+    (gu: $($g:literal),*; down: $($d:literal),*) => {[
+        $(
+            expdec(concat!("expdec_gu_", $g, "_r1_m2"), 2), expdec(concat!("expdec_gu_", $g, "_r1_m4"), 4),
+            expdec(concat!("expdec_gu_", $g, "_r2_m2"), 2),
+        )*
+        $(
+            expdec(concat!("expdec_down_", $d, "_d1_m2"), 2), expdec(concat!("expdec_down_", $d, "_d1_m4"), 4),
+            expdec(concat!("expdec_down_", $d, "_d2_m2"), 2), expdec(concat!("expdec_down_", $d, "_d2_m4"), 4),
+            expdec(concat!("expdec_down_", $d, "_d4_m2"), 2),
+        )*
+    ]};
+}
+
+/// The formats with EXPDEC entries: gate/up, then down.
+pub const EXPDEC_GU_FORMATS: [WeightFormat; 6] =
+    [WeightFormat::Q8_0, WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S];
+pub const EXPDEC_DOWN_FORMATS: [WeightFormat; 2] = [WeightFormat::Q2_0, WeightFormat::Iq4Nl];
+
+const EXPDEC_BOUNDS: [Bounds; 28] = expdec_bounds!(gu: "q8_0", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"; down: "q2_0", "iq4_nl");
+
+/// `a` then `b`, in a const context.
+const fn join<const A: usize, const B: usize, const N: usize>(a: [Bounds; A], b: [Bounds; B]) -> [Bounds; N] {
+    assert!(A + B == N);
+    let mut out = [a[0]; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < A { a[i] } else { b[i - A] };
+        i += 1;
+    }
+    out
+}
+
+const ALL_BOUNDS: [Bounds; BASE.len() + EXPDEC_BOUNDS.len()] = join(BASE, EXPDEC_BOUNDS);
+pub const BOUNDS: &[Bounds] = &ALL_BOUNDS;
 
 /// The head geometry: 256 threads (`order::HEAD_THREADS`), one block per row or per chunk, and
 /// [`HEAD_SMEM_WORDS`] words of shared memory for the block reductions.
@@ -131,6 +211,35 @@ const fn head(kernel: &'static str) -> Bounds {
 
 /// Shared words of a head block: a value and an index per warp, and one broadcast word.
 pub const HEAD_SMEM_WORDS: u32 = 2 * (crate::order::HEAD_THREADS as u32 / 32) + 1;
+
+/// The `expdec_gu_*` entry for `format`, `r` weight rows per lane and `minb` blocks per SM.
+pub fn expdec_gu_kernel(format: WeightFormat, r: u32, minb: u32) -> Option<&'static str> {
+    named(&["expdec_gu_", format.tag(), "_r", digit(r)?, "_m", digit(minb)?])
+}
+
+/// The `expdec_down_*` entry for `format`, `dr` rows per lane and `minb` blocks per SM.
+pub fn expdec_down_kernel(format: WeightFormat, dr: u32, minb: u32) -> Option<&'static str> {
+    named(&["expdec_down_", format.tag(), "_d", digit(dr)?, "_m", digit(minb)?])
+}
+
+fn digit(v: u32) -> Option<&'static str> {
+    ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"].get(v as usize).copied()
+}
+
+/// The table's kernel whose name is `parts` joined.
+fn named(parts: &[&str]) -> Option<&'static str> {
+    let is = |name: &str| {
+        let mut rest = name;
+        for p in parts {
+            match rest.strip_prefix(p) {
+                Some(r) => rest = r,
+                None => return false,
+            }
+        }
+        rest.is_empty()
+    };
+    BOUNDS.iter().find(|b| is(b.kernel)).map(|b| b.kernel)
+}
 
 /// The bounds of `kernel`, if it is in the table.
 pub fn bounds(kernel: &str) -> Option<Bounds> {
@@ -147,6 +256,61 @@ pub const fn amd_waves_per_eu(threads: u32, min_blocks: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn minimum_blocks_rule() {
+        // 10 groups of 640 rows: 20, 10, 5 blocks per group at 32, 64, 128 rows per block.
+        assert_eq!(rows_per_block(&EXPDEC_RB, 10, 640, 200), 32);
+        assert_eq!(rows_per_block(&EXPDEC_RB, 10, 640, 100), 64);
+        assert_eq!(rows_per_block(&EXPDEC_RB, 10, 640, 50), 128);
+        assert_eq!(rows_per_block(&EXPDEC_RB, 10, 640, 201), 32);
+        assert_eq!(rows_per_block(&EXPDEC_DRB, 80, 2560, 1600), 128);
+        assert_eq!(rows_per_block(&EXPDEC_DRB, 10, 2560, 1600), 16);
+        // 20 groups: 12 row slots; 24 groups: 10.
+        assert_eq!((expdec_down_step_rows(20, 2), expdec_down_step_rows(24, 4)), (24, 40));
+        assert_eq!(expdec_down_block_rows(64, 20, 2), 48);
+        assert_eq!(expdec_down_block_rows(32, 20, 4), 48);
+        assert_eq!(expdec_down_block_rows(256, 24, 1), 250);
+    }
+
+    #[test]
+    fn expdec_names_are_exact() {
+        assert_eq!(expdec_gu_kernel(WeightFormat::Iq2Xs, 2, 2), Some("expdec_gu_iq2_xs_r2_m2"));
+        assert_eq!(expdec_gu_kernel(WeightFormat::Iq2Xs, 1, 4), Some("expdec_gu_iq2_xs_r1_m4"));
+        assert_eq!(expdec_gu_kernel(WeightFormat::Iq2Xs, 2, 4), None);
+        assert_eq!(expdec_down_kernel(WeightFormat::Q2_0, 4, 2), Some("expdec_down_q2_0_d4_m2"));
+        assert_eq!(expdec_gu_kernel(WeightFormat::Iq4Nl, 1, 2), None);
+        assert_eq!(expdec_gu_kernel(WeightFormat::Iq2S, 3, 2), None);
+        assert_eq!(expdec_down_kernel(WeightFormat::Q2_0, 1, 3), None);
+    }
+
+    #[test]
+    fn every_expdec_entry_is_in_the_table() {
+        for f in EXPDEC_GU_FORMATS {
+            for r in EXPDEC_R {
+                for m in EXPDEC_MINB {
+                    if m == 4 && r > EXPDEC_MINB4_MAX_R {
+                        assert_eq!(expdec_gu_kernel(f, r, m), None);
+                        continue;
+                    }
+                    let b = bounds(expdec_gu_kernel(f, r, m).unwrap()).unwrap();
+                    assert_eq!((b.threads, b.min_blocks), (EXPDEC_THREADS, m));
+                    assert!(b.kernel.starts_with("expdec_gu_") && b.kernel.contains(f.tag()), "{}", b.kernel);
+                }
+            }
+        }
+        for f in EXPDEC_DOWN_FORMATS {
+            for d in EXPDEC_DR {
+                for m in EXPDEC_MINB {
+                    if m == 4 && d > EXPDEC_MINB4_MAX_DR {
+                        assert_eq!(expdec_down_kernel(f, d, m), None);
+                        continue;
+                    }
+                    assert_eq!(bounds(expdec_down_kernel(f, d, m).unwrap()).unwrap().min_blocks, m);
+                }
+            }
+        }
+    }
 
     #[test]
     fn waves_per_eu_rule() {

@@ -232,7 +232,10 @@ pub fn check_moe(w: &MoeWindow, o: &MoeOut) -> Result<(usize, usize)> {
         return err(format!("n_ff {n_ff} and n_embd {n_embd} must be positive multiples of {GROUP}"));
     }
     for t in [&w.gate, &w.up, &w.down] {
-        if t.cols % t.format.block_values() != 0 || t.n_expert != w.gate.n_expert || t.data.len() != t.n_expert * t.expert_bytes() {
+        if t.cols % t.format.block_values() != 0 {
+            return err(format!("{} expert rows of {} values: not a multiple of the format's {}-value block", t.format.name(), t.cols, t.format.block_values()));
+        }
+        if t.n_expert != w.gate.n_expert || t.data.len() != t.n_expert * t.expert_bytes() {
             return err(format!("{} expert tensor of {} x {}x{} holds {} bytes, needs {}", t.format.name(), t.n_expert, t.rows, t.cols, t.data.len(), t.n_expert * t.expert_bytes()));
         }
     }

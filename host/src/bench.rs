@@ -260,6 +260,8 @@ pub fn mapped_copy(g: &GpuBackend, n: usize, len: usize, rounds: usize) -> Resul
 pub struct ExpertRow {
     pub backend: &'static str,
     pub variant: String,
+    /// The kernels and rows per block the variant's knobs chose for this window size.
+    pub plan: crate::knobs::ExpertPlan,
     pub tokens: usize,
     /// Median microseconds: the whole layer (group, gate/up, down, combine), gate/up alone and
     /// down alone.
@@ -282,7 +284,7 @@ pub fn experts(
     formats: (WeightFormat, WeightFormat),
     (n_embd, n_ff, n_expert, k): (usize, usize, usize, usize),
     token_counts: &[usize],
-    variants: &[crate::gpu::ExpertKnobs],
+    variants: &[(String, crate::knobs::ExpertKnobs)],
     rounds: usize,
     seed: u64,
 ) -> Result<Vec<ExpertRow>> {
@@ -320,8 +322,8 @@ pub fn experts(
             });
         }
         let mut first: Option<Vec<f32>> = None;
-        for &knobs in variants {
-            g.set_expert_knobs(knobs);
+        for (name, knobs) in variants {
+            g.set_expert_knobs(*knobs);
             let mut time = |stages: MoeStages| -> Result<f64> {
                 let mut i = 0;
                 median_us(g, rounds, || {
@@ -343,7 +345,8 @@ pub fn experts(
             let identical = *first.get_or_insert_with(|| result.clone()) == result;
             rows.push(ExpertRow {
                 backend: g.name_static(),
-                variant: if knobs.expdec { format!("expdec r{}", knobs.r) } else { "default".into() },
+                variant: name.clone(),
+                plan: knobs.plan(formats, n_embd, n_ff, t * k),
                 tokens: t,
                 all_us: all,
                 gu_us: gu,

@@ -16,42 +16,9 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
-use strata_gpu_shared::launch::{bounds, expdec_gu_smem, BOUNDS, HEAD_CHUNK, MMVQ_WARPS, MOE_GU_ROWS, QUANTIZE_WARPS};
+use crate::knobs::{ExpertKnobs, Launch};
+use strata_gpu_shared::launch::{bounds, BOUNDS, HEAD_CHUNK, MMVQ_WARPS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
-
-/// Dynamic shared memory the EXPDEC kernels may ask for without opting in to more (48 KiB):
-/// larger `n_embd` runs the default kernels.
-const EXPDEC_SMEM_MAX: u32 = 48 * 1024;
-
-/// Which routed-expert kernels run. Read once from the environment (`STRATA_EXPDEC=0|1` for the
-/// EXPDEC gate/up kernels, `STRATA_EXPDEC_R=1|2` weight rows per lane). The defaults, EXPDEC
-/// with 2 rows per lane, are what `strata bench experts` chose on the H200 (2026-11-30, all of
-/// docs/bench/experts-h200-2026-11-30.txt): EXPDEC was faster in all 140 configurations (the
-/// layer 1.09-1.29x, gate/up 1.42-1.51x summed per format), and 2 rows per lane beat 1 by 9-11%
-/// on gate/up for IQ2_XXS, IQ2_S and IQ3_XXS and tied on IQ3_S (-1.4%).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExpertKnobs {
-    pub expdec: bool,
-    pub r: u32,
-}
-
-impl Default for ExpertKnobs {
-    fn default() -> Self {
-        ExpertKnobs { expdec: true, r: 2 }
-    }
-}
-
-impl ExpertKnobs {
-    pub fn from_env() -> ExpertKnobs {
-        static KNOBS: std::sync::OnceLock<ExpertKnobs> = std::sync::OnceLock::new();
-        *KNOBS.get_or_init(|| {
-            let d = ExpertKnobs::default();
-            let expdec = std::env::var("STRATA_EXPDEC").map_or(d.expdec, |v| v != "0");
-            let r = std::env::var("STRATA_EXPDEC_R").ok().and_then(|v| v.parse().ok()).filter(|r| [1, 2].contains(r)).unwrap_or(d.r);
-            ExpertKnobs { expdec, r }
-        })
-    }
-}
 
 /// One MoE layer's expert tensors on the device.
 pub struct MoeLayer {
@@ -227,7 +194,8 @@ impl GpuBackend {
         }
         let arch = format!("sm_{}{}", info.compute_capability.0, info.compute_capability.1);
         let pad = grid_pad_wanted(&arch).then(|| info.wave_slots());
-        Ok(GpuBackend { name, stream: ctx.default_stream(), functions, info, ptx_arch, pad, experts: ExpertKnobs::from_env(), _module: module })
+        let experts = ExpertKnobs::process().map_err(|detail| Error::Setup { backend: name, what: "expert knobs".into(), detail })?;
+        Ok(GpuBackend { name, stream: ctx.default_stream(), functions, info, ptx_arch, pad, experts, _module: module })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -353,8 +321,8 @@ impl GpuBackend {
         })
     }
 
-    /// Queues a window's launches (without waiting): grouping, gate/up (EXPDEC when the knobs
-    /// ask and the shared memory fits), down, combine.
+    /// Queues a window's launches (without waiting): grouping, gate/up, down, combine, with the
+    /// kernels and sizes the knobs plan for this shape and window.
     pub fn moe_queue(&self, l: &MoeLayer, w: &mut MoeBuffers, stages: MoeStages) -> Result<()> {
         let (g, d) = l.formats;
         let n = (w.tokens * w.k) as u32;
@@ -362,36 +330,41 @@ impl GpuBackend {
         let (embd_groups, ff_groups, n_embd, n_ff) = ((l.n_embd / 32) as u32, (l.n_ff / 32) as u32, l.n_embd as u32, l.n_ff as u32);
         let gu_bytes = (l.n_ff * g.row_bytes(l.n_embd)) as u64;
         let down_bytes = (l.n_embd * d.row_bytes(l.n_ff)) as u64;
-        let smem = expdec_gu_smem(l.n_embd);
-        let gu = match self.experts.expdec && smem <= EXPDEC_SMEM_MAX {
-            true => self.kernel(&format!("expdec_gu_{}_r{}", g.tag(), self.experts.r))?,
-            false => self.kernel(&format!("moe_gu_{}", g.tag()))?,
-        };
-        let gu_smem = if gu.starts_with("expdec") { smem } else { bounds(gu).map_or(0, |b| b.smem_bytes) };
-        let down = self.kernel(&format!("moe_down_{}", d.tag()))?;
+        let plan = self.experts.plan(l.formats, l.n_embd, l.n_ff, n as usize);
         let pad = |kernel: &str, blocks: u32| {
             let threads = bounds(kernel).map_or(32, |b| b.threads);
             self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots))
         };
         // SAFETY (all four): the parameters are each kernel's, in order, over buffers sized by
-        // `check_moe` (or the bench's own equivalent shapes); kernels return at once in blocks
-        // past the real groups, rows or values, so padded and worst-case grids are covered.
+        // `check_moe` (or the bench's own equivalent shapes), with the shared memory the plan
+        // computed for this shape; kernels return at once in blocks past the real groups, rows
+        // or values, so padded and worst-case grids are covered.
         if stages.group {
             let mut a = self.builder("moe_group");
             a.arg(&w.ids).arg(&n).arg(&n_expert).arg(&mut w.table);
             unsafe { self.launch_async("moe_group", 1, a) }?;
         }
         if stages.gate_up {
-            self.log_first_launch(gu, gu_smem);
-            let mut a = self.builder(gu);
-            a.arg(&l.gate).arg(&l.up).arg(&gu_bytes).arg(&w.xq).arg(&w.table).arg(&n).arg(&k).arg(&embd_groups).arg(&n_ff).arg(&mut w.hq);
-            unsafe { self.launch_async_smem(gu, pad(gu, n * (n_ff / MOE_GU_ROWS)), gu_smem, a) }?;
+            let gu = plan.gu;
+            self.log_first_launch(gu);
+            let mut a = self.builder(gu.kernel);
+            a.arg(&l.gate).arg(&l.up).arg(&gu_bytes).arg(&w.xq).arg(&w.table).arg(&n).arg(&k).arg(&embd_groups).arg(&n_ff);
+            if gu.kernel.starts_with("expdec") {
+                a.arg(&gu.rows_per_block);
+            }
+            a.arg(&mut w.hq);
+            unsafe { self.launch_async_smem(gu.kernel, pad(gu.kernel, gu.blocks), gu.smem, a) }?;
         }
         if stages.down {
-            self.log_first_launch(down, 0);
-            let mut a = self.builder(down);
-            a.arg(&l.down).arg(&down_bytes).arg(&w.hq).arg(&w.table).arg(&n).arg(&ff_groups).arg(&n_embd).arg(&mut w.y);
-            unsafe { self.launch_async(down, pad(down, n * n_embd.div_ceil(MMVQ_WARPS)), a) }?;
+            let down = plan.down;
+            self.log_first_launch(down);
+            let mut a = self.builder(down.kernel);
+            a.arg(&l.down).arg(&down_bytes).arg(&w.hq).arg(&w.table).arg(&n).arg(&ff_groups).arg(&n_embd);
+            if down.kernel.starts_with("expdec") {
+                a.arg(&down.rows_per_block);
+            }
+            a.arg(&mut w.y);
+            unsafe { self.launch_async_smem(down.kernel, pad(down.kernel, down.blocks), down.smem, a) }?;
         }
         if stages.combine {
             let mut a = self.builder("moe_combine");
@@ -401,21 +374,19 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// The table's `'static` name of a kernel built at run time (`moe_gu_iq3_s`).
-    fn kernel(&self, name: &str) -> Result<&'static str> {
-        bounds(name).map(|b| b.kernel).ok_or_else(|| Error::Setup { backend: self.name, what: format!("kernel {name}"), detail: "not in the launch table".into() })
-    }
-
-    /// With `STRATA_LOG=info`, one line the first time each expert kernel launches: its name and
-    /// parameters.
-    fn log_first_launch(&self, kernel: &'static str, smem: u32) {
-        static SEEN: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    /// With `STRATA_LOG=info`, one line the first time each expert kernel launches on this
+    /// backend: its name, launch bounds, rows per block, shared memory and the knobs.
+    fn log_first_launch(&self, l: Launch) {
+        static SEEN: std::sync::Mutex<Vec<(&'static str, &'static str)>> = std::sync::Mutex::new(Vec::new());
         if std::env::var("STRATA_LOG").is_ok_and(|v| v == "info") {
             let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-            if !seen.contains(&kernel) {
-                seen.push(kernel);
-                let b = bounds(kernel).expect("in BOUNDS");
-                eprintln!("strata: {}: first launch of {kernel}: {} threads, min {} blocks/SM, {smem} bytes shared, knobs {:?}", self.name, b.threads, b.min_blocks, self.experts);
+            if !seen.contains(&(self.name, l.kernel)) {
+                seen.push((self.name, l.kernel));
+                let b = bounds(l.kernel).expect("a planned kernel is in BOUNDS");
+                eprintln!(
+                    "strata: {}: first launch of {}: {} threads, min {} blocks/SM, {} rows/block, {} blocks, {} bytes shared; knobs {}",
+                    self.name, l.kernel, b.threads, b.min_blocks, l.rows_per_block, l.blocks, l.smem, self.experts.describe()
+                );
             }
         }
     }

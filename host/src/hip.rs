@@ -12,7 +12,7 @@ use crate::gpu::{open_device, GpuBackend};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::formats::{iq4_nl, LAYOUT_CONSTANTS};
 use strata_gpu_shared::launch::{
-    amd_waves_per_eu, BOUNDS, COPY_CHUNK, EXPDEC_ENTRIES, COPY_SEGMENT_WORDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_ENTRY_PASS,
+    amd_waves_per_eu, BOUNDS, COPY_CHUNK, EXPDEC_ENTRIES, EXPDEC_THREADS, COPY_SEGMENT_WORDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_ENTRY_PASS,
     MOE_GU_ROWS, MOE_GU_WARPS, QUANTIZE_WARPS,
 };
 use strata_gpu_shared::order::HEAD_THREADS;
@@ -31,7 +31,9 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("quantize_q8_0.hip", include_str!("../../device/hip/quantize_q8_0.hip")),
     ("copy.hip", include_str!("../../device/hip/copy.hip")),
     ("moe.hip", include_str!("../../device/hip/moe.hip")),
-    ("expdec.hip", include_str!("../../device/hip/expdec.hip")),
+    ("expdec_stage.hip", include_str!("../../device/hip/expdec_stage.hip")),
+    ("expdec_gu.hip", include_str!("../../device/hip/expdec_gu.hip")),
+    ("expdec_down.hip", include_str!("../../device/hip/expdec_down.hip")),
 ];
 
 /// `#define`s generated from gpu-shared: launch bounds per kernel, sizes and offsets, the
@@ -54,6 +56,7 @@ pub fn prelude() -> String {
         ("MOE_GU_ROWS", MOE_GU_ROWS as usize),
         ("MOE_ENTRY_PASS", MOE_ENTRY_PASS as usize),
         ("EXPDEC_ENTRIES", EXPDEC_ENTRIES as usize),
+        ("EXPDEC_THREADS", EXPDEC_THREADS as usize),
         ("COPY_SEGMENT_WORDS", COPY_SEGMENT_WORDS),
     ];
     for (name, v) in LAYOUT_CONSTANTS.iter().copied().chain(geometry) {

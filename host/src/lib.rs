@@ -7,6 +7,7 @@
 //! | [`cpu`] | the CPU replicas (gpu-shared), multi-threaded |
 //! | [`gpu`] | a CUDA driver context + module: what `cuda` and `hip` have in common |
 //! | [`cuda`] | the Rust PTX from `device/` |
+//! | [`knobs`] | the routed-expert kernel knobs and the launch plan they give |
 //! | [`hip`] | the `device/hip/*.hip` sources, compiled at run time by NVRTC |
 //! | [`bench`] | `strata bench`: kernels against the device copy bandwidth |
 //! | [`gguf`] | GGUF reader (validating, memory-mapped) and writer |
@@ -20,6 +21,7 @@ pub mod cuda;
 pub mod error;
 pub mod gpu;
 pub mod hip;
+pub mod knobs;
 pub mod mapped;
 pub mod parity;
 pub mod reference;

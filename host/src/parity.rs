@@ -489,6 +489,26 @@ impl MoeCase {
         (ids, weights, x)
     }
 
+    /// A window of 8 tokens x 10 selections over 16 experts whose groups have 0 to 11 entries:
+    /// expert `order[e]` gets `e + 1` selections for `e < 11` (66), expert `order[11]` none, and
+    /// the other 14 selections spread over the last four. Selections are shuffled over the
+    /// (token, slot) pairs, so a token may select an expert twice (the kernels must not care).
+    pub fn crowded(rng: &mut SmallRng, formats: (WeightFormat, WeightFormat), n_embd: usize, n_ff: usize) -> MoeCase {
+        let (n_expert, tokens, k) = (16, 8, 10);
+        let mut case = MoeCase::random(rng, formats, n_expert, n_embd, n_ff, tokens, k);
+        let mut order: Vec<u32> = (0..n_expert as u32).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.random_range(0..=i));
+        }
+        let mut ids: Vec<u32> = (0..11).flat_map(|e| std::iter::repeat_n(order[e], e + 1)).collect();
+        ids.extend((0..tokens * k - ids.len()).map(|i| order[12 + i % 4]));
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.random_range(0..=i));
+        }
+        case.ids = ids;
+        case
+    }
+
     /// The window as backends take it, with `xq` the activations quantized by `quantizer`.
     pub fn window<'a>(&'a self, xq: &'a [u8]) -> MoeWindow<'a> {
         let t = |format, rows, cols, data: &'a [u8]| ExpertTensor { format, n_expert: self.n_expert, rows, cols, data };
@@ -557,39 +577,68 @@ pub fn run_moe(b: &dyn Backend, case: &MoeCase, xq: &[u8], hq_fill: u8) -> Resul
     Ok((hq, y, out))
 }
 
-/// The MoE window on every backend: the SwiGLU q8_1 rows, the down rows and the combined rows
-/// identical (first difference reported by stage), every element written, and the combined
-/// rows' NMSE against float64 end to end.
-pub fn moe_case(backends: &[&dyn Backend], case: &MoeCase, seed: u64) -> Result<Outcome> {
+/// One backend's outputs of a window as words (the hq bytes, then the y and out bits), run twice
+/// into outputs poisoned differently; the flags mark the elements neither run wrote.
+pub fn moe_words(b: &dyn Backend, case: &MoeCase, xq: &[u8]) -> Result<(Vec<u32>, Vec<bool>)> {
+    let (hq, y, out) = run_moe(b, case, xq, 0x00)?;
+    let (hq2, _, _) = run_moe(b, case, xq, 0xff)?;
+    let unwritten = hq.iter().zip(&hq2).map(|(a, c)| a != c).chain(y.iter().chain(&out).map(|v| v.to_bits() == POISON_F32)).collect();
+    let words = hq.iter().map(|&v| v as u32).chain(y.iter().chain(&out).map(|v| v.to_bits())).collect();
+    Ok((words, unwritten))
+}
+
+/// The window's activations quantized by `b`.
+pub fn moe_xq(b: &dyn Backend, case: &MoeCase) -> Result<Vec<u8>> {
     let mut xq = vec![0u8; case.tokens * case.n_embd / GROUP * q8_1::BYTES];
-    backends[0].quantize_q8_1(&case.x, &mut xq)?;
-    let mut outs = Vec::new();
-    let mut unwritten = Vec::new();
-    let mut first_out = Vec::new();
-    for &b in backends {
-        let (hq, y, out) = run_moe(b, case, &xq, 0x00)?;
-        let (hq2, _, _) = run_moe(b, case, &xq, 0xff)?;
-        note_unwritten(&mut unwritten, b.name(), hq.iter().zip(&hq2).map(|(a, c)| a != c).chain(y.iter().chain(&out).map(|v| v.to_bits() == POISON_F32)));
-        if first_out.is_empty() {
-            first_out = out.clone();
-        }
-        let words: Vec<u32> = hq.iter().map(|&v| v as u32).chain(y.iter().chain(&out).map(|v| v.to_bits())).collect();
-        outs.push((b.name().to_string(), words));
-    }
+    b.quantize_q8_1(&case.x, &mut xq)?;
+    Ok(xq)
+}
+
+/// The outcome of comparing `outs` (the reference first) for `case`: the first difference, named
+/// by stage, selection and row.
+fn moe_outcome(case: &MoeCase, seed: u64, outs: Vec<(String, Vec<u32>)>, unwritten: Vec<(String, usize, usize)>, nmse: Option<f64>) -> Outcome {
     let (nh, ny) = (case.tokens * case.k * case.n_ff / GROUP * q8_1::BYTES, case.tokens * case.k * case.n_embd);
+    let row_bytes = case.n_ff / GROUP * q8_1::BYTES;
     let mismatch = compare_bits(&outs, |i, v| match i {
-        i if i < nh => format!("hq byte {v} (selection {}, block {})", i / (case.n_ff / GROUP * q8_1::BYTES), i % (case.n_ff / GROUP * q8_1::BYTES) / q8_1::BYTES),
+        i if i < nh => format!("hq byte {v} (selection {}, block {})", i / row_bytes, i % row_bytes / q8_1::BYTES),
         i if i < nh + ny => format!("y {:e} (selection {}, row {})", f32::from_bits(v), (i - nh) / case.n_embd, (i - nh) % case.n_embd),
         i => format!("out {:e} (token {}, col {})", f32::from_bits(v), (i - nh - ny) / case.n_embd, (i - nh - ny) % case.n_embd),
     });
-    Ok(Outcome {
+    Outcome {
         kernel: format!("moe {}/{}", case.formats.0.name(), case.formats.1.name()),
         shape: format!("{}x{} e{} T{} k{}", case.n_embd, case.n_ff, case.n_expert, case.tokens, case.k),
         seed,
         backends: outs.into_iter().map(|o| o.0).collect(),
         mismatch,
         unwritten,
-        nmse: Some(nmse(&first_out, &case.reference_f64())),
+        nmse,
         nmse_max: NMSE_MAX,
-    })
+    }
+}
+
+/// The MoE window on every backend: the SwiGLU q8_1 rows, the down rows and the combined rows
+/// identical (first difference reported by stage), every element written, and the combined
+/// rows' NMSE against float64 end to end.
+pub fn moe_case(backends: &[&dyn Backend], case: &MoeCase, seed: u64) -> Result<Outcome> {
+    let xq = moe_xq(backends[0], case)?;
+    let (mut outs, mut unwritten) = (Vec::new(), Vec::new());
+    for &b in backends {
+        let (words, left) = moe_words(b, case, &xq)?;
+        note_unwritten(&mut unwritten, b.name(), left.into_iter());
+        outs.push((b.name().to_string(), words));
+    }
+    let nh = case.tokens * case.k * case.n_ff / GROUP * q8_1::BYTES;
+    let ny = case.tokens * case.k * case.n_embd;
+    let first_out: Vec<f32> = outs[0].1[nh + ny..].iter().map(|&w| f32::from_bits(w)).collect();
+    let nmse = nmse(&first_out, &case.reference_f64());
+    Ok(moe_outcome(case, seed, outs, unwritten, Some(nmse)))
+}
+
+/// `b` (under the label `name`, e.g. its knobs) against a reference's words from [`moe_words`]
+/// for the same case and `xq`: identical bytes, every element written.
+pub fn moe_against(reference: (&str, &[u32]), b: &dyn Backend, name: &str, case: &MoeCase, xq: &[u8], seed: u64) -> Result<Outcome> {
+    let (words, left) = moe_words(b, case, xq)?;
+    let mut unwritten = Vec::new();
+    note_unwritten(&mut unwritten, name, left.into_iter());
+    Ok(moe_outcome(case, seed, vec![(reference.0.to_string(), reference.1.to_vec()), (name.to_string(), words)], unwritten, None))
 }

@@ -8,6 +8,7 @@ use crate::backends::Available;
 use strata_gpu_shared::formats::WeightFormat;
 use strata_host::bench::{self, MmvqRow};
 use strata_host::gpu::GpuBackend;
+use strata_host::knobs::ExpertKnobs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,12 +29,13 @@ pub enum What {
     /// `copy_from_mapped_multi` against one copy per segment. Microseconds (medians) and
     /// speed-ups.
     Head(HeadArgs),
-    /// Routed experts of one layer for verify windows of T tokens: the default kernels against
-    /// EXPDEC (1 and 2 weight rows per lane), per format pair (gate/up, down), at
-    /// n_embd 2560 / n_ff 640 with 10 of 512 experts and 2048 / 768 with 8 of 128; weights read
-    /// cold (12 windows of different experts cycled); microseconds for the whole layer, gate/up
-    /// and down, GB/s of expert weights read, % of the copy bandwidth, and `identical` (the
-    /// variant's outputs equal the default's byte for byte).
+    /// Routed experts of one layer for verify windows of T tokens: the default kernels, the
+    /// knobs in force (`--knob`, STRATA_EXPDEC_*), and each knob changed alone (`--variants`),
+    /// per format pair (gate/up, down), at n_embd 2560 / n_ff 640 with 10 of 512 experts and
+    /// 2048 / 768 with 8 of 128; weights read cold (12 windows of different experts cycled);
+    /// the gate/up and down kernels and rows per block each variant ran, microseconds for the
+    /// whole layer, gate/up and down, GB/s of expert weights read, % of the copy bandwidth, and
+    /// `identical` (the variant's outputs equal the first variant's byte for byte).
     Experts(ExpertsArgs),
 }
 
@@ -48,6 +50,11 @@ pub struct ExpertsArgs {
     /// Window sizes (tokens), comma-separated.
     #[arg(long, default_value = "1,2,3,4,8")]
     pub tokens: String,
+    /// Variants, comma-separated: `plain` (the default kernels: EXPDEC, EXPDEC_DOWN and
+    /// EXPDEC_D20 off), `knobs` (the knobs in force), or `KNOB=VALUE[+KNOB=VALUE...]` over the
+    /// knobs in force.
+    #[arg(long, default_value = "plain,knobs,EXPDEC_R=2,EXPDEC_MINB=4,EXPDEC_RB=64,EXPDEC_D20=0,EXPDEC_DR=1,EXPDEC_DRB=64,EXPDEC_DMINB=2,EXPDEC_DOWN=1+EXPDEC_DR=1+EXPDEC_DRB=32")]
+    pub variants: String,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -112,7 +119,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
-    use strata_host::gpu::ExpertKnobs;
     let fmt = |s: &str| WeightFormat::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s));
     let pairs = list(&a.pairs, "format pair (GATEUP/DOWN)", |p| p.split_once('/').and_then(|(g, d)| Some((fmt(g)?, fmt(d)?))))?;
     let shapes = list(&a.shapes, "shape (N_EMBD/N_FF/EXPERTS/K)", |s| {
@@ -120,12 +126,17 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
         (v.len() == 4 && v[0] % 256 == 0 && v[1] % 32 == 0).then(|| (v[0], v[1], v[2], v[3]))
     })?;
     let tokens = list(&a.tokens, "token count (1..8)", |t| t.parse().ok().filter(|t| (1..=8).contains(t)))?;
+    let base = ExpertKnobs::process().map_err(anyhow::Error::msg)?;
+    let variants: Vec<_> =
+        a.variants.split(',').map(str::trim).filter(|v| !v.is_empty()).map(|v| variant(v, base)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
     let mut found = Available::open(a.run.device);
     let wanted = list(&a.run.backends, "backend (cuda, hip)", |b| ["cuda", "hip"].into_iter().find(|x| *x == b))?;
     let copy = bench::copy_bandwidth(open_gpus(&found, &a.run.backends)?[0], 1 << 30, 5)?;
-    println!("device-to-device copy: {copy:.0} GB/s");
-    println!("{:<16} {:<18} {:>2} {:<6} {:<10} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9}", "pair", "shape", "T", "backend", "variant", "all us", "gu us", "down us", "GB/s", "%copy", "identical");
-    let variants = [ExpertKnobs { expdec: false, r: 1 }, ExpertKnobs { expdec: true, r: 1 }, ExpertKnobs { expdec: true, r: 2 }];
+    println!("device-to-device copy: {copy:.0} GB/s; knobs in force: {}", base.describe());
+    println!(
+        "{:<15} {:<17} {:>1} {:<4} {:<16} {:<22} {:<24} {:>8} {:>8} {:>8} {:>6} {:>5} {:>5}",
+        "pair", "shape", "T", "be", "variant", "gate/up kernel (rb)", "down kernel (drb)", "all us", "gu us", "down us", "GB/s", "%copy", "ident"
+    );
     for &(gf, df) in &pairs {
         for &(n_embd, n_ff, n_expert, k) in &shapes {
             for (name, b) in [("cuda", &mut found.cuda), ("hip", &mut found.hip)] {
@@ -138,12 +149,14 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
                 eprint!("\r{:60}\r", "");
                 for r in rows {
                     println!(
-                        "{:<16} {:<18} {:>2} {:<6} {:<10} {:>9.2} {:>9.2} {:>9.2} {:>7.0} {:>6.1} {:>9}",
+                        "{:<15} {:<17} {:>1} {:<4} {:<16} {:<22} {:<24} {:>8.2} {:>8.2} {:>8.2} {:>6.0} {:>5.1} {:>5}",
                         format!("{}/{}", gf.name(), df.name()),
                         format!("{n_embd}/{n_ff} {k}of{n_expert}"),
                         r.tokens,
                         r.backend,
                         r.variant,
+                        format!("{} ({})", r.plan.gu.kernel, r.plan.gu.rows_per_block),
+                        format!("{} ({})", r.plan.down.kernel, r.plan.down.rows_per_block),
                         r.all_us,
                         r.gu_us,
                         r.down_us,
@@ -156,6 +169,25 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A `--variants` item: its label and knobs.
+fn variant(v: &str, base: ExpertKnobs) -> Result<(String, ExpertKnobs), String> {
+    let mut k = base;
+    match v {
+        "plain" => {
+            (k.expdec, k.down, k.d20) = (false, false, false);
+        }
+        "knobs" => {}
+        _ => {
+            for set in v.split('+') {
+                let (name, value) = set.split_once('=').ok_or_else(|| format!("variant {v:?}: expected plain, knobs or KNOB=VALUE[+KNOB=VALUE]"))?;
+                k.set(name, value)?;
+            }
+        }
+    }
+    k.check().map_err(|e| format!("variant {v:?}: {e}"))?;
+    Ok((v.to_string(), k))
 }
 
 /// The GPU backends named in `list` (comma-separated), opened on `device`.

@@ -116,6 +116,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let case = parity::MoeCase::random(&mut rng, formats, 16, n_embd, n_ff, tokens, k);
         record(parity::moe_case(&backends, &case, seed)?, t);
     }
+    // Groups of 0 to 11 entries (several staging passes per group).
+    let t = Instant::now();
+    let case = parity::MoeCase::crowded(&mut rng, (WeightFormat::Iq3S, WeightFormat::Q2_0), 2560, 640);
+    record(parity::moe_case(&backends, &case, seed)?, t);
     for format in FloatFormat::ALL {
         for (m, k, rows) in MATVEC_SHAPES {
             let t = Instant::now();

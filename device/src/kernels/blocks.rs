@@ -4,6 +4,10 @@
 //!
 //! Blocks are only 2-byte aligned (most sizes are even but not multiples of 4), so 4-byte
 //! fields are read as two 2-byte loads.
+//!
+//! The IQ formats look their magnitudes up in a codebook ([`Grid`]): the module's global copy
+//! by default, or a copy the EXPDEC kernels staged in shared memory.
+use crate::arch::mem::Smem;
 use crate::arch::{convert, int, mem};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::formats::*;
@@ -15,15 +19,65 @@ pub struct Group {
     pub f: [i32; 2],
 }
 
+/// Where a format's codebook words are read from.
+pub trait Grid: Copy {
+    /// Word `i` of the codebook.
+    ///
+    /// # Safety
+    /// `i` is below the codebook's length.
+    unsafe fn word(self, i: usize) -> u32;
+}
+
+/// The codebook's static copy in global memory.
+#[derive(Clone, Copy)]
+pub struct Global(pub &'static [u32]);
+
+impl Grid for Global {
+    #[inline(always)]
+    unsafe fn word(self, i: usize) -> u32 {
+        // SAFETY: the caller keeps `i` below the length; the loaders index with masked bits.
+        *self.0.get_unchecked(i)
+    }
+}
+
+/// A codebook staged from word `base` of the block's dynamic shared memory.
+#[derive(Clone, Copy)]
+pub struct Staged {
+    pub smem: Smem,
+    pub base: u32,
+}
+
+impl Grid for Staged {
+    #[inline(always)]
+    unsafe fn word(self, i: usize) -> u32 {
+        self.smem.ld_u32(self.base + i as u32)
+    }
+}
+
 pub trait Block {
     const BYTES: usize;
     /// Groups of 32 values per block.
     const GROUPS: u32;
     /// The `k` of `2^-k` (`WeightFormat::shift`).
     const SHIFT: u32;
+    /// The format's codebook (`WeightFormat::grid`), empty when it has none.
+    fn grid() -> &'static [u32] {
+        &[]
+    }
+    /// Group `g` of the block at `p`, its codebook words read from `grid`.
+    ///
     /// # Safety
-    /// `p` points at one whole block in device memory, 2-byte aligned; `g < GROUPS`.
-    unsafe fn load(p: *const u8, g: u32) -> Group;
+    /// `p` points at one whole block in device memory, 2-byte aligned; `g < GROUPS`; `grid`
+    /// holds `Self::grid()`'s words.
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group;
+    /// Group `g` of the block at `p`, codebook from global memory.
+    ///
+    /// # Safety
+    /// As [`Self::load_with`].
+    #[inline(always)]
+    unsafe fn load(p: *const u8, g: u32) -> Group {
+        Self::load_with(p, g, Global(Self::grid()))
+    }
 }
 
 #[inline(always)]
@@ -80,7 +134,7 @@ impl Block for Q8_0 {
     const GROUPS: u32 = 1;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load(p: *const u8, _g: u32) -> Group {
+    unsafe fn load_with<G: Grid>(p: *const u8, _g: u32, _grid: G) -> Group {
         let mut w = [0u32; 8];
         for (i, word) in w.iter_mut().enumerate() {
             *word = mem::ld_nc_u32_a2(p.add(q8_0::OFF_Q + 4 * i));
@@ -95,7 +149,7 @@ impl Block for Q2_0 {
     const GROUPS: u32 = 2;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load(p: *const u8, g: u32) -> Group {
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
         // Levels of codes 0..3 = -1, 0, 1, 2, as one word for `prmt`.
         const LEVELS: u32 = 0x0201_00ff;
         let mut w = [0u32; 8];
@@ -117,7 +171,7 @@ impl Block for Iq4Nl {
     const GROUPS: u32 = 1;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load(p: *const u8, _g: u32) -> Group {
+    unsafe fn load_with<G: Grid>(p: *const u8, _g: u32, _grid: G) -> Group {
         Group { d: scale(p.add(iq4_nl::OFF_D)), w: iq4_words(p.add(iq4_nl::OFF_QS)), f: [1, 1] }
     }
 }
@@ -128,7 +182,7 @@ impl Block for Iq4Xs {
     const GROUPS: u32 = 8;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load(p: *const u8, g: u32) -> Group {
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
         let lo = (mem::ld_nc_u8(p.add(iq4_xs::OFF_SCALES_L + g as usize / 2)) as u32 >> (4 * (g % 2))) & 15;
         let hi = (mem::ld_nc_u16(p.add(iq4_xs::OFF_SCALES_H)) as u32 >> (2 * g)) & 3;
         let f = (lo | hi << 4) as i32 - 32;
@@ -142,7 +196,7 @@ impl Block for Q6K {
     const GROUPS: u32 = 8;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load(p: *const u8, g: u32) -> Group {
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
         let (h, q) = (g as usize / 4, g % 4);
         let ql = p.add(q6_k::OFF_QL + 64 * h + 32 * (q as usize % 2));
         let qh = p.add(q6_k::OFF_QH + 32 * h);
@@ -161,9 +215,12 @@ impl Block for Q6K {
 }
 
 /// An 8-magnitude grid entry with its 8 sign bits, as two words.
+///
+/// # Safety
+/// `2 * entry + 1` is below the codebook's length.
 #[inline(always)]
-fn grid8(grid: &[u32], entry: usize, signs: u32) -> (u32, u32) {
-    (signed(grid[2 * entry], signs), signed(grid[2 * entry + 1], signs >> 4))
+unsafe fn grid8<G: Grid>(grid: G, entry: usize, signs: u32) -> (u32, u32) {
+    (signed(grid.word(2 * entry), signs), signed(grid.word(2 * entry + 1), signs >> 4))
 }
 
 pub struct Iq2Xxs;
@@ -171,13 +228,16 @@ impl Block for Iq2Xxs {
     const BYTES: usize = iq2_xxs::BYTES;
     const GROUPS: u32 = 8;
     const SHIFT: u32 = 3;
+    fn grid() -> &'static [u32] {
+        &IQ2_XXS_GRID
+    }
     #[inline(always)]
-    unsafe fn load(p: *const u8, g: u32) -> Group {
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
         let q = p.add(iq2_xxs::OFF_QS + 8 * g as usize);
         let (a0, a1) = (mem::ld_nc_u32_a2(q), mem::ld_nc_u32_a2(q.add(4)));
         let mut w = [0u32; 8];
         for l in 0..4 {
-            (w[2 * l], w[2 * l + 1]) = grid8(&IQ2_XXS_GRID, (a0 >> (8 * l) & 0xff) as usize, ksigns(a1 >> (7 * l) & 127));
+            (w[2 * l], w[2 * l + 1]) = grid8(grid, (a0 >> (8 * l) & 0xff) as usize, ksigns(a1 >> (7 * l) & 127));
         }
         let f = 2 * (a1 >> 28) as i32 + 1;
         Group { d: scale(p.add(iq2_xxs::OFF_D)), w, f: [f, f] }
@@ -189,12 +249,15 @@ impl Block for Iq2Xs {
     const BYTES: usize = iq2_xs::BYTES;
     const GROUPS: u32 = 8;
     const SHIFT: u32 = 3;
+    fn grid() -> &'static [u32] {
+        &IQ2_XS_GRID
+    }
     #[inline(always)]
-    unsafe fn load(p: *const u8, g: u32) -> Group {
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
         let mut w = [0u32; 8];
         for l in 0..4 {
             let q = mem::ld_nc_u16(p.add(iq2_xs::OFF_QS + 2 * (4 * g as usize + l))) as u32;
-            (w[2 * l], w[2 * l + 1]) = grid8(&IQ2_XS_GRID, (q & 511) as usize, ksigns(q >> 9));
+            (w[2 * l], w[2 * l + 1]) = grid8(grid, (q & 511) as usize, ksigns(q >> 9));
         }
         let s = mem::ld_nc_u8(p.add(iq2_xs::OFF_SCALES + g as usize)) as i32;
         Group { d: scale(p.add(iq2_xs::OFF_D)), w, f: [2 * (s & 15) + 1, 2 * (s >> 4) + 1] }
@@ -206,15 +269,18 @@ impl Block for Iq2S {
     const BYTES: usize = iq2_s::BYTES;
     const GROUPS: u32 = 8;
     const SHIFT: u32 = 3;
+    fn grid() -> &'static [u32] {
+        &IQ2_S_GRID
+    }
     #[inline(always)]
-    unsafe fn load(p: *const u8, g: u32) -> Group {
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
         let qs = mem::ld_nc_u32_a2(p.add(iq2_s::OFF_QS + 4 * g as usize));
         let signs = mem::ld_nc_u32_a2(p.add(iq2_s::OFF_SIGNS + 4 * g as usize));
         let qh = mem::ld_nc_u8(p.add(iq2_s::OFF_QH + g as usize)) as u32;
         let mut w = [0u32; 8];
         for l in 0..4 {
             let entry = (qs >> (8 * l) & 0xff) | ((qh >> (2 * l)) & 3) << 8;
-            (w[2 * l], w[2 * l + 1]) = grid8(&IQ2_S_GRID, entry as usize, signs >> (8 * l) & 0xff);
+            (w[2 * l], w[2 * l + 1]) = grid8(grid, entry as usize, signs >> (8 * l) & 0xff);
         }
         let s = mem::ld_nc_u8(p.add(iq2_s::OFF_SCALES + g as usize)) as i32;
         Group { d: scale(p.add(iq2_s::OFF_D)), w, f: [2 * (s & 15) + 1, 2 * (s >> 4) + 1] }
@@ -226,8 +292,11 @@ impl Block for Iq3Xxs {
     const BYTES: usize = iq3_xxs::BYTES;
     const GROUPS: u32 = 8;
     const SHIFT: u32 = 2;
+    fn grid() -> &'static [u32] {
+        &IQ3_XXS_GRID
+    }
     #[inline(always)]
-    unsafe fn load(p: *const u8, g: u32) -> Group {
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
         let q = p.add(iq3_xxs::OFF_QS + 8 * g as usize);
         let idx = [mem::ld_nc_u32_a2(q), mem::ld_nc_u32_a2(q.add(4))];
         let aux = mem::ld_nc_u32_a2(p.add(iq3_xxs::OFF_AUX + 4 * g as usize));
@@ -237,7 +306,7 @@ impl Block for Iq3Xxs {
             for half in 0..2 {
                 let i = 2 * l + half;
                 let entry = (idx[i / 4] >> (8 * (i % 4))) & 0xff;
-                w[i] = signed(IQ3_XXS_GRID[entry as usize], signs >> (4 * half));
+                w[i] = signed(grid.word(entry as usize), signs >> (4 * half));
             }
         }
         let f = 2 * (aux >> 28) as i32 + 1;
@@ -250,8 +319,11 @@ impl Block for Iq3S {
     const BYTES: usize = iq3_s::BYTES;
     const GROUPS: u32 = 8;
     const SHIFT: u32 = 0;
+    fn grid() -> &'static [u32] {
+        &IQ3_S_GRID
+    }
     #[inline(always)]
-    unsafe fn load(p: *const u8, g: u32) -> Group {
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
         let q = p.add(iq3_s::OFF_QS + 8 * g as usize);
         let idx = [mem::ld_nc_u32_a2(q), mem::ld_nc_u32_a2(q.add(4))];
         let qh = mem::ld_nc_u8(p.add(iq3_s::OFF_QH + g as usize)) as u32;
@@ -259,7 +331,7 @@ impl Block for Iq3S {
         let mut w = [0u32; 8];
         for i in 0..8 {
             let entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xff) | ((qh >> i) & 1) << 8;
-            w[i] = signed(IQ3_S_GRID[entry as usize], signs >> (4 * i));
+            w[i] = signed(grid.word(entry as usize), signs >> (4 * i));
         }
         let s = (mem::ld_nc_u8(p.add(iq3_s::OFF_SCALES + g as usize / 2)) as u32 >> (4 * (g % 2))) & 15;
         let f = 1 + 2 * s as i32;

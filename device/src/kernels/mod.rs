@@ -1,7 +1,9 @@
 //! One module per kernel family; each exports its `extern "ptx-kernel"` entries unmangled.
 pub mod blocks;
 pub mod copy;
-pub mod expdec;
+pub mod expdec_down;
+pub mod expdec_gu;
+pub mod expdec_stage;
 pub mod head;
 pub mod matvec;
 pub mod mmvq;

@@ -1,0 +1,42 @@
+// What the EXPDEC kernels share: staging q8_1 rows and codebooks in shared memory. Twin of
+// device/src/kernels/expdec_stage.rs: a pass holds up to EXPDEC_ENTRIES rows of `groups` q8_1
+// blocks at word 0 as LO[4][groups][4], HI[4][groups][4] (the two 16-byte halves: a warp's
+// 16-byte loads of consecutive groups are conflict-free) and D[4][groups] (scales as f32);
+// thread pairs stage one block each.
+#include "strata_hip.h"
+#include "blocks.hip"
+
+STRATA_FN uint32_t expdec_stage_words(uint32_t groups) { return 9 * STRATA_EXPDEC_ENTRIES * groups; }
+
+// Stages rows row(0) .. row(m - 1). Every thread of the block calls it.
+template <typename Row>
+STRATA_FN void expdec_stage(Row row, uint32_t m, uint32_t groups) {
+  uint32_t items = 2 * m * groups;
+  for (uint32_t i = thread_idx(); i < items; i += STRATA_EXPDEC_THREADS) {
+    uint32_t item = i / 2, h = i % 2, r = item / groups, b = item % groups;
+    const uint8_t* block = row(r) + (uint64_t)b * STRATA_Q8_1_BYTES;
+    uint32_t* dst = strata_smem + 16 * h * groups + 4 * (r * groups + b);
+    // Four 4-byte loads: a 36-byte q8_1 block's halves are only 4-byte aligned.
+    for (int w = 0; w < 4; w++) dst[w] = ld_nc_u32(block + STRATA_Q8_1_OFF_Q + 16 * h + 4 * w);
+    if (h == 0) strata_smem[32 * groups + r * groups + b] = __builtin_bit_cast(uint32_t, f16_to_f32(ld_nc_u16(block + STRATA_Q8_1_OFF_D)));
+  }
+}
+
+// Staged block b of row r: its 8 quant words into q, its scale returned.
+STRATA_FN float expdec_staged_block(uint32_t r, uint32_t b, uint32_t groups, uint32_t* q) {
+  uint32_t slot = r * groups + b;
+  for (int w = 0; w < 4; w++) {
+    q[w] = strata_smem[4 * slot + w];
+    q[4 + w] = strata_smem[16 * groups + 4 * slot + w];
+  }
+  return __builtin_bit_cast(float, strata_smem[32 * groups + slot]);
+}
+
+// Copies F's codebook (none for formats without one) to words base.. ; a barrier must pass
+// before the returned grid is read.
+template <typename F>
+STRATA_FN StagedGrid expdec_stage_grid(uint32_t base) {
+  const uint32_t* grid = F::grid();
+  for (uint32_t i = thread_idx(); i < F::GRID_WORDS; i += STRATA_EXPDEC_THREADS) strata_smem[base + i] = ld_nc_u32((const uint8_t*)(grid + i));
+  return StagedGrid{base};
+}

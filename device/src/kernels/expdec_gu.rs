@@ -1,0 +1,166 @@
+//! `expdec_gu_*`: the EXPDEC variant of `moe_gu_*`, same bits. A block takes `rb` gate/up rows
+//! (`rb / 32` q8_1 groups of the SwiGLU output) of one group's expert. The group's q8_1
+//! activation rows are staged in shared memory `EXPDEC_ENTRIES` entries at a time
+//! (`expdec_stage`), and the format's codebook once per block. A lane computes `R` weight rows
+//! (1 or 2) of gate and of up against the staged words, which it loads once per group and entry
+//! for all `2R` rows. The first pass skips its pre-staging barrier.
+//!
+//! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
+//! codebook: `launch::expdec_gu_smem`, given at launch.
+use super::blocks::{self, Block};
+use super::expdec_stage::{stage, stage_grid, stage_words, staged_block};
+use super::mmvq::contribution_words;
+use super::moe::{group_of, ld};
+use super::quantize_q8_1::quantize_group;
+use crate::arch::mem::Smem;
+use crate::arch::{index, sync, warp};
+use strata_gpu_shared::formats::q8_1;
+use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_THREADS, MOE_GU_ROWS};
+use strata_gpu_shared::moe;
+
+const WARPS: u32 = EXPDEC_THREADS / 32;
+
+/// `R` gate rows and `R` up rows starting at `row` against the `m` staged entries: this lane's
+/// partials `[row][entry]` for gate and up (the mmvq spec: groups `lane, lane + 32, ...`, left
+/// to right from +0.0).
+#[inline(always)]
+unsafe fn staged_partials<F: Block, const R: usize>(
+    smem: Smem,
+    grid: blocks::Staged,
+    gate: *const u8,
+    up: *const u8,
+    row_bytes: usize,
+    row: usize,
+    m: u32,
+    groups: u32,
+) -> ([[f32; 4]; R], [[f32; 4]; R]) {
+    let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
+    let (mut ag, mut au) = ([[0.0f32; 4]; R], [[0.0f32; 4]; R]);
+    let mut b = index::lane();
+    while b < groups {
+        let at = |base: *const u8, j: usize| base.add((row + j) * row_bytes + (b / F::GROUPS) as usize * F::BYTES);
+        let gw: [blocks::Group; R] = core::array::from_fn(|j| F::load_with(at(gate, j), b % F::GROUPS, grid));
+        let uw: [blocks::Group; R] = core::array::from_fn(|j| F::load_with(at(up, j), b % F::GROUPS, grid));
+        crate::unroll!(r in [0, 1, 2, 3] {
+            if (r as u32) < m {
+                let (q, dx) = staged_block(smem, r as u32, b, groups);
+                crate::unroll!(j in [0, 1] {
+                    if j < R {
+                        ag[j][r] += contribution_words(&gw[j], &q, dx, pow2);
+                        au[j][r] += contribution_words(&uw[j], &q, dx, pow2);
+                    }
+                });
+            }
+        });
+        b += 32;
+    }
+    (ag, au)
+}
+
+/// The body of every `expdec_gu_*` entry: `moe_gu`'s contract and output, with `rb` rows per
+/// block (a multiple of `MOE_GU_ROWS`, at most `4 * MOE_GU_ROWS`).
+#[inline(always)]
+unsafe fn expdec_gu<F: Block, const R: usize>(
+    gate: *const u8,
+    up: *const u8,
+    expert_bytes: u64,
+    xq: *const u8,
+    table: *const u32,
+    n: u32,
+    k: u32,
+    groups: u32,
+    n_ff: u32,
+    rb: u32,
+    hq: *mut u8,
+) {
+    let chunks = n_ff / MOE_GU_ROWS;
+    let per_block = rb / MOE_GU_ROWS;
+    let blocks_per_group = chunks.div_ceil(per_block);
+    let b = index::block_idx();
+    let Some((expert, start, count)) = group_of(table, n, b / blocks_per_group) else { return }; // whole block
+    let chunk0 = b % blocks_per_group * per_block;
+    let mine = per_block.min(chunks - chunk0);
+    let row_bytes = (groups / F::GROUPS) as usize * F::BYTES;
+    let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
+    let entries = table.add(moe::entries(n as usize) + start as usize);
+    let smem = Smem::dynamic();
+    let h_base = stage_words(groups);
+    // Staged before the first pass; that pass's post-staging barrier orders it.
+    let grid = stage_grid::<F>(smem, h_base + EXPDEC_ENTRIES * rb);
+    let warp = index::warp_in_block();
+    let rows_per_warp = rb / WARPS;
+    let first = warp * rows_per_warp; // this warp's first row in the block, inside one chunk
+    let mut pass = 0;
+    while pass < count {
+        if pass > 0 {
+            sync::sync_lds(); // the previous pass's readers are done with the stage and H
+        }
+        let m = (count - pass).min(EXPDEC_ENTRIES);
+        stage(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups);
+        sync::sync_lds();
+        let mut j0 = 0;
+        while first < mine * MOE_GU_ROWS && j0 < rows_per_warp {
+            let local = first + j0;
+            let (ag, au) = staged_partials::<F, R>(smem, grid, gate, up, row_bytes, (chunk0 * MOE_GU_ROWS + local) as usize, m, groups);
+            crate::unroll!(j in [0, 1] {
+                if j < R {
+                    crate::unroll!(r in [0, 1, 2, 3] {
+                        if (r as u32) < m {
+                            let h = moe::swiglu(warp::warp_sum_f32(ag[j][r]), warp::warp_sum_f32(au[j][r]));
+                            if index::lane() == 0 {
+                                smem.st_u32(h_base + r as u32 * rb + local + j as u32, h.to_bits());
+                            }
+                        }
+                    });
+                }
+            });
+            j0 += R as u32;
+        }
+        sync::sync_lds();
+        // One warp per (entry, chunk) quantizes that chunk's 32 SwiGLU outputs.
+        let mut i = warp;
+        while i < m * mine {
+            let (r, c) = (i / mine, i % mine);
+            let e = ld(entries, (pass + r) as usize);
+            let v = f32::from_bits(smem.ld_u32(h_base + r * rb + c * MOE_GU_ROWS + index::lane()));
+            quantize_group(v, hq.add((e as usize * chunks as usize + (chunk0 + c) as usize) * q8_1::BYTES));
+            i += WARPS;
+        }
+        pass += EXPDEC_ENTRIES;
+    }
+}
+
+/// One entry per format, rows per lane and minimum blocks per SM (the launch bounds come from
+/// the gpu-shared table by name; R=2 only at 2 blocks per SM, `EXPDEC_MINB4_MAX_R`).
+macro_rules! expdec_gu_entries {
+    ($($name:ident => $block:ty, $r:literal;)*) => {$(
+        /// EXPDEC gate/up. Launch as `moe_gu_*` but with `n * ceil(n_ff / rb)` blocks of
+        /// `EXPDEC_THREADS` threads and `launch::expdec_gu_smem` bytes of shared memory.
+        ///
+        /// # Safety
+        /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, hq: *mut u8) {
+            expdec_gu::<$block, $r>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq)
+        }
+    )*};
+}
+
+expdec_gu_entries! {
+    expdec_gu_q8_0_r1_m2 => blocks::Q8_0, 1; expdec_gu_q8_0_r1_m4 => blocks::Q8_0, 1;
+    expdec_gu_q8_0_r2_m2 => blocks::Q8_0, 2;
+    expdec_gu_iq2_xxs_r1_m2 => blocks::Iq2Xxs, 1; expdec_gu_iq2_xxs_r1_m4 => blocks::Iq2Xxs, 1;
+    expdec_gu_iq2_xxs_r2_m2 => blocks::Iq2Xxs, 2;
+    expdec_gu_iq2_xs_r1_m2 => blocks::Iq2Xs, 1; expdec_gu_iq2_xs_r1_m4 => blocks::Iq2Xs, 1;
+    expdec_gu_iq2_xs_r2_m2 => blocks::Iq2Xs, 2;
+    expdec_gu_iq2_s_r1_m2 => blocks::Iq2S, 1; expdec_gu_iq2_s_r1_m4 => blocks::Iq2S, 1;
+    expdec_gu_iq2_s_r2_m2 => blocks::Iq2S, 2;
+    expdec_gu_iq3_xxs_r1_m2 => blocks::Iq3Xxs, 1; expdec_gu_iq3_xxs_r1_m4 => blocks::Iq3Xxs, 1;
+    expdec_gu_iq3_xxs_r2_m2 => blocks::Iq3Xxs, 2;
+    expdec_gu_iq3_s_r1_m2 => blocks::Iq3S, 1; expdec_gu_iq3_s_r1_m4 => blocks::Iq3S, 1;
+    expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2;
+}
+
+// Four staged entries and R <= 2 (the unrolled loops list them); every `rb` splits into whole
+// R steps per warp, and a warp's rows stay inside one q8_1 chunk.
+const _: () = assert!(EXPDEC_ENTRIES == 4 && strata_gpu_shared::launch::EXPDEC_RB[0] / WARPS % 2 == 0 && MOE_GU_ROWS % (strata_gpu_shared::launch::EXPDEC_RB[2] / WARPS) == 0);

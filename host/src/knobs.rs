@@ -1,0 +1,286 @@
+//! The routed-expert kernel knobs: one struct, settable from the environment (read once, at the
+//! first backend opened) and from the command line (`strata --knob NAME=VALUE`), and the launch
+//! plan they give for a layer shape and a window.
+//!
+//! The defaults are what `strata bench experts` chose on the H200 (docs/kernels/moe.md has the
+//! numbers; docs/bench/ the whole tables).
+use strata_gpu_shared::formats::WeightFormat;
+use strata_gpu_shared::launch::{
+    bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_smem, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
+    EXPDEC_DOWN_MAX_GROUPS, EXPDEC_DR, EXPDEC_DRB, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R, EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_GU_ROWS,
+};
+
+/// Dynamic shared memory the EXPDEC kernels may ask for without opting in to more (48 KiB):
+/// shapes that need more run the default kernels.
+pub const EXPDEC_SMEM_MAX: u32 = 48 * 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertKnobs {
+    /// `STRATA_EXPDEC`: EXPDEC gate/up (`expdec_gu_*`) instead of `moe_gu_*`.
+    pub expdec: bool,
+    /// `STRATA_EXPDEC_R`: gate/up weight rows per lane, 1 or 2.
+    pub r: u32,
+    /// `STRATA_EXPDEC_RB`: gate/up rows per block, 32, 64 or 128; 0 picks by the minimum-blocks
+    /// rule.
+    pub rb: u32,
+    /// `STRATA_EXPDEC_DOWN`: EXPDEC down (`expdec_down_*`) for IQ4_NL down weights (opt-in).
+    pub down: bool,
+    /// `STRATA_EXPDEC_D20`: EXPDEC down for Q2_0 down weights.
+    pub d20: bool,
+    /// `STRATA_EXPDEC_DR`: down rows per lane, 1, 2 or 4.
+    pub dr: u32,
+    /// `STRATA_EXPDEC_DRB`: down rows per block, 16, 32, 64, 128 or 256 (rounded down to whole
+    /// steps of the block's row slots x DR, at least one); 0 picks by the rule.
+    pub drb: u32,
+    /// `STRATA_EXPDEC_MINB`: the minimum resident blocks per SM the `expdec_gu_*` entry was
+    /// compiled for (its launch bounds), 2 or 4.
+    pub minb: u32,
+    /// `STRATA_EXPDEC_DMINB`: the same for the `expdec_down_*` entry.
+    pub dminb: u32,
+    /// `STRATA_EXPDEC_MINBLK`: the minimum-blocks rule: the most rows per block that still
+    /// launches at least this many blocks for the window's worst-case group count.
+    pub minblk: u32,
+}
+
+impl Default for ExpertKnobs {
+    fn default() -> Self {
+        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096 }
+    }
+}
+
+/// One knob: its name (the environment variable without `STRATA_`), what it takes, and what it
+/// does, for `--help` and the error messages.
+pub struct Knob {
+    pub name: &'static str,
+    pub values: &'static str,
+    pub what: &'static str,
+}
+
+pub const KNOBS: [Knob; 10] = [
+    Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
+    Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
+    Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
+    Knob { name: "EXPDEC_DOWN", values: "0|1", what: "EXPDEC down for IQ4_NL" },
+    Knob { name: "EXPDEC_D20", values: "0|1", what: "EXPDEC down for Q2_0" },
+    Knob { name: "EXPDEC_DR", values: "1|2|4", what: "down rows per lane" },
+    Knob { name: "EXPDEC_DRB", values: "0|16|32|64|128|256", what: "down rows per block (0: minimum-blocks rule)" },
+    Knob { name: "EXPDEC_MINB", values: "2|4", what: "EXPDEC gate/up launch bounds: minimum blocks per SM (4 needs R=1)" },
+    Knob { name: "EXPDEC_DMINB", values: "2|4", what: "EXPDEC down launch bounds: minimum blocks per SM (4 needs DR<=2)" },
+    Knob { name: "EXPDEC_MINBLK", values: "1..=1000000", what: "minimum-blocks rule: blocks a launch should reach" },
+];
+
+impl ExpertKnobs {
+    /// Sets knob `name` (`EXPDEC_R`, case-insensitive, `STRATA_` prefix optional) from `value`;
+    /// an unknown name or a value outside the knob's set is an error naming both.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let upper = name.trim().to_ascii_uppercase();
+        let key = upper.strip_prefix("STRATA_").unwrap_or(&upper);
+        let knob = KNOBS.iter().find(|k| k.name == key).ok_or_else(|| {
+            format!("unknown expert knob {name:?} (known: {})", KNOBS.iter().map(|k| k.name).collect::<Vec<_>>().join(", "))
+        })?;
+        let bad = || format!("STRATA_{}={value:?}: expected {}", knob.name, knob.values);
+        let num = || value.trim().parse::<u32>().map_err(|_| bad());
+        let one_of = |set: &[u32]| num().and_then(|v| if set.contains(&v) { Ok(v) } else { Err(bad()) });
+        let flag = || match value.trim() {
+            "0" => Ok(false),
+            "1" => Ok(true),
+            _ => Err(bad()),
+        };
+        let with_auto = |set: &[u32]| one_of(&[&[0], set].concat());
+        match knob.name {
+            "EXPDEC" => self.expdec = flag()?,
+            "EXPDEC_R" => self.r = one_of(&EXPDEC_R)?,
+            "EXPDEC_RB" => self.rb = with_auto(&EXPDEC_RB)?,
+            "EXPDEC_DOWN" => self.down = flag()?,
+            "EXPDEC_D20" => self.d20 = flag()?,
+            "EXPDEC_DR" => self.dr = one_of(&EXPDEC_DR)?,
+            "EXPDEC_DRB" => self.drb = with_auto(&EXPDEC_DRB)?,
+            "EXPDEC_MINB" => self.minb = one_of(&EXPDEC_MINB)?,
+            "EXPDEC_DMINB" => self.dminb = one_of(&EXPDEC_MINB)?,
+            "EXPDEC_MINBLK" => self.minblk = num().and_then(|v| if (1..=1_000_000).contains(&v) { Ok(v) } else { Err(bad()) })?,
+            _ => unreachable!("every name of KNOBS is matched"),
+        }
+        Ok(())
+    }
+
+    /// The combinations no entry is compiled for: 4 blocks per SM with R=2 or with DR=4.
+    pub fn check(&self) -> Result<(), String> {
+        if self.minb == 4 && self.r > EXPDEC_MINB4_MAX_R {
+            return Err(format!("EXPDEC_MINB=4 needs EXPDEC_R<={EXPDEC_MINB4_MAX_R} (given {}): more rows per lane spill in 64 registers", self.r));
+        }
+        if self.dminb == 4 && self.dr > EXPDEC_MINB4_MAX_DR {
+            return Err(format!("EXPDEC_DMINB=4 needs EXPDEC_DR<={EXPDEC_MINB4_MAX_DR} (given {}): more rows per lane spill in 64 registers", self.dr));
+        }
+        Ok(())
+    }
+
+    /// The defaults with every `STRATA_<knob>` variable that `var` finds applied, checked.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<ExpertKnobs, String> {
+        let mut k = ExpertKnobs::default();
+        for knob in &KNOBS {
+            if let Some(v) = var(&format!("STRATA_{}", knob.name)) {
+                k.set(knob.name, &v)?;
+            }
+        }
+        k.check()?;
+        Ok(k)
+    }
+
+    /// The defaults with the environment's `STRATA_<knob>` variables applied.
+    pub fn from_env() -> Result<ExpertKnobs, String> {
+        Self::from_vars(|n| std::env::var(n).ok())
+    }
+
+    /// The process's knobs: what [`Self::init_process`] set, else the environment's, read once.
+    pub fn process() -> Result<ExpertKnobs, String> {
+        PROCESS.get_or_init(Self::from_env).clone()
+    }
+
+    /// Fixes the process's knobs (the CLI, before any backend opens); false if already fixed.
+    pub fn init_process(knobs: ExpertKnobs) -> bool {
+        PROCESS.set(Ok(knobs)).is_ok()
+    }
+
+    /// One line naming every knob and its value.
+    pub fn describe(&self) -> String {
+        format!(
+            "EXPDEC={} R={} RB={} MINB={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
+            self.expdec as u8, self.r, self.rb, self.minb, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
+        )
+    }
+
+    /// The kernels and launch sizes for one window of `n = tokens * k` selections over a layer
+    /// of `formats` (gate/up, down) and `n_embd` x `n_ff`.
+    pub fn plan(&self, formats: (WeightFormat, WeightFormat), n_embd: usize, n_ff: usize, n: usize) -> ExpertPlan {
+        let (gf, df) = formats;
+        let n = n as u32;
+        let (n_embd32, n_ff32) = (n_embd as u32, n_ff as u32);
+        let rb = match self.rb {
+            0 => rows_per_block(&EXPDEC_RB, n, n_ff32, self.minblk),
+            rb => rb,
+        };
+        let gu_smem = expdec_gu_smem(n_embd, rb, gf.grid().len());
+        let expdec_gu = (self.expdec && gu_smem <= EXPDEC_SMEM_MAX).then(|| expdec_gu_kernel(gf, self.r, self.minb)).flatten();
+        let gu = match expdec_gu {
+            Some(kernel) => Launch { kernel, blocks: n * n_ff32.div_ceil(rb), smem: gu_smem, rows_per_block: rb },
+            None => plain(&format!("moe_gu_{}", gf.tag()), n * (n_ff32 / MOE_GU_ROWS), MOE_GU_ROWS),
+        };
+        let ff_groups = n_ff32 / 32;
+        let drb = match self.drb {
+            0 => rows_per_block(&EXPDEC_DRB, n, n_embd32, self.minblk),
+            drb => drb,
+        };
+        let drb = expdec_down_block_rows(drb, ff_groups.max(1), self.dr);
+        let down_smem = expdec_down_smem(ff_groups.max(1), self.dr);
+        let wanted = match df {
+            WeightFormat::Q2_0 => self.d20,
+            WeightFormat::Iq4Nl => self.down,
+            _ => false,
+        };
+        let fits = EXPDEC_DOWN_FORMATS.contains(&df) && ff_groups <= EXPDEC_DOWN_MAX_GROUPS && down_smem <= EXPDEC_SMEM_MAX;
+        let down = match (wanted && fits).then(|| expdec_down_kernel(df, self.dr, self.dminb)).flatten() {
+            Some(kernel) => Launch { kernel, blocks: n * n_embd32.div_ceil(drb), smem: down_smem, rows_per_block: drb },
+            None => plain(&format!("moe_down_{}", df.tag()), n * n_embd32.div_ceil(MMVQ_WARPS), MMVQ_WARPS),
+        };
+        ExpertPlan { gu, down }
+    }
+}
+
+static PROCESS: std::sync::OnceLock<Result<ExpertKnobs, String>> = std::sync::OnceLock::new();
+
+/// A default-kernel launch (its table shared memory).
+fn plain(name: &str, blocks: u32, rows_per_block: u32) -> Launch {
+    let b = bounds(name).unwrap_or_else(|| panic!("{name} is in the launch table for every weight format"));
+    Launch { kernel: b.kernel, blocks, smem: b.smem_bytes, rows_per_block }
+}
+
+/// One kernel launch of the plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub kernel: &'static str,
+    pub blocks: u32,
+    pub smem: u32,
+    /// Output rows per block (the EXPDEC kernels take it as an argument).
+    pub rows_per_block: u32,
+}
+
+/// The gate/up and down launches of one window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertPlan {
+    pub gu: Launch,
+    pub down: Launch,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use WeightFormat::*;
+
+    #[test]
+    fn environment_and_cli_names_parse_and_bad_values_are_refused() {
+        let k = ExpertKnobs::from_vars(|n| match n {
+            "STRATA_EXPDEC_R" => Some("1".into()),
+            "STRATA_EXPDEC_DRB" => Some("256".into()),
+            "STRATA_EXPDEC_D20" => Some("0".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!((k.r, k.drb, k.d20, k.minb), (1, 256, false, ExpertKnobs::default().minb));
+        let mut k = ExpertKnobs::default();
+        k.set("strata_expdec_minb", "4").unwrap();
+        k.set("expdec_rb", "64").unwrap();
+        assert_eq!((k.minb, k.rb), (4, 64));
+        for (name, value) in [("EXPDEC_R", "3"), ("EXPDEC_RB", "48"), ("EXPDEC", "yes"), ("EXPDEC_MINBLK", "0"), ("EXPDEC_DR", "-1")] {
+            let e = k.set(name, value).unwrap_err();
+            assert!(e.contains(name) && e.contains("expected"), "{e}");
+        }
+        assert!(k.set("EXPDEC_Q", "1").unwrap_err().contains("unknown"));
+        assert!(ExpertKnobs::from_vars(|n| (n == "STRATA_EXPDEC_DR").then(|| "8".into())).is_err());
+        // Each value valid, the combination not compiled.
+        let e = ExpertKnobs::from_vars(|n| match n {
+            "STRATA_EXPDEC_MINB" => Some("4".into()),
+            "STRATA_EXPDEC_R" => Some("2".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert!(e.contains("EXPDEC_MINB=4 needs"), "{e}");
+        let e = ExpertKnobs { dminb: 4, dr: 4, ..ExpertKnobs::default() }.check().unwrap_err();
+        assert!(e.contains("EXPDEC_DMINB=4 needs"), "{e}");
+        assert!(ExpertKnobs::default().check().is_ok());
+    }
+
+    #[test]
+    fn plan_follows_the_knobs() {
+        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1 };
+        let p = on.plan((Iq3S, Q2_0), 2560, 640, 40);
+        assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
+        // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.
+        assert_eq!(p.down, Launch { kernel: "expdec_down_q2_0_d4_m2", blocks: 40 * 2560u32.div_ceil(96), smem: expdec_down_smem(20, 4), rows_per_block: 96 });
+        assert_eq!(on.plan((Iq3S, Iq4Nl), 2560, 640, 40).down.kernel, "expdec_down_iq4_nl_d4_m2");
+        let m4 = ExpertKnobs { minb: 4, dminb: 4, dr: 2, ..on };
+        assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40).down.kernel, "expdec_down_iq4_nl_d2_m4");
+        assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40).gu.kernel, "expdec_gu_iq3_s_r1_m4");
+        // Knobs off, formats without EXPDEC entries, rows too long: the default kernels.
+        let off = ExpertKnobs { expdec: false, down: false, d20: false, ..on };
+        let p = off.plan((Iq3S, Q2_0), 2560, 640, 40);
+        assert_eq!((p.gu.kernel, p.gu.blocks, p.down.kernel, p.down.blocks), ("moe_gu_iq3_s", 40 * 20, "moe_down_q2_0", 40 * 640));
+        assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8).gu.kernel, "moe_gu_iq4_xs");
+        assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8).down.kernel, "moe_down_iq3_s");
+        assert_eq!(on.plan((Iq2S, Q2_0), 2048, 2048, 8).down.kernel, "moe_down_q2_0");
+        // Staged rows over 48 KiB: the default gate/up.
+        assert!(expdec_gu_smem(12288, 64, 2048) > EXPDEC_SMEM_MAX);
+        assert_eq!(on.plan((Iq2S, Q2_0), 12288, 640, 8).gu.kernel, "moe_gu_iq2_s");
+    }
+
+    #[test]
+    fn rows_per_block_zero_follows_the_minimum_blocks_rule() {
+        let auto = ExpertKnobs { rb: 0, drb: 0, minblk: 400, dminb: 2, ..ExpertKnobs::default() };
+        // 10 selections of n_ff 640: 20 blocks each at 32 rows, 10 at 64, 5 at 128.
+        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 10).gu.rows_per_block, 32);
+        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 40).gu.rows_per_block, 64);
+        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 80).gu.rows_per_block, 128);
+        // 256, 128, 64 rows per block: 100, 200, 400 blocks; 64 rounds to two steps of 12 x 2.
+        let p = ExpertKnobs { dr: 2, ..auto }.plan((Iq2Xxs, Q2_0), 2560, 640, 10);
+        assert_eq!((p.down.rows_per_block, p.down.blocks), (48, 10 * 2560u32.div_ceil(48)));
+    }
+}
