@@ -509,6 +509,13 @@ impl MoeCase {
         case
     }
 
+    /// How many of [`moe_words`]'s words are hq bytes and how many y values (the combined rows
+    /// follow).
+    pub fn word_counts(&self) -> (usize, usize) {
+        let n = self.tokens * self.k;
+        (n * self.n_ff / GROUP * q8_1::BYTES, n * self.n_embd)
+    }
+
     /// The window as backends take it, with `xq` the activations quantized by `quantizer`.
     pub fn window<'a>(&'a self, xq: &'a [u8]) -> MoeWindow<'a> {
         let t = |format, rows, cols, data: &'a [u8]| ExpertTensor { format, n_expert: self.n_expert, rows, cols, data };
@@ -597,7 +604,7 @@ pub fn moe_xq(b: &dyn Backend, case: &MoeCase) -> Result<Vec<u8>> {
 /// The outcome of comparing `outs` (the reference first) for `case`: the first difference, named
 /// by stage, selection and row.
 fn moe_outcome(case: &MoeCase, seed: u64, outs: Vec<(String, Vec<u32>)>, unwritten: Vec<(String, usize, usize)>, nmse: Option<f64>) -> Outcome {
-    let (nh, ny) = (case.tokens * case.k * case.n_ff / GROUP * q8_1::BYTES, case.tokens * case.k * case.n_embd);
+    let (nh, ny) = case.word_counts();
     let row_bytes = case.n_ff / GROUP * q8_1::BYTES;
     let mismatch = compare_bits(&outs, |i, v| match i {
         i if i < nh => format!("hq byte {v} (selection {}, block {})", i / row_bytes, i % row_bytes / q8_1::BYTES),
@@ -627,8 +634,7 @@ pub fn moe_case(backends: &[&dyn Backend], case: &MoeCase, seed: u64) -> Result<
         note_unwritten(&mut unwritten, b.name(), left.into_iter());
         outs.push((b.name().to_string(), words));
     }
-    let nh = case.tokens * case.k * case.n_ff / GROUP * q8_1::BYTES;
-    let ny = case.tokens * case.k * case.n_embd;
+    let (nh, ny) = case.word_counts();
     let first_out: Vec<f32> = outs[0].1[nh + ny..].iter().map(|&w| f32::from_bits(w)).collect();
     let nmse = nmse(&first_out, &case.reference_f64());
     Ok(moe_outcome(case, seed, outs, unwritten, Some(nmse)))

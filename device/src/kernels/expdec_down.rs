@@ -12,7 +12,7 @@
 //! Shared words: the stage (`36 G`), then one step's partials `P[4][step_rows][G]`:
 //! `launch::expdec_down_smem`, given at launch.
 use super::blocks::{self, Block};
-use super::expdec_stage::{stage, stage_words, staged_block};
+use super::expdec_stage::{WARPS, stage, stage_words, staged_block};
 use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
 use crate::arch::mem::Smem;
@@ -20,8 +20,6 @@ use crate::arch::{index, mem, sync, warp};
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::launch::{expdec_down_step_rows, EXPDEC_ENTRIES, EXPDEC_THREADS};
 use strata_gpu_shared::moe;
-
-const WARPS: u32 = EXPDEC_THREADS / 32;
 
 /// The body of every `expdec_down_*` entry: `moe_down`'s contract and output, with `drb` rows
 /// per block and `ff_groups <= EXPDEC_DOWN_MAX_GROUPS`.

@@ -8,17 +8,15 @@
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
 //! codebook: `launch::expdec_gu_smem`, given at launch.
 use super::blocks::{self, Block};
-use super::expdec_stage::{stage, stage_grid, stage_words, staged_block};
+use super::expdec_stage::{WARPS, stage, stage_grid, stage_words, staged_block};
 use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
 use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
 use crate::arch::{index, sync, warp};
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_THREADS, MOE_GU_ROWS};
+use strata_gpu_shared::launch::{EXPDEC_ENTRIES, MOE_GU_ROWS};
 use strata_gpu_shared::moe;
-
-const WARPS: u32 = EXPDEC_THREADS / 32;
 
 /// `R` gate rows and `R` up rows starting at `row` against the `m` staged entries: this lane's
 /// partials `[row][entry]` for gate and up (the mmvq spec: groups `lane, lane + 32, ...`, left

@@ -13,6 +13,9 @@ use crate::arch::{convert, index, mem};
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_THREADS};
 
+/// Warps of an EXPDEC block.
+pub const WARPS: u32 = EXPDEC_THREADS / 32;
+
 /// Shared words of one staged pass of rows of `groups` q8_1 blocks.
 #[inline(always)]
 pub fn stage_words(groups: u32) -> u32 {
