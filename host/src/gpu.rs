@@ -74,6 +74,13 @@ impl Guard for u8 {
     }
 }
 
+impl Guard for u16 {
+    const GUARD: u16 = 0xa5a5;
+    fn is_guard(&self) -> bool {
+        *self == Self::GUARD
+    }
+}
+
 impl Guard for u32 {
     const GUARD: u32 = 0xa5a5_a5a5;
     fn is_guard(&self) -> bool {
@@ -291,14 +298,14 @@ impl GpuBackend {
     }
 
     /// An output buffer: the caller's current contents (its poison), then guard elements.
-    fn upload_out<T: Guard>(&self, kernel: &str, host: &[T]) -> Result<CudaSlice<T>> {
+    pub(crate) fn upload_out<T: Guard>(&self, kernel: &str, host: &[T]) -> Result<CudaSlice<T>> {
         let mut v = host.to_vec();
         v.extend(std::iter::repeat_n(T::GUARD, GUARD_ELEMS));
         self.upload(kernel, &v)
     }
 
     /// Copies an output back and checks its guard elements are untouched.
-    fn download_out<T: Guard>(&self, kernel: &str, dev: &CudaSlice<T>, host: &mut [T]) -> Result<()> {
+    pub(crate) fn download_out<T: Guard>(&self, kernel: &str, dev: &CudaSlice<T>, host: &mut [T]) -> Result<()> {
         let mut v = vec![T::default(); host.len() + GUARD_ELEMS];
         self.download(kernel, dev, &mut v)?;
         if !v[host.len()..].iter().all(Guard::is_guard) {
@@ -392,7 +399,7 @@ impl GpuBackend {
     }
 
     /// Device scratch of `len` elements.
-    fn scratch<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, kernel: &str, len: usize) -> Result<CudaSlice<T>> {
+    pub(crate) fn scratch<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, kernel: &str, len: usize) -> Result<CudaSlice<T>> {
         self.stream.alloc_zeros(len).map_err(self.driver_err(kernel, "scratch allocation"))
     }
 

@@ -34,6 +34,11 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("expdec_stage.hip", include_str!("../../device/hip/expdec_stage.hip")),
     ("expdec_gu.hip", include_str!("../../device/hip/expdec_gu.hip")),
     ("expdec_down.hip", include_str!("../../device/hip/expdec_down.hip")),
+    ("embed.hip", include_str!("../../device/hip/embed.hip")),
+    ("norm.hip", include_str!("../../device/hip/norm.hip")),
+    ("attention.hip", include_str!("../../device/hip/attention.hip")),
+    ("route.hip", include_str!("../../device/hip/route.hip")),
+    ("sample.hip", include_str!("../../device/hip/sample.hip")),
 ];
 
 /// `#define`s generated from gpu-shared: launch bounds per kernel, sizes and offsets, the
@@ -59,7 +64,8 @@ pub fn prelude() -> String {
         ("EXPDEC_THREADS", EXPDEC_THREADS as usize),
         ("COPY_SEGMENT_WORDS", COPY_SEGMENT_WORDS),
     ];
-    for (name, v) in LAYOUT_CONSTANTS.iter().copied().chain(geometry) {
+    let step = strata_gpu_shared::launch::STEP_GEOMETRY.iter().flat_map(|g| g.iter().copied());
+    for (name, v) in LAYOUT_CONSTANTS.iter().copied().chain(geometry).chain(step) {
         s += &format!("#define STRATA_{name} {v}\n");
     }
     for (i, w) in iq4_nl::LEVEL_WORDS.iter().enumerate() {

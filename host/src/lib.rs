@@ -23,6 +23,8 @@ pub mod gpu;
 pub mod hip;
 pub mod knobs;
 pub mod mapped;
+pub mod model;
+pub mod ops;
 pub mod parity;
 pub mod reference;
 

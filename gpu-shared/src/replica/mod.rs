@@ -1,11 +1,16 @@
 //! CPU replicas of the kernels: the specs of [`crate::order`] run in plain Rust. They are the
 //! third backend and the reference the GPU kernels must match bit for bit.
 
+pub mod attention;
+pub mod embed;
 pub mod head;
 pub mod matvec;
 pub mod mmvq;
+pub mod norm;
 pub mod quantize_q8_0;
 pub mod quantize_q8_1;
+pub mod route;
+pub mod sample;
 
 use crate::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID, KSIGNS};
 use crate::formats::*;

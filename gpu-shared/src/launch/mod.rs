@@ -3,6 +3,10 @@
 //! work-group size and waves per EU on AMD) are generated from, and that the host launches by.
 use crate::formats::WeightFormat;
 
+pub mod attention;
+pub mod norm;
+pub mod route;
+
 /// Threads per block and the minimum resident blocks per SM the compiler must allow, and the
 /// dynamic shared memory a launch gives the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,7 +195,7 @@ const EXPDEC_BOUNDS: [Bounds; 28] = expdec_bounds!(gu: "q8_0", "iq2_xxs", "iq2_x
 /// `a` then `b`, in a const context.
 const fn join<const A: usize, const B: usize, const N: usize>(a: [Bounds; A], b: [Bounds; B]) -> [Bounds; N] {
     assert!(A + B == N);
-    let mut out = [a[0]; N];
+    let mut out = [Bounds { kernel: "", threads: 0, min_blocks: 0, smem_bytes: 0 }; N];
     let mut i = 0;
     while i < N {
         out[i] = if i < A { a[i] } else { b[i - A] };
@@ -200,8 +204,14 @@ const fn join<const A: usize, const B: usize, const N: usize>(a: [Bounds; A], b:
     out
 }
 
-const ALL_BOUNDS: [Bounds; BASE.len() + EXPDEC_BOUNDS.len()] = join(BASE, EXPDEC_BOUNDS);
+const KERNELS_BOUNDS: [Bounds; BASE.len() + EXPDEC_BOUNDS.len()] = join(BASE, EXPDEC_BOUNDS);
+const WITH_NORM: [Bounds; KERNELS_BOUNDS.len() + norm::BOUNDS.len()] = join(KERNELS_BOUNDS, norm::BOUNDS);
+const WITH_ATTENTION: [Bounds; WITH_NORM.len() + attention::BOUNDS.len()] = join(WITH_NORM, attention::BOUNDS);
+const ALL_BOUNDS: [Bounds; WITH_ATTENTION.len() + route::BOUNDS.len()] = join(WITH_ATTENTION, route::BOUNDS);
 pub const BOUNDS: &[Bounds] = &ALL_BOUNDS;
+
+/// Sizes the HIP sources need as `STRATA_<NAME>` defines, per step kernel family.
+pub const STEP_GEOMETRY: [&[(&str, usize)]; 3] = [norm::GEOMETRY, attention::GEOMETRY, route::GEOMETRY];
 
 /// The head geometry: 256 threads (`order::HEAD_THREADS`), one block per row or per chunk, and
 /// [`HEAD_SMEM_WORDS`] words of shared memory for the block reductions.

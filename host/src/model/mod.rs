@@ -1,0 +1,13 @@
+//! Model architectures: what a GGUF file of each architecture means (`../shared/docs/MODELS.md`),
+//! as a configuration, a set of tensors and the op list of one decode step.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`config`] | the hyper-parameters of a qwen3moe file |
+//! | [`synth`] | random-weight models of any shape, written as GGUF (`strata synth`, the built-in model) |
+//! | [`vocab`] | the synthetic GPT-2-style byte-level vocabulary synthetic models carry |
+pub mod config;
+pub mod synth;
+pub mod vocab;
+
+pub use config::Qwen3MoeConfig;
