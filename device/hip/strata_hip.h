@@ -169,6 +169,12 @@ STRATA_FN int32_t f32_to_i32_rne(float x) {
   return (int32_t)r;
 }
 #endif
+// sqrt correctly rounded (math::sqrt_rn): NVRTC's __fsqrt_rn, clang's correctly rounded sqrtf on AMD.
+#if STRATA_NVIDIA
+STRATA_FN float sqrt_rn(float x) { return __fsqrt_rn(x); }
+#else
+STRATA_FN float sqrt_rn(float x) { return __builtin_sqrtf(x); }
+#endif
 
 // ---- specified float functions (gpu-shared/src/math.rs; contraction is off) --------------------
 // e^x for x <= 0, every step as in math::exp_neg.

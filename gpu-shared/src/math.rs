@@ -40,10 +40,93 @@ pub fn exp_neg(x: f32) -> f32 {
     }
 }
 
+/// `sqrt(x)` correctly rounded (round to nearest even), as IEEE `sqrt` and PTX `sqrt.rn.f32`
+/// compute it: `core` has no `sqrt`, so the replica computes it from the integer square root of
+/// the significand. Negative inputs (not -0) and NaN give NaN; +-0 and +inf are returned as is.
+pub fn sqrt_rn(x: f32) -> f32 {
+    if x.is_nan() || x < 0.0 {
+        return f32::NAN;
+    }
+    if x == 0.0 || x == f32::INFINITY {
+        return x;
+    }
+    let bits = x.to_bits();
+    let (mut mant, mut e) = match (bits >> 23) & 0xff {
+        0 => {
+            // Subnormal: bring the leading one to bit 23.
+            let m = (bits & 0x7f_ffff) as u64;
+            let shift = m.leading_zeros() - 40;
+            (m << shift, -149 - shift as i32)
+        }
+        exp => (((bits & 0x7f_ffff) | 1 << 23) as u64, exp as i32 - 150),
+    };
+    // x = mant * 2^e with e even, mant in [2^23, 2^25); sqrt(x) = sqrt(mant * 2^26) * 2^(e/2 - 13).
+    if e & 1 != 0 {
+        mant <<= 1;
+        e -= 1;
+    }
+    let m = mant << 26;
+    let r = isqrt_u64(m);
+    let sticky = r * r != m;
+    // Keep 24 significant bits of r, rounding to nearest even (the dropped bits and the sticky
+    // remainder decide).
+    let drop = (64 - r.leading_zeros()) - 24;
+    let (mut q, rest, half) = (r >> drop, r & ((1 << drop) - 1), 1u64 << (drop - 1));
+    if rest > half || (rest == half && (sticky || q & 1 == 1)) {
+        q += 1;
+    }
+    let mut exp2 = e / 2 - 13 + drop as i32;
+    if q == 1 << 24 {
+        q >>= 1;
+        exp2 += 1;
+    }
+    f32::from_bits(((exp2 + 23 + 127) as u32) << 23 | (q as u32 & 0x7f_ffff))
+}
+
+/// `floor(sqrt(m))`, digit by digit.
+fn isqrt_u64(m: u64) -> u64 {
+    let (mut rem, mut root) = (m, 0u64);
+    let mut bit = 1u64 << 62;
+    while bit > m {
+        bit >>= 2;
+    }
+    while bit != 0 {
+        if rem >= root + bit {
+            rem -= root + bit;
+            root = (root >> 1) + bit;
+        } else {
+            root >>= 1;
+        }
+        bit >>= 2;
+    }
+    root
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     extern crate std;
+
+    #[test]
+    fn sqrt_rn_matches_ieee_sqrt() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut check = |x: f32| {
+            let (a, b) = (sqrt_rn(x), std::primitive::f32::sqrt(x));
+            assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "sqrt({x:e} = {:#x}): {a:e} vs {b:e}", x.to_bits());
+        };
+        for x in [0.0f32, -0.0, 1.0, 2.0, 4.0, f32::MIN_POSITIVE, 1e-45, f32::MAX, f32::INFINITY, -1.0, f32::NAN, 0.25, 3.0] {
+            check(x);
+        }
+        for b in 1..70_000u32 {
+            check(f32::from_bits(b)); // subnormals and the smallest normals
+        }
+        for _ in 0..3_000_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            check(f32::from_bits(s as u32 & 0x7fff_ffff));
+        }
+    }
 
     #[test]
     fn exp_neg_is_accurate_over_its_range() {

@@ -37,3 +37,15 @@ pub fn f32_to_i32_rne(x: f32) -> i32 {
     };
     r
 }
+
+/// `sqrt(x)` correctly rounded (`sqrt.rn.f32`; `strata_gpu_shared::math::sqrt_rn`).
+#[inline(always)]
+pub fn sqrt_rn(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("sqrt.rn.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+             options(nostack, pure, nomem))
+    };
+    r
+}
