@@ -10,6 +10,7 @@ export LD_LIBRARY_PATH := $(VENV_LIB)$(if $(LD_LIBRARY_PATH),:$(LD_LIBRARY_PATH)
 
 setup:
 	bash scripts/setup-toolchain.sh
+	bash scripts/setup-llama.sh
 
 build: setup
 	cargo build --release

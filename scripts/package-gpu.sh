@@ -23,6 +23,8 @@ for line in sys.stdin:
   cp "$exe" "$pack/tests/$name"
 done
 cp target/release/strata "$pack/bin/strata"
+# Debug info is most of a test binary's size; the device tool carries at most 64 MiB.
+strip --strip-debug "$pack"/tests/* "$pack/bin/strata"
 cp scripts/run-gpu.sh "$pack/run-gpu.sh"
 ls -la "$pack/tests" "$pack/bin"
 du -sh "$pack"

@@ -14,9 +14,16 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python
 done
 summary=()
 fail=0
+if [ "${STRATA_BIG:-0}" = 1 ]; then
+  # The Qwen3-30B-A3B-shaped synthetic model (about 15 GB), written on the CPU while the tests
+  # run on the GPU, decoded at the end.
+  big=${STRATA_BIG_DIR:-/tmp}/strata-30b-a3b.gguf
+  "$pack/bin/strata" synth --preset 30b-a3b --out "$big" > "$logs/big-synth.log" 2>&1 &
+  synth_pid=$!
+fi
 for t in "$pack"/tests/*; do
   name=$(basename "$t")
-  "$t" --test-threads=1 --nocapture > "$logs/test-$name.log" 2>&1
+  timeout 300 "$t" --test-threads=1 --nocapture > "$logs/test-$name.log" 2>&1
   rc=$?
   line=$(grep -E "^test result:" "$logs/test-$name.log" | tail -1)
   summary+=("$(printf '%-24s rc=%d %s' "$name" "$rc" "$line")")
@@ -38,8 +45,28 @@ if [ "${STRATA_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; t
     done
   done
 fi
+if command -v compute-sanitizer >/dev/null; then
+  # Every kernel of the decode step, on both GPU backends, greedy and sampled.
+  for b in cuda hip; do
+    for pick in "" "--temp 0.8 --seed 3"; do
+      # shellcheck disable=SC2086
+      compute-sanitizer --tool memcheck --error-exitcode 9 "$pack/bin/strata" decode --backend $b -n 12 --window 5 --prompt "Hello there, world" $pick \
+        > "$logs/sanitizer-decode-$b.log" 2>&1 || fail=1
+      summary+=("$(printf '%-24s %s' "sanitizer decode $b ${pick:+sampled}" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-decode-$b.log" | tail -1)")")
+    done
+  done
+fi
+if [ "${STRATA_BIG:-0}" = 1 ]; then
+  wait "$synth_pid" || fail=1
+  for b in cuda hip; do
+    "$pack/bin/strata" decode --model "$big" --backend $b --prompt-ids 1,2,3,4,5,6,7,8 -n 128 --ignore-eos --print-ids > "$logs/big-decode-$b.log" 2>&1 || fail=1
+    "$pack/bin/strata" decode --model "$big" --backend $b --prompt-ids 1,2,3,4,5,6,7,8 -n 32 --ignore-eos --print-ids --profile > "$logs/big-profile-$b.log" 2>&1 || fail=1
+  done
+  "$pack/bin/strata" bench mmvq --formats Q8_0 --shapes 151936x2048 --rows 1 --backends cuda > "$logs/big-bench-mmvq.log" 2>&1 || fail=1
+fi
 echo "==== strata info"; cat "$logs/strata-info.log"
 echo "==== strata parity (tail)"; tail -n 30 "$logs/strata-parity.log"
 echo "==== test binaries"; printf '%s\n' "${summary[@]}"
+for f in "$logs"/big-*.log; do [ -e "$f" ] && { echo "==== $(basename "$f")"; grep -E "^strata|tok/s|GB/s|copy|error" "$f" | tail -n 12; }; done
 [ $fail -eq 0 ] && echo "GPU RUN: PASS" || echo "GPU RUN: FAIL"
 exit $fail

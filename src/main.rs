@@ -3,14 +3,15 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use strata::commands::{bench, dump, info, parity};
+use strata::commands::{bench, decode, dump, info, knobs, parity, synth};
 use strata::host::knobs::ExpertKnobs;
 
 #[derive(Parser)]
 #[command(name = "strata", version, about = "Decode engine for quantized MoE GGUF models, with Rust GPU kernels proven bit for bit \
 against a hand-written HIP port and a CPU replica.")]
 struct Cli {
-    #[arg(long = "knob", value_name = "NAME=VALUE", global = true, help = knob_help())]
+    /// Set a routed-expert kernel knob (repeatable; same as STRATA_<NAME>): `strata knobs` lists them.
+    #[arg(long = "knob", value_name = "NAME=VALUE", global = true)]
     knobs: Vec<String>,
     #[command(subcommand)]
     command: Command,
@@ -18,6 +19,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Decode a qwen3moe GGUF model (or the built-in random one): prefill the prompt, generate,
+    /// stream the text, report tokens/s.
+    Decode(decode::Args),
     /// Show the backends this machine can run (GPU name, compute capability, memory, which PTX
     /// architecture loaded, whether the HIP sources compiled), or with a FILE what a GGUF file
     /// holds.
@@ -29,15 +33,10 @@ enum Command {
     Parity(parity::Args),
     /// Measure kernel speed on the GPU backends (needs a GPU).
     Bench(bench::Args),
-}
-
-/// `--knob`'s help: every knob, its values and what it does, from the knob table.
-fn knob_help() -> String {
-    let knobs: Vec<String> = strata::host::knobs::KNOBS.iter().map(|k| format!("{}={} ({})", k.name, k.values, k.what)).collect();
-    format!(
-        "Set a routed-expert kernel knob over its STRATA_<NAME> environment variable (repeat for several): {}. Defaults and the measurements behind them: docs/kernels/moe.md",
-        knobs.join(", ")
-    )
+    /// Write a random-weight qwen3moe model of any shape and formats as a GGUF file.
+    Synth(synth::Args),
+    /// List the routed-expert kernel knobs (`--knob NAME=VALUE`), their values and defaults.
+    Knobs(knobs::Args),
 }
 
 /// The expert knobs: the environment's, then `--knob`s; fixed for the process before any
@@ -64,6 +63,9 @@ fn main() -> ExitCode {
         Command::Dump(a) => dump::run(&a),
         Command::Parity(a) => parity::run(&a),
         Command::Bench(a) => bench::run(&a),
+        Command::Synth(a) => synth::run(&a),
+        Command::Decode(a) => Ok(decode::run(&a)),
+        Command::Knobs(a) => Ok(knobs::run(&a)),
     };
     match result {
         Ok(code) => code,

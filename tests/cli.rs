@@ -3,6 +3,9 @@ mod common;
 
 use std::process::Command;
 
+use strata::host::gguf::{GgmlType, GgufFile, GgufWriter, Value};
+use strata::host::model::synth::{build_in_memory, SynthSpec};
+
 /// The binary under test: cargo's, or `STRATA_BIN` where the tests run away from the build
 /// (the packaged GPU run sets it).
 fn strata(args: &[&str]) -> (i32, String, String) {
@@ -25,7 +28,7 @@ fn strata_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
 fn help_explains_every_command() {
     let (code, out, _) = strata(&["--help"]);
     assert_eq!(code, 0);
-    for cmd in ["info", "parity"] {
+    for cmd in ["info", "parity", "decode"] {
         assert!(out.contains(cmd), "--help lacks {cmd}:\n{out}");
         let (code, sub, _) = strata(&[cmd, "--help"]);
         assert_eq!(code, 0);
@@ -73,11 +76,13 @@ fn bad_arguments_are_errors_not_panics() {
 
 #[test]
 fn expert_knobs_are_explained_and_bad_ones_refused() {
-    let (code, out, _) = strata(&["--help"]);
+    let (code, out, _) = strata(&["knobs"]);
     assert_eq!(code, 0);
     for k in strata::host::knobs::KNOBS {
-        assert!(out.contains(&format!("{}={}", k.name, k.values)), "--help lacks {}:\n{out}", k.name);
+        assert!(out.contains(&format!("{}={}", k.name, k.values)), "`strata knobs` lacks {}:\n{out}", k.name);
     }
+    let (_, help, _) = strata(&["--help"]);
+    assert!(help.lines().count() < 30 && !help.contains("EXPDEC_R"), "the top-level help lists knobs:\n{help}");
     let refused: [(&[&str], &[(&str, &str)], &str); 5] = [
         (&["--knob", "EXPDEC_R=3", "info"], &[], "STRATA_EXPDEC_R=\"3\": expected 1|2"),
         (&["--knob", "EXPDEC_Q=1", "info"], &[], "unknown expert knob"),
@@ -110,4 +115,108 @@ fn first_expert_launch_is_logged_with_its_knobs() {
         }
     }
     assert!(lines.iter().all(|l| l.contains("knobs EXPDEC=1 R=2 ") && l.contains(" DR=4 ")), "{}", lines.join("\n"));
+}
+
+/// A temporary file that is removed when dropped.
+struct Temp(std::path::PathBuf);
+
+impl Temp {
+    fn new(name: &str) -> Temp {
+        Temp(std::env::temp_dir().join(format!("strata-cli-{}-{name}", std::process::id())))
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().expect("a UTF-8 temp path")
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The built-in model as a file, rewritten by `edit` (metadata, then tensors: name, dims, type, bytes).
+fn edited_model(name: &str, edit: impl Fn(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>)) -> Temp {
+    let bytes = build_in_memory(&SynthSpec::tiny());
+    let f = GgufFile::from_bytes(bytes, "tiny").expect("the built-in model parses");
+    let mut meta = f.metadata.clone();
+    let mut tensors: Vec<_> = f.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty, f.data(t).to_vec())).collect();
+    edit(&mut meta, &mut tensors);
+    let mut w = GgufWriter::new();
+    for (k, v) in meta {
+        if k != "general.alignment" {
+            w.meta(&k, v);
+        }
+    }
+    for (n, dims, ty, data) in tensors {
+        w.tensor(&n, &dims, ty, data).expect("a valid tensor");
+    }
+    let t = Temp::new(name);
+    std::fs::write(&t.0, w.to_bytes()).expect("write the model");
+    t
+}
+
+/// `strata decode` on the built-in model: says so first, streams text, reports tok/s, and
+/// writes one row of logits per generated token.
+#[test]
+fn decode_runs_the_built_in_model() {
+    let logits = Temp::new("logits.f32");
+    let ids = Temp::new("ids.json");
+    let (code, out, err) = strata(&["decode", "--backend", "cpu", "-n", "12", "--ignore-eos", "--logits-out", logits.path(), "--ids-out", ids.path()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.lines().next().unwrap_or("").contains("built-in random-weight qwen3moe"), "{err}");
+    assert!(err.contains("tok/s") && !out.trim().is_empty(), "{out}\n{err}");
+    let n_vocab = SynthSpec::tiny().config.n_vocab;
+    assert_eq!(std::fs::metadata(&logits.0).unwrap().len() as usize, 12 * n_vocab * 4, "one row per generated token");
+    let list = std::fs::read_to_string(&ids.0).unwrap();
+    assert_eq!(list.trim().trim_matches(|c| c == '[' || c == ']').split(',').count(), 12, "{list}");
+    // Greedy: each generated token is the argmax of the row it was chosen from.
+    let raw = std::fs::read(&logits.0).unwrap();
+    let rows: Vec<f32> = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let chosen: Vec<usize> = list.trim().trim_matches(|c| c == '[' || c == ']').split(',').map(|s| s.trim().parse().unwrap()).collect();
+    for (row, &id) in rows.chunks_exact(n_vocab).zip(&chosen) {
+        let best = row.iter().enumerate().fold(0, |b, (i, &v)| if v > row[b] { i } else { b });
+        assert_eq!(best, id);
+    }
+}
+
+/// Bad input: a clear one-line error naming what is wrong, exit status 2, never a panic.
+#[test]
+fn decode_refuses_bad_input_clearly() {
+    let truncated = Temp::new("truncated.gguf");
+    let full = build_in_memory(&SynthSpec::tiny());
+    std::fs::write(&truncated.0, &full[..full.len() / 2]).unwrap();
+    let wrong_arch = edited_model("arch.gguf", |meta, _| {
+        for (k, v) in meta.iter_mut() {
+            if k == "general.architecture" {
+                *v = Value::String("llama".into());
+            }
+        }
+    });
+    let missing = edited_model("missing.gguf", |_, t| t.retain(|x| x.0 != "blk.1.attn_k.weight"));
+    let misshaped = edited_model("shape.gguf", |_, t| {
+        let x = t.iter_mut().find(|x| x.0 == "blk.2.ffn_norm.weight").unwrap();
+        x.1 = vec![128];
+        x.3.truncate(128 * 4);
+    });
+    let long_prompt: String = (0..40).map(|i| (i % 9).to_string()).collect::<Vec<_>>().join(",");
+    let cases: [(Vec<&str>, &str); 6] = [
+        (vec!["--model", truncated.path()], "truncated"),
+        (vec!["--model", wrong_arch.path()], "`llama` is not supported"),
+        (vec!["--model", missing.path()], "tensor blk.1.attn_k.weight: missing"),
+        (vec!["--model", misshaped.path()], "tensor blk.2.ffn_norm.weight: shape [128], expected [256]"),
+        (vec!["--ctx", "16", "--prompt-ids", &long_prompt], "the prompt has 40 tokens; the context holds 16 positions"),
+        (vec!["--ctx", "500000000"], "lower --ctx"),
+    ];
+    for (args, want) in cases {
+        let mut all = vec!["decode", "--backend", "cpu", "-n", "2"];
+        all.extend(args.iter().copied());
+        if !all.contains(&"--prompt-ids") {
+            all.extend(["--prompt-ids", "1,2"]);
+        }
+        let (code, _, err) = strata(&all);
+        assert_eq!(code, 2, "{all:?}: {err}");
+        assert!(err.contains(want) && !err.contains("panicked"), "{all:?}: want `{want}` in:\n{err}");
+        assert_eq!(err.lines().filter(|l| l.starts_with("strata: error")).count(), 1, "{all:?}: {err}");
+    }
 }

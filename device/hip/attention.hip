@@ -1,1 +1,145 @@
-// (family being written)
+// Attention of the decode step: attn_prep (per-head RMSNorm + RoPE, KV append as fp16),
+// attn_chunk (one block per token, query head and STRATA_ATTN_CHUNK key positions) and
+// attn_merge (the chunks combined). Twin of device/src/kernels/attention.rs; spec in
+// gpu-shared/src/replica/attention.rs. Every name here is attn_-prefixed: all .hip sources
+// share one translation unit.
+#include "strata_hip.h"
+
+#define ATTN_WARPS (STRATA_ATTN_THREADS / 32)
+#define ATTN_PER_LANE (STRATA_ATTN_MAX_HD / 32)
+
+STRATA_FN float attn_ld_f32(const float* p, uint64_t i) { return __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(p + i))); }
+STRATA_FN float attn_ld_f16(const uint16_t* p, uint64_t i) { return f16_to_f32(ld_nc_u16((const uint8_t*)(p + i))); }
+STRATA_FN float attn_neg_inf() { return __builtin_bit_cast(float, 0xff800000u); }
+
+// One head row and its norm weight, with the row's RMSNorm scale.
+struct AttnNormed {
+  const float* x;
+  const float* w;
+  float scale;
+
+  // y[j], recomputed wherever a lane needs it (its own value and its RoPE partner).
+  __device__ __forceinline__ float y(uint32_t j) const { return (attn_ld_f32(x, j) * scale) * attn_ld_f32(w, j); }
+
+  // Output d after NEOX RoPE over the first n_rot values; rope: the position's (cos, sin) pairs.
+  __device__ __forceinline__ float roped(const float* rope, uint32_t n_rot, uint32_t d) const {
+    uint32_t half = n_rot / 2;
+    if (d < half) {
+      float c = attn_ld_f32(rope, 2 * d), s = attn_ld_f32(rope, 2 * d + 1);
+      return y(d) * c - y(d + half) * s;
+    }
+    if (d < n_rot) {
+      uint32_t i = d - half;
+      float c = attn_ld_f32(rope, 2 * i), s = attn_ld_f32(rope, 2 * i + 1);
+      return y(i) * s + y(d) * c;
+    }
+    return y(d);
+  }
+};
+
+// The row's RMSNorm scale (warp_rms_scale of norm.hip, the norm family's spec). Every lane of
+// the warp must call it.
+STRATA_FN AttnNormed attn_normed(const float* x, const float* w, uint32_t hd, float eps) {
+  return AttnNormed{x, w, warp_rms_scale(x, hd, eps)};
+}
+
+STRATA_KERNEL(attn_prep)(const float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const float* rope,
+                         uint32_t tokens, uint32_t n_q, uint32_t n_kv, uint32_t hd, uint32_t n_rot, uint32_t pos0, float eps, float* q_out,
+                         uint16_t* k_cache, uint16_t* v_cache) {
+  uint32_t heads = n_q + 2 * n_kv;
+  uint32_t r = block_idx() * STRATA_ATTN_PREP_WARPS + warp_in_block();
+  if (r >= tokens * heads) return;  // the whole warp (the kernel has no block barrier)
+  uint32_t t = r / heads, h = r % heads;
+  uint64_t pos = pos0 + t;
+  if (h >= n_q + n_kv) {
+    uint64_t g = h - n_q - n_kv;
+    const float* src = v + ((uint64_t)t * n_kv + g) * hd;
+    uint16_t* dst = v_cache + (pos * n_kv + g) * hd;
+    for (uint32_t d = lane(); d < hd; d += 32) dst[d] = f32_to_f16(attn_ld_f32(src, d));
+    return;
+  }
+  const float* pos_rope = rope + pos * n_rot;
+  if (h < n_q) {
+    uint64_t at = ((uint64_t)t * n_q + h) * hd;
+    AttnNormed row = attn_normed(q + at, q_norm, hd, eps);
+    for (uint32_t d = lane(); d < hd; d += 32) q_out[at + d] = row.roped(pos_rope, n_rot, d);
+  } else {
+    uint64_t g = h - n_q;
+    AttnNormed row = attn_normed(k + ((uint64_t)t * n_kv + g) * hd, k_norm, hd, eps);
+    uint16_t* dst = k_cache + (pos * n_kv + g) * hd;
+    for (uint32_t d = lane(); d < hd; d += 32) dst[d] = f32_to_f16(row.roped(pos_rope, n_rot, d));
+  }
+}
+
+// Block (t, h, c) = (t * n_q + h) * n_chunks + c. Warp w scores keys w, w + 8, ... of the chunk
+// into shared memory; the maximum from the warps' running maxima; thread i turns score i into
+// its softmax term; thread d < hd sums p_j * v_j[d] and p_j in key order.
+STRATA_KERNEL(attn_chunk)(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q, uint32_t n_kv,
+                          uint32_t hd, uint32_t pos0, float scale, uint32_t n_chunks, float* part) {
+  uint32_t b = block_idx();
+  if (b >= tokens * n_q * n_chunks) return;  // the whole block
+  uint32_t th = b / n_chunks, c = b % n_chunks;
+  uint32_t t = th / n_q, h = th % n_q;
+  uint32_t len = pos0 + t + 1, start = c * STRATA_ATTN_CHUNK;
+  if (start >= len) return;  // the whole block: this token sees fewer chunks
+  uint32_t n = len - start < STRATA_ATTN_CHUNK ? len - start : STRATA_ATTN_CHUNK;
+  uint64_t g = h / (n_q / n_kv), stride = (uint64_t)n_kv * hd;
+  uint32_t l = lane(), w = warp_in_block(), tid = thread_idx(), per_lane = hd / 32;
+  const float* qh = q + (uint64_t)th * hd;
+  float qr[ATTN_PER_LANE];
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_PER_LANE; i++) qr[i] = i < per_lane ? attn_ld_f32(qh, l + 32 * i) : 0.0f;
+  const uint16_t* keys = k_cache + start * stride + g * hd;
+  float warp_max = attn_neg_inf();
+  for (uint32_t j = w; j < n; j += ATTN_WARPS) {
+    const uint16_t* key = keys + j * stride;
+    float acc = 0.0f;
+#pragma unroll
+    for (uint32_t i = 0; i < ATTN_PER_LANE; i++)
+      if (i < per_lane) acc = acc + qr[i] * attn_ld_f16(key, l + 32 * i);
+    float s = scale * warp_sum_f32(acc);
+    if (l == 0) strata_smem[j] = __builtin_bit_cast(uint32_t, s);
+    warp_max = max_f32(warp_max, s);
+  }
+  if (l == 0) strata_smem[STRATA_ATTN_CHUNK + w] = __builtin_bit_cast(uint32_t, warp_max);
+  sync_threads();
+  float m = attn_neg_inf();
+  for (uint32_t i = 0; i < ATTN_WARPS; i++) m = max_f32(m, __builtin_bit_cast(float, strata_smem[STRATA_ATTN_CHUNK + i]));
+  if (tid < n) strata_smem[tid] = __builtin_bit_cast(uint32_t, exp_neg(__builtin_bit_cast(float, strata_smem[tid]) - m));
+  sync_threads();
+  if (tid < hd) {
+    const uint16_t* values = v_cache + start * stride + g * hd + tid;
+    float lsum = 0.0f, o = 0.0f;
+    for (uint32_t j = 0; j < n; j++) {
+      float p = __builtin_bit_cast(float, strata_smem[j]);
+      lsum = lsum + p;
+      o = o + p * attn_ld_f16(values, j * stride);
+    }
+    float* out = part + (uint64_t)b * (hd + 2);
+    out[2 + tid] = o;
+    if (tid == 0) {
+      out[0] = m;
+      out[1] = lsum;
+    }
+  }
+}
+
+// Block (t, h), thread d < hd: the token's ceil((pos0 + t + 1) / STRATA_ATTN_CHUNK) parts
+// combined; every thread folds the maxima and L alike.
+STRATA_KERNEL(attn_merge)(const float* part, uint32_t tokens, uint32_t n_q, uint32_t hd, uint32_t pos0, uint32_t n_chunks, float* out) {
+  uint32_t th = block_idx(), d = thread_idx();
+  if (th >= tokens * n_q || d >= hd) return;  // no barrier below
+  uint32_t nc = (pos0 + th / n_q + 1 + STRATA_ATTN_CHUNK - 1) / STRATA_ATTN_CHUNK;
+  uint64_t stride = (uint64_t)hd + 2;
+  const float* parts = part + (uint64_t)th * n_chunks * stride;
+  float big_m = attn_neg_inf();
+  for (uint32_t c = 0; c < nc; c++) big_m = max_f32(big_m, attn_ld_f32(parts, c * stride));
+  float big_l = 0.0f, big_o = 0.0f;
+  for (uint32_t c = 0; c < nc; c++) {
+    const float* pc = parts + c * stride;
+    float f = exp_neg(attn_ld_f32(pc, 0) - big_m);
+    big_l = big_l + attn_ld_f32(pc, 1) * f;
+    big_o = big_o + attn_ld_f32(pc, 2 + d) * f;
+  }
+  out[(uint64_t)th * hd + d] = big_o / big_l;
+}

@@ -26,13 +26,19 @@ STRATA_FN void keep_better(Best& b, float v, uint32_t i) {
 
 STRATA_FN float ld_f32(const float* p, uint64_t i) { return __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(p + i))); }
 
-// The block's best candidate, valid in thread 0.
-STRATA_FN Best block_best(Best b) {
+// The warp's best candidate, the same in every lane.
+STRATA_FN Best warp_best(Best b) {
   for (uint32_t o = 16; o > 0; o >>= 1) {
     float v = shfl_xor_f32(b.v, o);
     uint32_t i = shfl_xor_u32(b.i, o);
     keep_better(b, v, i);
   }
+  return b;
+}
+
+// The block's best candidate, valid in thread 0 (shared words 0 .. 2 * HEAD_WARPS).
+STRATA_FN Best block_best(Best b) {
+  b = warp_best(b);
   uint32_t w = warp_in_block();
   if (lane() == 0) {
     strata_smem[2 * w] = __builtin_bit_cast(uint32_t, b.v);

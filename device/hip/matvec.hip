@@ -1,8 +1,9 @@
-// matvec_f32 / matvec_bf16: float weights times 1..8 f32 activation rows. Twin of
+// matvec_f32 / matvec_bf16 / matvec_f16: float weights times 1..8 f32 activation rows. Twin of
 // device/src/kernels/matvec.rs: one warp per weight row, lane l takes elements l, l+32, ...,
 // one partial per activation row (product rounded, then added), then the warp butterfly.
 #include "strata_hip.h"
 
+// Float element types, widened to f32 exactly (also the rows of embed_rows_f32/f16/bf16).
 struct F32W {
   static constexpr uint32_t BYTES = 4;
   STRATA_FN float get(const uint8_t* row, uint32_t j) { return __builtin_bit_cast(float, ld_nc_u32(row + 4 * (uint64_t)j)); }
@@ -13,6 +14,11 @@ struct Bf16W {
   STRATA_FN float get(const uint8_t* row, uint32_t j) {
     return __builtin_bit_cast(float, (uint32_t)ld_nc_u16(row + 2 * (uint64_t)j) << 16);
   }
+};
+
+struct F16W {
+  static constexpr uint32_t BYTES = 2;
+  STRATA_FN float get(const uint8_t* row, uint32_t j) { return f16_to_f32(ld_nc_u16(row + 2 * (uint64_t)j)); }
 };
 
 template <typename W>
@@ -49,4 +55,8 @@ STRATA_KERNEL(matvec_f32)(const uint8_t* w, const float* x, float* y, uint32_t m
 
 STRATA_KERNEL(matvec_bf16)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows) {
   matvec<Bf16W>(w, x, y, m, k, rows);
+}
+
+STRATA_KERNEL(matvec_f16)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows) {
+  matvec<F16W>(w, x, y, m, k, rows);
 }

@@ -341,20 +341,22 @@ pub const LAYOUT_CONSTANTS: &[(&str, usize)] = &[
     ("IQ3_S_OFF_SCALES", iq3_s::OFF_SCALES),
 ];
 
-/// Float weight formats of the float matvec (router-sized matrices stay in float).
+/// Float weight formats of the float matvec (router-sized matrices stay in float) and of float
+/// embedding tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FloatFormat {
     F32,
     Bf16,
+    F16,
 }
 
 impl FloatFormat {
-    pub const ALL: [FloatFormat; 2] = [FloatFormat::F32, FloatFormat::Bf16];
+    pub const ALL: [FloatFormat; 3] = [FloatFormat::F32, FloatFormat::Bf16, FloatFormat::F16];
 
     pub const fn bytes(self) -> usize {
         match self {
             FloatFormat::F32 => 4,
-            FloatFormat::Bf16 => 2,
+            FloatFormat::Bf16 | FloatFormat::F16 => 2,
         }
     }
 
@@ -362,6 +364,7 @@ impl FloatFormat {
         match self {
             FloatFormat::F32 => "F32",
             FloatFormat::Bf16 => "BF16",
+            FloatFormat::F16 => "F16",
         }
     }
 
@@ -369,6 +372,7 @@ impl FloatFormat {
         match self {
             FloatFormat::F32 => "matvec_f32",
             FloatFormat::Bf16 => "matvec_bf16",
+            FloatFormat::F16 => "matvec_f16",
         }
     }
 
@@ -377,6 +381,7 @@ impl FloatFormat {
         match self {
             FloatFormat::F32 => f32::from_le_bytes([row[4 * j], row[4 * j + 1], row[4 * j + 2], row[4 * j + 3]]),
             FloatFormat::Bf16 => f32::from_bits((u16::from_le_bytes([row[2 * j], row[2 * j + 1]]) as u32) << 16),
+            FloatFormat::F16 => crate::f16::f16_to_f32(u16::from_le_bytes([row[2 * j], row[2 * j + 1]])),
         }
     }
 }

@@ -20,7 +20,7 @@ impl CpuBackend {
 
     /// Runs `f(chunk_index, chunk)` over `out` split into contiguous chunks of whole `unit`s,
     /// one chunk per thread.
-    fn par_chunks<T: Send>(&self, out: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    pub(crate) fn par_chunks<T: Send>(&self, out: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync) {
         let units = out.len() / unit;
         let per = units.div_ceil(self.threads).max(1) * unit;
         std::thread::scope(|s| {

@@ -21,6 +21,16 @@ pub enum Error {
     /// No usable GPU (no driver library, no device, or too old).
     #[error("{backend}: no usable GPU: {reason}")]
     NoGpu { backend: &'static str, reason: String },
+    /// A model file that cannot be decoded: what is wrong, naming the file and the tensor or key.
+    #[error("{}: {}{detail}", file.display(), what.as_deref().map(|w| format!("{w}: ")).unwrap_or_default())]
+    Model { file: std::path::PathBuf, what: Option<String>, detail: String },
+    /// The file is not a valid GGUF file.
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
+    /// A request the engine cannot serve (a prompt longer than the context, a context larger
+    /// than the device memory, ...).
+    #[error("{0}")]
+    Request(String),
     /// Loading a backend's device code failed.
     #[error("{backend}: {what}: {detail}")]
     Setup { backend: &'static str, what: String, detail: String },

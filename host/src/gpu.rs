@@ -17,7 +17,8 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::knobs::{ExpertKnobs, Launch};
-use strata_gpu_shared::launch::{bounds, BOUNDS, HEAD_CHUNK, MMVQ_WARPS, QUANTIZE_WARPS};
+use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
+use strata_gpu_shared::launch::{bounds, BOUNDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -93,6 +94,27 @@ impl Guard for f32 {
     fn is_guard(&self) -> bool {
         self.to_bits() == Self::GUARD.to_bits()
     }
+}
+
+/// Checks that a device buffer of `have` elements holds the `need` a launch reads or writes.
+/// Typed launchers take buffers at least that long: the decode step sizes its buffers for its
+/// largest window, and parity's outputs carry guard elements.
+pub(crate) fn holds(kernel: &'static str, what: &str, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(Error::Shape { kernel, detail: format!("{what} buffer holds {have} elements, {need} needed") });
+    }
+    Ok(())
+}
+
+/// Checks a matvec's weight rows (1..=u32::MAX) and activation rows (1..=`MMVQ_MAX_ROWS`).
+fn check_rows(kernel: &'static str, m: usize, rows: usize) -> Result<()> {
+    if m == 0 || m > u32::MAX as usize {
+        return Err(Error::Shape { kernel, detail: format!("{m} weight rows") });
+    }
+    if !(1..=MMVQ_MAX_ROWS).contains(&rows) {
+        return Err(Error::Shape { kernel, detail: format!("{rows} activation rows, supported 1..={MMVQ_MAX_ROWS}") });
+    }
+    Ok(())
 }
 
 /// Whether grids are padded (`grid_pad`): `STRATA_GRID_PAD=0` never, `=1` on every device,
@@ -288,13 +310,101 @@ impl GpuBackend {
 
     /// As [`Self::run`] with the dynamic shared memory given.
     pub(crate) fn run_smem(&self, kernel: &'static str, blocks: u32, smem: u32, args: LaunchArgs) -> Result<()> {
-        let threads = bounds(kernel).expect("every launched kernel is in BOUNDS").threads;
-        let blocks = self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots));
         // SAFETY: every caller pushes exactly the parameters the kernel declares, device
         // buffers sized by the shape checks in `backend` and the shared memory its shape needs;
         // every kernel returns at once in blocks past its real work, so a padded grid is covered.
-        unsafe { self.launch_async_smem(kernel, blocks, smem, args) }?;
+        unsafe { self.launch_async_smem(kernel, self.padded_grid(kernel, blocks), smem, args) }?;
+        self.synchronize(kernel)
+    }
+
+    /// `blocks` of `kernel`, padded by `grid_pad` when this backend pads its grids.
+    pub(crate) fn padded_grid(&self, kernel: &'static str, blocks: u32) -> u32 {
+        let threads = bounds(kernel).expect("every launched kernel is in BOUNDS").threads;
+        self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots))
+    }
+
+    /// Waits for the queued work, reporting a failure against `kernel`.
+    pub(crate) fn synchronize(&self, kernel: &str) -> Result<()> {
         self.stream.synchronize().map_err(self.driver_err(kernel, "execution"))
+    }
+
+    /// Queues `quantize_q8_1` of the first `values` floats of `x` (a multiple of 32) into
+    /// `values / 32` q8_1 blocks of `out`. Buffers may be longer than needed.
+    pub fn quantize_q8_1_queue(&self, x: &CudaSlice<f32>, out: &mut CudaSlice<u8>, values: usize) -> Result<()> {
+        let kernel = "quantize_q8_1";
+        if values % GROUP != 0 || values / GROUP > u32::MAX as usize {
+            return Err(Error::Shape { kernel, detail: format!("{values} values are not whole {GROUP}-value groups of one launch") });
+        }
+        let groups = values / GROUP;
+        holds(kernel, "input", x.len(), values)?;
+        holds(kernel, "output", out.len(), groups * q8_1::BYTES)?;
+        if groups == 0 {
+            return Ok(());
+        }
+        let groups = groups as u32;
+        let mut a = self.builder(kernel);
+        a.arg(x).arg(out).arg(&groups);
+        // SAFETY: the kernel's parameters in order, buffers checked to hold `groups` groups;
+        // blocks past the last group return at once, so a padded grid is covered.
+        unsafe { self.launch_async(kernel, self.padded_grid(kernel, groups.div_ceil(QUANTIZE_WARPS)), a) }
+    }
+
+    /// Queues `mmvq` of `m` x `k` weights of `format` times `rows` (1..=8) q8_1 rows of `k`
+    /// values into `y[r * m + i]`. Buffers may be longer than needed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mmvq_queue(
+        &self,
+        w: &CudaSlice<u8>,
+        format: WeightFormat,
+        m: usize,
+        k: usize,
+        xq: &CudaSlice<u8>,
+        rows: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let kernel = format.mmvq_kernel();
+        if k == 0 || k % format.block_values() != 0 || k > u32::MAX as usize {
+            return Err(Error::Shape { kernel, detail: format!("row length {k} is not a positive multiple of {} in u32", format.block_values()) });
+        }
+        check_rows(kernel, m, rows)?;
+        let groups = k / GROUP;
+        holds(kernel, "weights", w.len(), m.saturating_mul(format.row_bytes(k)))?;
+        holds(kernel, "q8_1 input", xq.len(), rows * groups * q8_1::BYTES)?;
+        holds(kernel, "output", y.len(), rows * m)?;
+        let (m, groups, rows) = (m as u32, groups as u32, rows as u32);
+        let mut a = self.builder(kernel);
+        a.arg(w).arg(xq).arg(y).arg(&m).arg(&groups).arg(&rows);
+        // SAFETY: the kernel's parameters in order, buffers checked against the shape; warps
+        // past the last weight row return at once, so a padded grid is covered.
+        unsafe { self.launch_async(kernel, self.padded_grid(kernel, m.div_ceil(MMVQ_WARPS)), a) }
+    }
+
+    /// Queues the float `matvec` of `m` x `k` weights of `format` times `rows` (1..=8) f32 rows of
+    /// `k` values into `y[r * m + i]`. Buffers may be longer than needed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_queue(
+        &self,
+        w: &CudaSlice<u8>,
+        format: FloatFormat,
+        m: usize,
+        k: usize,
+        x: &CudaSlice<f32>,
+        rows: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let kernel = format.matvec_kernel();
+        if k == 0 || k > u32::MAX as usize {
+            return Err(Error::Shape { kernel, detail: format!("row length {k} is not in 1..=u32::MAX") });
+        }
+        check_rows(kernel, m, rows)?;
+        holds(kernel, "weights", w.len(), m.saturating_mul(k).saturating_mul(format.bytes()))?;
+        holds(kernel, "input", x.len(), rows * k)?;
+        holds(kernel, "output", y.len(), rows * m)?;
+        let (m, k, rows) = (m as u32, k as u32, rows as u32);
+        let mut a = self.builder(kernel);
+        a.arg(w).arg(x).arg(y).arg(&m).arg(&k).arg(&rows);
+        // SAFETY: as `mmvq_queue`.
+        unsafe { self.launch_async(kernel, self.padded_grid(kernel, m.div_ceil(MMVQ_WARPS)), a) }
     }
 
     /// An output buffer: the caller's current contents (its poison), then guard elements.
@@ -416,47 +526,41 @@ impl Backend for GpuBackend {
 
     fn quantize_q8_1(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         let kernel = "quantize_q8_1";
-        let groups = check_quantize(x, out)? as u32;
-        if groups == 0 {
+        if check_quantize(x, out)? == 0 {
             return Ok(());
         }
         let dx = self.upload(kernel, x)?;
         let mut dout = self.upload_out(kernel, out)?;
-        let mut args = self.builder(kernel);
-        args.arg(&dx).arg(&mut dout).arg(&groups);
-        self.run(kernel, groups.div_ceil(QUANTIZE_WARPS), args)?;
+        self.quantize_q8_1_queue(&dx, &mut dout, x.len())?;
+        self.synchronize(kernel)?;
         self.download_out(kernel, &dout, out)
     }
 
     fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, y: &mut [f32]) -> Result<()> {
         let kernel = w.format.mmvq_kernel();
-        let groups = check_mmvq(w, xq, rows, y)? as u32;
-        let (m, rows) = (w.m as u32, rows as u32);
+        check_mmvq(w, xq, rows, y)?;
         let dw = self.upload(kernel, w.data)?;
         let dx = self.upload(kernel, xq)?;
         let mut dy = self.upload_out(kernel, y)?;
-        let mut args = self.builder(kernel);
-        args.arg(&dw).arg(&dx).arg(&mut dy).arg(&m).arg(&groups).arg(&rows);
-        self.run(kernel, m.div_ceil(MMVQ_WARPS), args)?;
+        self.mmvq_queue(&dw, w.format, w.m, w.k, &dx, rows, &mut dy)?;
+        self.synchronize(kernel)?;
         self.download_out(kernel, &dy, y)
     }
 
     fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()> {
         let kernel = w.format.matvec_kernel();
         check_matvec(w, x, rows, y)?;
-        let (m, k, rows) = (w.m as u32, w.k as u32, rows as u32);
         let dw = self.upload(kernel, w.data)?;
         let dx = self.upload(kernel, x)?;
         let mut dy = self.upload_out(kernel, y)?;
-        let mut args = self.builder(kernel);
-        args.arg(&dw).arg(&dx).arg(&mut dy).arg(&m).arg(&k).arg(&rows);
-        self.run(kernel, m.div_ceil(MMVQ_WARPS), args)?;
+        self.matvec_queue(&dw, w.format, w.m, w.k, &dx, rows, &mut dy)?;
+        self.synchronize(kernel)?;
         self.download_out(kernel, &dy, y)
     }
 
     fn argmax_rows(&self, x: &[f32], n: usize, variant: Variant, idx: &mut [u32], all_nan: &mut [u32]) -> Result<()> {
         let rows = check_head("argmax_rows", x, n, &[idx.len(), all_nan.len()])? as u32;
-        let (n32, chunks) = (n as u32, n.div_ceil(HEAD_CHUNK) as u32);
+        let n32 = n as u32;
         let dx = self.upload("argmax_rows", x)?;
         let mut di = self.upload_out("argmax_rows", idx)?;
         let mut df = self.upload_out("argmax_rows", all_nan)?;
@@ -467,14 +571,9 @@ impl Backend for GpuBackend {
                 self.run("argmax_rows_ref", rows, a)?;
             }
             Variant::Fast => {
-                let mut pv = self.scratch::<f32>("argmax_rows_split", (rows * chunks) as usize)?;
-                let mut pi = self.scratch::<u32>("argmax_rows_split", (rows * chunks) as usize)?;
-                let mut a = self.builder("argmax_rows_split");
-                a.arg(&dx).arg(&n32).arg(&rows).arg(&chunks).arg(&mut pv).arg(&mut pi);
-                self.run("argmax_rows_split", rows * chunks, a)?;
-                let mut a = self.builder("argmax_rows_final");
-                a.arg(&pv).arg(&pi).arg(&rows).arg(&chunks).arg(&mut di).arg(&mut df);
-                self.run("argmax_rows_final", rows, a)?;
+                let mut scratch = self.argmax_scratch(rows as usize, n)?;
+                self.argmax_rows_queue(&dx, rows as usize, n, &mut scratch, &mut di, &mut df)?;
+                self.stream.synchronize().map_err(self.driver_err("argmax_rows", "execution"))?;
             }
         }
         self.download_out("argmax_rows", &di, idx)?;

@@ -13,6 +13,7 @@
 //! | [`gguf`] | GGUF reader (validating, memory-mapped) and writer |
 //! | [`mapped`] | pinned device-mapped host memory, `copy_from_mapped_multi` |
 //! | [`parity`] | random cases, cross-backend `memcmp`, NMSE against float64 |
+//! | [`tokenizer`] | text to token ids and back, from a GGUF file's `tokenizer.ggml.*` vocabulary |
 
 pub mod backend;
 pub mod bench;
@@ -27,6 +28,9 @@ pub mod model;
 pub mod ops;
 pub mod parity;
 pub mod reference;
+pub mod step;
+pub mod generate;
+pub mod tokenizer;
 
 pub use backend::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Variant, Weights};
 pub use error::{Error, Result};

@@ -202,7 +202,7 @@ fn run_f32(
 }
 
 /// Records how many elements a run left unwritten (`left[i]` true), and the first.
-fn note_unwritten(unwritten: &mut Vec<(String, usize, usize)>, name: &str, left: impl Iterator<Item = bool>) {
+pub(crate) fn note_unwritten(unwritten: &mut Vec<(String, usize, usize)>, name: &str, left: impl Iterator<Item = bool>) {
     let bad: Vec<usize> = left.enumerate().filter(|p| p.1).map(|p| p.0).collect();
     if let Some(&first) = bad.first() {
         unwritten.push((name.to_string(), bad.len(), first));
@@ -240,6 +240,7 @@ pub fn matvec_case(backends: &[&dyn Backend], format: FloatFormat, m: usize, k: 
             match format {
                 FloatFormat::F32 => v.to_le_bytes().to_vec(),
                 FloatFormat::Bf16 => ((v.to_bits() >> 16) as u16).to_le_bytes().to_vec(),
+                FloatFormat::F16 => f32_to_f16(v).to_le_bytes().to_vec(),
             }
         })
         .collect();
@@ -327,7 +328,7 @@ fn variants<'a>(backends: &[&'a dyn Backend]) -> Vec<(&'a dyn Backend, Variant, 
 }
 
 /// Compares per-variant outputs (first = reference) element by element, as `u32` bit patterns.
-fn compare_bits(outs: &[(String, Vec<u32>)], describe: impl Fn(usize, u32) -> String) -> Option<Mismatch> {
+pub(crate) fn compare_bits(outs: &[(String, Vec<u32>)], describe: impl Fn(usize, u32) -> String) -> Option<Mismatch> {
     let (_, want) = &outs[0];
     outs[1..].iter().find_map(|(name, got)| {
         got.iter().zip(want).position(|(a, b)| a != b).map(|i| Mismatch {

@@ -53,6 +53,17 @@ pub fn float_matvec_f64(w: &crate::backend::FloatWeights, x: &[f32], rows: usize
     y
 }
 
+/// RMSNorm in float64 over rows of `n`: `x[j] / sqrt(mean(x^2) + eps) * w[j]`.
+pub fn rms_norm_f64(x: &[f32], w: &[f32], n: usize, eps: f32) -> Vec<f64> {
+    x.chunks_exact(n)
+        .flat_map(|row| {
+            let mean = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
+            let scale = 1.0 / (mean + eps as f64).sqrt();
+            row.iter().zip(w).map(move |(&v, &wj)| v as f64 * scale * wj as f64)
+        })
+        .collect()
+}
+
 /// `sum (got - want)^2 / sum want^2`; 0 when both are all zero, infinite when `got` holds a NaN
 /// or differs from an all-zero reference.
 pub fn nmse(got: &[f32], want: &[f64]) -> f64 {

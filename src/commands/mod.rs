@@ -1,6 +1,9 @@
 //! The CLI's subcommands, one per file. Each has clap `Args` and a `run` returning the exit code.
 pub mod bench;
+pub mod decode;
 pub mod dump;
 pub mod file_info;
 pub mod info;
+pub mod knobs;
 pub mod parity;
+pub mod synth;

@@ -1,1 +1,261 @@
-//! (family being written)
+//! Attention of the decode step over a window of tokens at absolute positions `pos0 ..`:
+//! `attn_prep` (per-head RMSNorm + RoPE of q and k, k and v appended to the fp16 cache),
+//! `attn_chunk` (one block per token, query head and `ATTN_CHUNK` key positions: the chunk's
+//! max, softmax sum and weighted values) and `attn_merge` (one block per token and query head:
+//! the chunks combined). Chunks start at absolute multiples of `ATTN_CHUNK` and every sum runs
+//! in position order, so a token's result does not depend on its window. Spec:
+//! `strata_gpu_shared::replica::attention` (module doc).
+use crate::arch::mem::Smem;
+use crate::arch::{convert, index, mem, sync, warp};
+use strata_gpu_shared::launch::attention::{ATTN_CHUNK, ATTN_PREP_WARPS, ATTN_THREADS};
+use strata_gpu_shared::math::exp_neg;
+
+const WARPS: u32 = ATTN_THREADS / 32;
+
+#[inline(always)]
+unsafe fn ld_f32(p: *const f32, i: usize) -> f32 {
+    f32::from_bits(mem::ld_nc_u32(p.add(i) as *const u8))
+}
+
+#[inline(always)]
+unsafe fn ld_f16(p: *const u16, i: usize) -> f32 {
+    convert::f16_to_f32(mem::ld_nc_u16(p.add(i) as *const u8))
+}
+
+/// One head row and its norm weight, with the row's RMSNorm scale.
+#[derive(Clone, Copy)]
+struct Normed {
+    x: *const f32,
+    w: *const f32,
+    scale: f32,
+}
+
+impl Normed {
+    /// The row's RMSNorm scale (`norm::warp_rms_scale`, the norm family's spec). Every lane of
+    /// the warp must call it.
+    #[inline(always)]
+    unsafe fn new(x: *const f32, w: *const f32, hd: u32, eps: f32) -> Normed {
+        Normed { x, w, scale: super::norm::warp_rms_scale(x, hd, eps) }
+    }
+
+    /// `y[j]`: recomputed wherever a lane needs it (its own value and its RoPE partner), the
+    /// same bits each time, so no lane has to hand values to another.
+    #[inline(always)]
+    unsafe fn y(self, j: u32) -> f32 {
+        (ld_f32(self.x, j as usize) * self.scale) * ld_f32(self.w, j as usize)
+    }
+
+    /// Output `d` after NEOX RoPE over the first `n_rot` values; `rope` is the position's
+    /// (cos, sin) pairs.
+    #[inline(always)]
+    unsafe fn roped(self, rope: *const f32, n_rot: u32, d: u32) -> f32 {
+        let half = n_rot / 2;
+        if d < half {
+            let (c, s) = (ld_f32(rope, 2 * d as usize), ld_f32(rope, 2 * d as usize + 1));
+            self.y(d) * c - self.y(d + half) * s
+        } else if d < n_rot {
+            let i = d - half;
+            let (c, s) = (ld_f32(rope, 2 * i as usize), ld_f32(rope, 2 * i as usize + 1));
+            self.y(i) * s + self.y(d) * c
+        } else {
+            self.y(d)
+        }
+    }
+}
+
+/// One warp per head row `r` of the window: `t = r / (n_q + 2 n_kv)`; of each token's rows the
+/// first `n_q` are query heads (normed, roped, into `q_out`), the next `n_kv` key heads (normed,
+/// roped, fp16 into `k_cache` at position `pos0 + t`), the last `n_kv` value heads (fp16 into
+/// `v_cache`).
+///
+/// # Safety
+/// `q`, `q_out`: `tokens * n_q * hd` f32; `k`, `v`: `tokens * n_kv * hd` f32; `q_norm`,
+/// `k_norm`: `hd` f32; `rope`: `(pos0 + tokens) * n_rot` f32; the caches: `(pos0 + tokens) *
+/// n_kv * hd` u16; `hd` a multiple of 32, `n_rot` even and at most `hd`; outputs do not overlap
+/// inputs.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn attn_prep(
+    q: *const f32,
+    k: *const f32,
+    v: *const f32,
+    q_norm: *const f32,
+    k_norm: *const f32,
+    rope: *const f32,
+    tokens: u32,
+    n_q: u32,
+    n_kv: u32,
+    hd: u32,
+    n_rot: u32,
+    pos0: u32,
+    eps: f32,
+    q_out: *mut f32,
+    k_cache: *mut u16,
+    v_cache: *mut u16,
+) {
+    let heads = n_q + 2 * n_kv;
+    let r = index::block_idx() * ATTN_PREP_WARPS + index::warp_in_block();
+    if r >= tokens * heads {
+        return; // the whole warp (the kernel has no block barrier)
+    }
+    let (t, h) = (r / heads, r % heads);
+    let pos = (pos0 + t) as usize;
+    let (hdu, lane) = (hd as usize, index::lane());
+    if h >= n_q + n_kv {
+        let g = (h - n_q - n_kv) as usize;
+        let (src, dst) = (v.add((t as usize * n_kv as usize + g) * hdu), v_cache.add((pos * n_kv as usize + g) * hdu));
+        let mut d = lane;
+        while d < hd {
+            mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(ld_f32(src, d as usize)));
+            d += 32;
+        }
+        return;
+    }
+    let pos_rope = rope.add(pos * n_rot as usize);
+    if h < n_q {
+        let at = (t as usize * n_q as usize + h as usize) * hdu;
+        let row = Normed::new(q.add(at), q_norm, hd, eps);
+        let mut d = lane;
+        while d < hd {
+            mem::st_f32(q_out.add(at + d as usize), row.roped(pos_rope, n_rot, d));
+            d += 32;
+        }
+    } else {
+        let g = (h - n_q) as usize;
+        let row = Normed::new(k.add((t as usize * n_kv as usize + g) * hdu), k_norm, hd, eps);
+        let dst = k_cache.add((pos * n_kv as usize + g) * hdu);
+        let mut d = lane;
+        while d < hd {
+            mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(row.roped(pos_rope, n_rot, d)));
+            d += 32;
+        }
+    }
+}
+
+/// One block per (token `t`, query head `h`, chunk `c`), block index `(t * n_q + h) * n_chunks
+/// + c`. Warp `w` scores keys `w, w + 8, ...` of the chunk (lane `p` keeps the query values
+/// `p, p + 32, ...` in registers; the butterfly sums the 32 partials) into shared memory; the
+/// maximum from the warps' running maxima; thread `i` turns score `i` into its softmax term;
+/// then thread `d < hd` sums `p_j * v_j[d]` and `p_j` over the chunk's keys in order (every
+/// such thread sums `l` alike; thread 0 writes it with `m`).
+///
+/// # Safety
+/// `q`: `tokens * n_q * hd` f32; the caches hold positions `0 ..= pos0 + tokens - 1` (`n_kv *
+/// hd` u16 each); `part`: `tokens * n_q * n_chunks * (hd + 2)` f32; `n_chunks >= ceil((pos0 +
+/// tokens) / ATTN_CHUNK)`; `hd` a multiple of 32, at most `ATTN_MAX_HD`; `n_q` a multiple of
+/// `n_kv`; `ATTN_CHUNK_SMEM_WORDS` words of shared memory.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn attn_chunk(
+    q: *const f32,
+    k_cache: *const u16,
+    v_cache: *const u16,
+    tokens: u32,
+    n_q: u32,
+    n_kv: u32,
+    hd: u32,
+    pos0: u32,
+    scale: f32,
+    n_chunks: u32,
+    part: *mut f32,
+) {
+    let b = index::block_idx();
+    if b >= tokens * n_q * n_chunks {
+        return; // the whole block
+    }
+    let (th, c) = (b / n_chunks, b % n_chunks);
+    let (t, h) = (th / n_q, th % n_q);
+    let (len, start) = (pos0 + t + 1, c * ATTN_CHUNK as u32);
+    if start >= len {
+        return; // the whole block: this token sees fewer chunks
+    }
+    let n = (len - start).min(ATTN_CHUNK as u32);
+    let g = (h / (n_q / n_kv)) as usize;
+    let (hdu, stride) = (hd as usize, n_kv as usize * hd as usize);
+    let (lane, w, tid) = (index::lane(), index::warp_in_block(), index::thread_idx());
+    let per_lane = hd / 32;
+    let qh = q.add(th as usize * hdu);
+    let mut qr = [0.0f32; 8];
+    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+        if (i as u32) < per_lane {
+            qr[i] = ld_f32(qh, lane as usize + 32 * i);
+        }
+    });
+    let smem = Smem::dynamic();
+    let keys = k_cache.add(start as usize * stride + g * hdu);
+    let mut warp_max = f32::NEG_INFINITY;
+    let mut j = w;
+    while j < n {
+        let key = keys.add(j as usize * stride);
+        let mut acc = 0.0f32;
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if (i as u32) < per_lane {
+                acc += qr[i] * ld_f16(key, lane as usize + 32 * i);
+            }
+        });
+        let s = scale * warp::warp_sum_f32(acc);
+        if lane == 0 {
+            smem.st_u32(j, s.to_bits());
+        }
+        warp_max = warp_max.max(s);
+        j += WARPS;
+    }
+    if lane == 0 {
+        smem.st_u32(ATTN_CHUNK as u32 + w, warp_max.to_bits());
+    }
+    sync::sync_threads();
+    let mut m = f32::NEG_INFINITY;
+    for i in 0..WARPS {
+        m = m.max(f32::from_bits(smem.ld_u32(ATTN_CHUNK as u32 + i)));
+    }
+    if tid < n {
+        smem.st_u32(tid, exp_neg(f32::from_bits(smem.ld_u32(tid)) - m).to_bits());
+    }
+    sync::sync_threads();
+    if tid < hd {
+        let values = v_cache.add(start as usize * stride + g * hdu + tid as usize);
+        let (mut l, mut o) = (0.0f32, 0.0f32);
+        for j in 0..n {
+            let p = f32::from_bits(smem.ld_u32(j));
+            l += p;
+            o += p * ld_f16(values, j as usize * stride);
+        }
+        let out = part.add(b as usize * (hdu + 2));
+        mem::st_f32(out.add(2 + tid as usize), o);
+        if tid == 0 {
+            mem::st_f32(out, m);
+            mem::st_f32(out.add(1), l);
+        }
+    }
+}
+
+/// One block per (token `t`, query head `h`), thread `d < hd`: the token's
+/// `ceil((pos0 + t + 1) / ATTN_CHUNK)` parts combined (every thread folds the maxima and `L`
+/// alike), `out[t][h * hd + d] = O / L`.
+///
+/// # Safety
+/// `part` as `attn_chunk` wrote it for the same `tokens, n_q, hd, pos0, n_chunks`; `out`:
+/// `tokens * n_q * hd` f32; `hd <= ATTN_THREADS`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q: u32, hd: u32, pos0: u32, n_chunks: u32, out: *mut f32) {
+    let th = index::block_idx();
+    let d = index::thread_idx();
+    if th >= tokens * n_q || d >= hd {
+        return; // no barrier below: threads leave one by one
+    }
+    let nc = (pos0 + th / n_q + 1).div_ceil(ATTN_CHUNK as u32);
+    let stride = hd as usize + 2;
+    let parts = part.add(th as usize * n_chunks as usize * stride);
+    let mut big_m = f32::NEG_INFINITY;
+    for c in 0..nc {
+        big_m = big_m.max(ld_f32(parts, c as usize * stride));
+    }
+    let (mut big_l, mut big_o) = (0.0f32, 0.0f32);
+    for c in 0..nc {
+        let pc = parts.add(c as usize * stride);
+        let f = exp_neg(ld_f32(pc, 0) - big_m);
+        big_l += ld_f32(pc, 1) * f;
+        big_o += ld_f32(pc, 2 + d as usize) * f;
+    }
+    mem::st_f32(out.add(th as usize * hd as usize + d as usize), big_o / big_l);
+}

@@ -10,7 +10,7 @@ use strata_gpu_shared::order::{argmax_better, top_prob_term, HEAD_THREADS};
 
 const WARPS: u32 = HEAD_THREADS as u32 / 32;
 /// Index of a "no element yet" candidate: loses to every real one (a NaN with the largest index).
-const NONE: u32 = u32::MAX;
+pub(crate) const NONE: u32 = u32::MAX;
 
 /// The (row, chunk) a split block covers: the row's logits and the chunk's element range, or
 /// `None` for a block past the real work (padded grids).
@@ -26,21 +26,21 @@ unsafe fn split_block(x: *const f32, n: u32, rows: u32, chunks: u32) -> Option<(
 }
 
 #[inline(always)]
-unsafe fn ld_f32(p: *const f32, i: usize) -> f32 {
+pub(crate) unsafe fn ld_f32(p: *const f32, i: usize) -> f32 {
     f32::from_bits(mem::ld_nc_u32(p.add(i) as *const u8))
 }
 
 /// Folds `(v, i)` into the running best.
 #[inline(always)]
-fn keep_better(best: &mut (f32, u32), v: f32, i: u32) {
+pub(crate) fn keep_better(best: &mut (f32, u32), v: f32, i: u32) {
     if argmax_better(v, i, best.0, best.1) {
         *best = (v, i);
     }
 }
 
-/// The block's best candidate, valid in thread 0. Every thread of the block must call it.
+/// The warp's best candidate, the same in every lane. Every lane of the warp must call it.
 #[inline(always)]
-unsafe fn block_best(mut best: (f32, u32)) -> (f32, u32) {
+pub(crate) fn warp_best(mut best: (f32, u32)) -> (f32, u32) {
     let mut o = 16;
     while o > 0 {
         let v = warp::shfl_xor_f32(best.0, o);
@@ -48,6 +48,14 @@ unsafe fn block_best(mut best: (f32, u32)) -> (f32, u32) {
         keep_better(&mut best, v, i);
         o >>= 1;
     }
+    best
+}
+
+/// The block's best candidate, valid in thread 0. Every thread of the block must call it; it
+/// uses shared words `0 .. 2 * WARPS`.
+#[inline(always)]
+pub(crate) unsafe fn block_best(best: (f32, u32)) -> (f32, u32) {
+    let mut best = warp_best(best);
     let smem = Smem::dynamic();
     let w = index::warp_in_block();
     if index::lane() == 0 {

@@ -1,19 +1,20 @@
-//! `matvec_f32` / `matvec_bf16`: float weights (router-sized matrices) times 1..8 f32 activation
-//! rows. One warp per weight row (`MMVQ_WARPS` per block); lane `l` takes elements `l, l + 32,
-//! ...` (consecutive lanes read consecutive elements, so every load is coalesced) and keeps one
-//! partial per activation row; the warp butterfly sums the partials. Spec:
+//! `matvec_f32` / `matvec_bf16` / `matvec_f16`: float weights (router-sized matrices) times 1..8
+//! f32 activation rows. One warp per weight row (`MMVQ_WARPS` per block); lane `l` takes elements
+//! `l, l + 32, ...` (consecutive lanes read consecutive elements, so every load is coalesced) and
+//! keeps one partial per activation row; the warp butterfly sums the partials. Spec:
 //! `strata_gpu_shared::order` (matvec).
-use crate::arch::{index, mem, warp};
+use crate::arch::{convert, index, mem, warp};
 use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MMVQ_WARPS};
 
-trait FloatWeight {
+/// A float element type, widened to f32 exactly (also the rows of `embed_rows_f32/f16/bf16`).
+pub(super) trait FloatWeight {
     /// # Safety
     /// `row` points at a row of at least `j + 1` elements in device memory, element-aligned.
     unsafe fn get(row: *const u8, j: u32) -> f32;
     const BYTES: usize;
 }
 
-struct F32;
+pub(super) struct F32;
 impl FloatWeight for F32 {
     const BYTES: usize = 4;
     #[inline(always)]
@@ -22,12 +23,21 @@ impl FloatWeight for F32 {
     }
 }
 
-struct Bf16;
+pub(super) struct Bf16;
 impl FloatWeight for Bf16 {
     const BYTES: usize = 2;
     #[inline(always)]
     unsafe fn get(row: *const u8, j: u32) -> f32 {
         f32::from_bits((mem::ld_nc_u16(row.add(2 * j as usize)) as u32) << 16)
+    }
+}
+
+pub(super) struct F16;
+impl FloatWeight for F16 {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn get(row: *const u8, j: u32) -> f32 {
+        convert::f16_to_f32(mem::ld_nc_u16(row.add(2 * j as usize)))
     }
 }
 
@@ -73,4 +83,13 @@ pub unsafe extern "ptx-kernel" fn matvec_f32(w: *const u8, x: *const f32, y: *mu
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn matvec_bf16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
     matvec::<Bf16>(w, x, y, m, k, rows)
+}
+
+/// f16 weights. Launch as [`matvec_f32`].
+///
+/// # Safety
+/// As `matvec`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn matvec_f16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+    matvec::<F16>(w, x, y, m, k, rows)
 }

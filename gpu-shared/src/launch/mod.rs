@@ -109,7 +109,7 @@ const fn mmvq(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8, smem_bytes: 0 }
 }
 
-const BASE: [Bounds; 45] = [
+const BASE: [Bounds; 46] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q6_k"),
@@ -123,6 +123,7 @@ const BASE: [Bounds; 45] = [
     mmvq("mmvq_q2_0"),
     mmvq("matvec_f32"),
     mmvq("matvec_bf16"),
+    mmvq("matvec_f16"),
     head("argmax_rows_ref"),
     head("argmax_rows_split"),
     head("argmax_rows_final"),

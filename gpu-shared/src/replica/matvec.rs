@@ -1,5 +1,5 @@
-//! Replica of `matvec_f32` / `matvec_bf16`: a float weight row times an f32 activation row (spec
-//! in [`crate::order`]).
+//! Replica of `matvec_f32` / `matvec_bf16` / `matvec_f16`: a float weight row times an f32
+//! activation row (spec in [`crate::order`]; f16 weights widen exactly, like bf16).
 use crate::formats::FloatFormat;
 use crate::order::{butterfly_sum, LANES};
 

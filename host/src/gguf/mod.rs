@@ -14,7 +14,7 @@ pub mod writer;
 pub use reader::{GgufError, GgufFile, TensorInfo};
 pub use types::GgmlType;
 pub use value::Value;
-pub use writer::GgufWriter;
+pub use writer::{GgufWriter, TensorDecl, TensorSink};
 
 /// `GGUF` read as a little-endian u32.
 pub const MAGIC: u32 = 0x4655_4747;

@@ -420,6 +420,11 @@ impl GgufFile {
         self.buf().len() as u64
     }
 
+    /// The whole file's bytes (tensor byte ranges were validated when it was opened).
+    pub fn bytes(&self) -> &[u8] {
+        self.buf()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

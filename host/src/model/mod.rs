@@ -7,7 +7,9 @@
 //! | [`synth`] | random-weight models of any shape, written as GGUF (`strata synth`, the built-in model) |
 //! | [`vocab`] | the synthetic GPT-2-style byte-level vocabulary synthetic models carry |
 pub mod config;
+pub mod qwen3moe;
 pub mod synth;
 pub mod vocab;
 
 pub use config::Qwen3MoeConfig;
+pub use qwen3moe::Qwen3Moe;

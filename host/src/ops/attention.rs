@@ -1,1 +1,631 @@
-//! (family being written)
+//! Attention of the decode step: [`AttentionOps`] (host slices, what parity runs) for the CPU
+//! replica and the GPU backends, the typed launchers on device buffers (`attn_prep_queue`,
+//! `attention_queue`), the RoPE table, and the parity cases ([`parity_cases`], and
+//! [`window_case`] for window invariance).
+use cudarc::driver::{CudaSlice, PushKernelArg};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::cpu::CpuBackend;
+use crate::error::{Error, Result};
+use crate::gpu::GpuBackend;
+use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, POISON_F32};
+use crate::reference::nmse;
+use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
+use strata_gpu_shared::launch::attention::{attn_chunks, ATTN_MAX_HD, ATTN_PREP_WARPS};
+use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
+
+const PREP: &str = "attn_prep";
+const CHUNK: &str = "attn_chunk";
+const MERGE: &str = "attn_merge";
+/// Grid blocks one launch may take.
+const MAX_BLOCKS: usize = i32::MAX as usize / 2;
+
+/// fp16 poison for cache positions a test expects written: a signalling NaN, which no fp16
+/// rounding produces (a NaN input rounds to a quiet one).
+pub const POISON_F16: u16 = 0x7d5e;
+
+/// The RoPE table of `n_ctx` positions: for each position `pos` and `i < n_rot / 2`, the pair
+/// `cos(theta), sin(theta)` with `theta = pos * freq_base^(-2i / n_rot)`, computed in f64 and
+/// rounded to f32 once. (llama.cpp computes theta in f32, so this table is the more precise
+/// one; every backend reads this same table, so their bits agree by construction.)
+pub fn rope_table(n_ctx: usize, n_rot: usize, freq_base: f32) -> Vec<f32> {
+    let half = n_rot / 2;
+    let mut table = Vec::with_capacity(n_ctx * 2 * half);
+    for pos in 0..n_ctx {
+        for i in 0..half {
+            let theta = pos as f64 * (freq_base as f64).powf(-2.0 * i as f64 / n_rot as f64);
+            table.push(theta.cos() as f32);
+            table.push(theta.sin() as f32);
+        }
+    }
+    table
+}
+
+/// The shape of a window's attention: `tokens` tokens, `n_q` query and `n_kv` key/value heads
+/// of `hd` values (the first `n_rot` roped), over a cache of `n_ctx` positions.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub tokens: usize,
+    pub n_q: usize,
+    pub n_kv: usize,
+    pub hd: usize,
+    pub n_rot: usize,
+    pub n_ctx: usize,
+}
+
+impl AttnShape {
+    /// Values of the window's queries (`q`, `q_out`, the attention output).
+    pub fn q_len(&self) -> usize {
+        self.tokens * self.n_q * self.hd
+    }
+
+    /// Values of the window's keys or values (`k`, `v`).
+    pub fn kv_len(&self) -> usize {
+        self.tokens * self.n_kv * self.hd
+    }
+
+    /// Values of one cache (keys or values) of `n_ctx` positions.
+    pub fn cache_len(&self) -> usize {
+        self.n_ctx * self.n_kv * self.hd
+    }
+
+    /// Values of the RoPE table ([`rope_table`] of `n_ctx` positions).
+    pub fn rope_len(&self) -> usize {
+        self.n_ctx * self.n_rot
+    }
+
+    /// The window at `pos0` is one the kernels take: at least one token, whole GQA groups, `hd`
+    /// a multiple of 32 up to `ATTN_MAX_HD`, `n_rot` even and at most `hd`, the window inside
+    /// the cache, grids within the launch limits.
+    fn check(&self, kernel: &'static str, pos0: usize) -> Result<()> {
+        let bad = |detail: String| Err(Error::Shape { kernel, detail });
+        let s = self;
+        if s.tokens == 0 {
+            return bad("a window of 0 tokens".into());
+        }
+        if s.n_q == 0 || s.n_kv == 0 || s.n_q % s.n_kv != 0 {
+            return bad(format!("{} query heads are not whole groups of {} key/value heads", s.n_q, s.n_kv));
+        }
+        if s.hd == 0 || s.hd % 32 != 0 || s.hd > ATTN_MAX_HD {
+            return bad(format!("head size {} is not a multiple of 32 in 32..={ATTN_MAX_HD}", s.hd));
+        }
+        if s.n_rot % 2 != 0 || s.n_rot > s.hd {
+            return bad(format!("n_rot {} is not even and at most the head size {}", s.n_rot, s.hd));
+        }
+        if pos0.checked_add(s.tokens).is_none_or(|end| end > s.n_ctx) {
+            return bad(format!("window {pos0}..{pos0}+{} does not fit a cache of {} positions", s.tokens, s.n_ctx));
+        }
+        let rows = s.tokens * (s.n_q + 2 * s.n_kv);
+        if s.n_ctx > MAX_BLOCKS || rows > MAX_BLOCKS || s.tokens * s.n_q * attn_chunks(s.n_ctx) > MAX_BLOCKS {
+            return bad(format!("{rows} head rows over {} positions exceed one launch", s.n_ctx));
+        }
+        Ok(())
+    }
+}
+
+/// Values of the `attention_queue` scratch for `shape` (every window of up to `shape.tokens`
+/// tokens in a cache of `shape.n_ctx` positions): `hd + 2` per (token, query head, chunk).
+pub fn attn_part_len(shape: AttnShape) -> usize {
+    shape.tokens * shape.n_q * attn_chunks(shape.n_ctx) * (shape.hd + 2)
+}
+
+/// Each `(buffer, elements it holds, elements the shape needs)`: exactly that many for host
+/// slices, at least that many for device buffers (sized for the largest window).
+fn check_lens(kernel: &'static str, bufs: &[(&str, usize, usize)], exact: bool) -> Result<()> {
+    for &(what, have, want) in bufs {
+        if have < want || (exact && have != want) {
+            let detail = format!("{what} holds {have} elements, {} {want}", if exact { "expected" } else { "needed at least" });
+            return Err(Error::Shape { kernel, detail });
+        }
+    }
+    Ok(())
+}
+
+/// `attn_prep`'s shape and buffer lengths: `q, k, v, q_norm, k_norm, rope, q_out, k_cache,
+/// v_cache`.
+fn check_prep(s: AttnShape, pos0: usize, lens: [usize; 9], exact: bool) -> Result<()> {
+    s.check(PREP, pos0)?;
+    let names = ["q", "k", "v", "q_norm", "k_norm", "rope", "q_out", "k_cache", "v_cache"];
+    let want = [s.q_len(), s.kv_len(), s.kv_len(), s.hd, s.hd, s.rope_len(), s.q_len(), s.cache_len(), s.cache_len()];
+    let bufs: Vec<_> = names.iter().zip(lens).zip(want).map(|((&n, h), w)| (n, h, w)).collect();
+    check_lens(PREP, &bufs, exact)
+}
+
+/// The attention's shape and buffer lengths: `q, k_cache, v_cache, out`.
+fn check_attention(s: AttnShape, pos0: usize, lens: [usize; 4], exact: bool) -> Result<()> {
+    s.check(CHUNK, pos0)?;
+    let want = [s.q_len(), s.cache_len(), s.cache_len(), s.q_len()];
+    let bufs: Vec<_> = ["q", "k_cache", "v_cache", "out"].iter().zip(lens).zip(want).map(|((&n, h), w)| (n, h, w)).collect();
+    check_lens(CHUNK, &bufs, exact)
+}
+
+/// The attention kernels on host slices.
+pub trait AttentionOps {
+    fn name(&self) -> &'static str;
+
+    /// `attn_prep` for the window at `pos0`: `q` (`tokens x n_q x hd`) normed and roped into
+    /// `q_out`; `k` (normed, roped) and `v` (`tokens x n_kv x hd`) rounded to fp16 into the
+    /// caches (`n_ctx x n_kv x hd`) at positions `pos0 ..`; the caches' other positions are
+    /// left as they are. `rope` is [`rope_table`] of `n_ctx` positions.
+    #[allow(clippy::too_many_arguments)]
+    fn attn_prep(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        q_norm: &[f32],
+        k_norm: &[f32],
+        rope: &[f32],
+        shape: AttnShape,
+        pos0: usize,
+        eps: f32,
+        q_out: &mut [f32],
+        k_cache: &mut [u16],
+        v_cache: &mut [u16],
+    ) -> Result<()>;
+
+    /// Causal GQA attention of the window at `pos0` (`attn_chunk` then `attn_merge`): token
+    /// `t`'s query heads (`q`, `tokens x n_q x hd`) over cache positions `0 ..= pos0 + t`, into
+    /// `out` (`tokens x n_q x hd`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention(&self, q: &[f32], k_cache: &[u16], v_cache: &[u16], shape: AttnShape, pos0: usize, scale: f32, out: &mut [f32]) -> Result<()>;
+}
+
+impl AttentionOps for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn attn_prep(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        q_norm: &[f32],
+        k_norm: &[f32],
+        rope: &[f32],
+        shape: AttnShape,
+        pos0: usize,
+        eps: f32,
+        q_out: &mut [f32],
+        k_cache: &mut [u16],
+        v_cache: &mut [u16],
+    ) -> Result<()> {
+        let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), q_out.len(), k_cache.len(), v_cache.len()];
+        check_prep(shape, pos0, lens, true)?;
+        let AttnShape { n_q, n_kv, hd, n_rot, .. } = shape;
+        for (t, (qt, ot)) in q.chunks_exact(n_q * hd).zip(q_out.chunks_exact_mut(n_q * hd)).enumerate() {
+            let rope = rope_at(rope, pos0 + t, n_rot);
+            for (x, out) in qt.chunks_exact(hd).zip(ot.chunks_exact_mut(hd)) {
+                norm_rope(x, q_norm, eps, rope, out);
+            }
+            let (rows, at) = (t * n_kv * hd..(t + 1) * n_kv * hd, (pos0 + t) * n_kv * hd);
+            let cache = at..at + n_kv * hd;
+            for (x, out) in k[rows.clone()].chunks_exact(hd).zip(k_cache[cache.clone()].chunks_exact_mut(hd)) {
+                prep_key(x, k_norm, eps, rope, out);
+            }
+            for (x, out) in v[rows].chunks_exact(hd).zip(v_cache[cache].chunks_exact_mut(hd)) {
+                prep_value(x, out);
+            }
+        }
+        Ok(())
+    }
+
+    fn attention(&self, q: &[f32], k_cache: &[u16], v_cache: &[u16], shape: AttnShape, pos0: usize, scale: f32, out: &mut [f32]) -> Result<()> {
+        check_attention(shape, pos0, [q.len(), k_cache.len(), v_cache.len(), out.len()], true)?;
+        let AttnShape { tokens, n_q, n_kv, hd, .. } = shape;
+        let group = n_q / n_kv;
+        self.par_chunks(out, hd, |first, chunk| {
+            let mut part = vec![0f32; attn_chunks(pos0 + tokens) * (hd + 2)];
+            for (i, o) in chunk.chunks_exact_mut(hd).enumerate() {
+                let (row, t) = (first + i, (first + i) / n_q);
+                let kv = KvHead { k: k_cache, v: v_cache, n_kv, g: row % n_q / group, hd };
+                attend(&q[row * hd..(row + 1) * hd], kv, pos0 + t + 1, scale, &mut part, o);
+            }
+        });
+        Ok(())
+    }
+}
+
+
+impl GpuBackend {
+    /// Queues `attn_prep` for the window at `pos0` (see [`AttentionOps::attn_prep`]); buffers
+    /// may be longer than the shape needs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_prep_queue(
+        &self,
+        q: &CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        q_norm: &CudaSlice<f32>,
+        k_norm: &CudaSlice<f32>,
+        rope: &CudaSlice<f32>,
+        shape: AttnShape,
+        pos0: usize,
+        eps: f32,
+        q_out: &mut CudaSlice<f32>,
+        k_cache: &mut CudaSlice<u16>,
+        v_cache: &mut CudaSlice<u16>,
+    ) -> Result<()> {
+        let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), q_out.len(), k_cache.len(), v_cache.len()];
+        check_prep(shape, pos0, lens, false)?;
+        let s = shape;
+        let (tokens, n_q, n_kv, hd, n_rot, pos0) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_rot as u32, pos0 as u32);
+        let rows = s.tokens * (s.n_q + 2 * s.n_kv);
+        let mut a = self.builder(PREP);
+        a.arg(q).arg(k).arg(v).arg(q_norm).arg(k_norm).arg(rope);
+        a.arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(&n_rot).arg(&pos0).arg(&eps);
+        a.arg(q_out).arg(k_cache).arg(v_cache);
+        // SAFETY: the kernel's parameters in order over the buffers checked above; warps past
+        // the window's head rows return at once, so a padded grid is covered.
+        unsafe { self.launch_async(PREP, self.padded_grid(PREP, rows.div_ceil(ATTN_PREP_WARPS as usize) as u32), a) }
+    }
+
+    /// Queues the window's attention (see [`AttentionOps::attention`]): `attn_chunk` into
+    /// `part` (at least [`attn_part_len`] of the shape), then `attn_merge` into `out`; buffers
+    /// may be longer than the shape needs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_queue(
+        &self,
+        q: &CudaSlice<f32>,
+        k_cache: &CudaSlice<u16>,
+        v_cache: &CudaSlice<u16>,
+        shape: AttnShape,
+        pos0: usize,
+        scale: f32,
+        part: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        check_attention(shape, pos0, [q.len(), k_cache.len(), v_cache.len(), out.len()], false)?;
+        let s = shape;
+        let chunks = attn_chunks(pos0 + s.tokens);
+        check_lens(CHUNK, &[("part", part.len(), s.tokens * s.n_q * chunks * (s.hd + 2))], false)?;
+        let (tokens, n_q, n_kv, hd, pos0, n_chunks) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, pos0 as u32, chunks as u32);
+        let mut a = self.builder(CHUNK);
+        a.arg(q).arg(k_cache).arg(v_cache).arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(&pos0).arg(&scale).arg(&n_chunks);
+        a.arg(&mut *part);
+        // SAFETY (both): each kernel's parameters in order over the buffers checked above, the
+        // chunk kernel's shared memory from BOUNDS; blocks past the window's (token, head,
+        // chunk) triples or (token, head) pairs, and chunks past a token's context, return at
+        // once, so padded grids are covered.
+        unsafe { self.launch_async(CHUNK, self.padded_grid(CHUNK, (s.tokens * s.n_q * chunks) as u32), a) }?;
+        let mut a = self.builder(MERGE);
+        a.arg(&*part).arg(&tokens).arg(&n_q).arg(&hd).arg(&pos0).arg(&n_chunks).arg(out);
+        unsafe { self.launch_async(MERGE, self.padded_grid(MERGE, (s.tokens * s.n_q) as u32), a) }
+    }
+
+}
+
+impl AttentionOps for GpuBackend {
+    fn name(&self) -> &'static str {
+        self.name_static()
+    }
+
+    fn attn_prep(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        q_norm: &[f32],
+        k_norm: &[f32],
+        rope: &[f32],
+        shape: AttnShape,
+        pos0: usize,
+        eps: f32,
+        q_out: &mut [f32],
+        k_cache: &mut [u16],
+        v_cache: &mut [u16],
+    ) -> Result<()> {
+        let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), q_out.len(), k_cache.len(), v_cache.len()];
+        check_prep(shape, pos0, lens, true)?;
+        let up = |x: &[f32]| self.upload(PREP, x);
+        let (dq, dk, dv, dqn, dkn, drope) = (up(q)?, up(k)?, up(v)?, up(q_norm)?, up(k_norm)?, up(rope)?);
+        let mut dq_out = self.upload_out(PREP, q_out)?;
+        let (mut dkc, mut dvc) = (self.upload_out(PREP, k_cache)?, self.upload_out(PREP, v_cache)?);
+        self.attn_prep_queue(&dq, &dk, &dv, &dqn, &dkn, &drope, shape, pos0, eps, &mut dq_out, &mut dkc, &mut dvc)?;
+        self.synchronize(PREP)?;
+        self.download_out(PREP, &dq_out, q_out)?;
+        self.download_out(PREP, &dkc, k_cache)?;
+        self.download_out(PREP, &dvc, v_cache)
+    }
+
+    fn attention(&self, q: &[f32], k_cache: &[u16], v_cache: &[u16], shape: AttnShape, pos0: usize, scale: f32, out: &mut [f32]) -> Result<()> {
+        check_attention(shape, pos0, [q.len(), k_cache.len(), v_cache.len(), out.len()], true)?;
+        let (dq, dkc, dvc) = (self.upload(CHUNK, q)?, self.upload(CHUNK, k_cache)?, self.upload(CHUNK, v_cache)?);
+        // Poisoned, so that a part `attn_merge` reads but `attn_chunk` never wrote shows.
+        let mut part = self.upload(CHUNK, &vec![f32::from_bits(POISON_F32); attn_part_len(shape)])?;
+        let mut dout = self.upload_out(MERGE, out)?;
+        self.attention_queue(&dq, &dkc, &dvc, shape, pos0, scale, &mut part, &mut dout)?;
+        self.synchronize(MERGE)?;
+        self.download_out(MERGE, &dout, out)
+    }
+}
+
+/// One random window and every input of its two launches.
+#[derive(Clone, Debug)]
+pub struct AttnCase {
+    pub shape: AttnShape,
+    pub pos0: usize,
+    pub eps: f32,
+    pub scale: f32,
+    pub freq_base: f32,
+    /// The projections (`attn_prep`'s inputs); `q` is also `attention`'s query.
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+    pub rope: Vec<f32>,
+    /// Random fp16 at positions up to the window's last, NaN after it (a kernel that reads past
+    /// a token's context gets NaN values into its output).
+    pub k_cache: Vec<u16>,
+    pub v_cache: Vec<u16>,
+}
+
+/// Windows `(tokens, pos0)` at the chunk boundaries: a context of 1, exactly 256, 257 and 512
+/// keys, and windows whose contexts cross or end on a boundary.
+pub const BOUNDARY_WINDOWS: [(usize, usize); 6] = [(1, 0), (1, 255), (1, 256), (1, 511), (8, 250), (8, 504)];
+
+impl AttnCase {
+    /// A random case of `tokens` tokens at `pos0`; the head counts, head size and `n_rot` drawn
+    /// from the shapes that matter (hd 64 and 128; 4/2, 8/1 and 16/4 heads; full and partial
+    /// RoPE).
+    pub fn random(rng: &mut SmallRng, tokens: usize, pos0: usize) -> AttnCase {
+        let hd = [64, 128][rng.random_range(0..2)];
+        let (n_q, n_kv) = [(4, 2), (8, 1), (16, 4)][rng.random_range(0..3)];
+        let n_rot = [hd, hd, hd / 2, 32][rng.random_range(0..4)];
+        let n_ctx = pos0 + tokens + rng.random_range(0..300);
+        let shape = AttnShape { tokens, n_q, n_kv, hd, n_rot, n_ctx };
+        let freq_base = [10_000.0, 1_000_000.0][rng.random_range(0..2)];
+        // Query magnitudes from flat to sharply peaked softmaxes (scores spread up to ~10).
+        let q_mag = 10f32.powf(rng.random_range(-0.5..1.5));
+        let mut uniform = |n: usize, mag: f32| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0f32..1.0) * mag).collect() };
+        let (q, k, v) = (uniform(shape.q_len(), q_mag), uniform(shape.kv_len(), 3.0), uniform(shape.kv_len(), 2.0));
+        let (q_norm, k_norm) = (uniform(hd, 2.0), uniform(hd, 2.0));
+        let filled = (pos0 + tokens) * n_kv * hd;
+        let mut cache = |mag: f32| -> Vec<u16> {
+            (0..shape.cache_len()).map(|i| if i < filled { f32_to_f16(rng.random_range(-1.0f32..1.0) * mag) } else { 0x7e00 }).collect()
+        };
+        let (k_cache, v_cache) = (cache(1.0), cache(2.0));
+        AttnCase {
+            shape,
+            pos0,
+            eps: 1e-6,
+            scale: (1.0 / (hd as f64).sqrt()) as f32,
+            freq_base,
+            q,
+            k,
+            v,
+            q_norm,
+            k_norm,
+            rope: rope_table(n_ctx, n_rot, freq_base),
+            k_cache,
+            v_cache,
+        }
+    }
+
+    /// The cache range of the window's positions.
+    fn window_range(&self) -> std::ops::Range<usize> {
+        let row = self.shape.n_kv * self.shape.hd;
+        self.pos0 * row..(self.pos0 + self.shape.tokens) * row
+    }
+
+    /// The caches `attn_prep` gets: the window's positions poisoned.
+    fn prep_caches(&self) -> (Vec<u16>, Vec<u16>) {
+        let (mut k, mut v) = (self.k_cache.clone(), self.v_cache.clone());
+        k[self.window_range()].fill(POISON_F16);
+        v[self.window_range()].fill(POISON_F16);
+        (k, v)
+    }
+
+    /// `attn_prep` on `b` for tokens `first .. first + tokens` of the window alone (at their
+    /// own positions), into poisoned outputs: `q_out` and both caches.
+    fn run_prep(&self, b: &dyn AttentionOps, first: usize, tokens: usize) -> Result<(Vec<f32>, Vec<u16>, Vec<u16>)> {
+        let s = AttnShape { tokens, ..self.shape };
+        let (qr, kr) = (first * s.n_q * s.hd..(first + tokens) * s.n_q * s.hd, first * s.n_kv * s.hd..(first + tokens) * s.n_kv * s.hd);
+        let mut q_out = vec![f32::from_bits(POISON_F32); s.q_len()];
+        let (mut kc, mut vc) = self.prep_caches();
+        let (q, k, v) = (&self.q[qr], &self.k[kr.clone()], &self.v[kr]);
+        b.attn_prep(q, k, v, &self.q_norm, &self.k_norm, &self.rope, s, self.pos0 + first, self.eps, &mut q_out, &mut kc, &mut vc)?;
+        Ok((q_out, kc, vc))
+    }
+
+    /// The attention on `b` for tokens `first .. first + tokens` alone, into a poisoned output.
+    fn run_attention(&self, b: &dyn AttentionOps, first: usize, tokens: usize) -> Result<Vec<f32>> {
+        let s = AttnShape { tokens, ..self.shape };
+        let mut out = vec![f32::from_bits(POISON_F32); s.q_len()];
+        let q = &self.q[first * s.n_q * s.hd..(first + tokens) * s.n_q * s.hd];
+        b.attention(q, &self.k_cache, &self.v_cache, s, self.pos0 + first, self.scale, &mut out)?;
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        let s = self.shape;
+        format!("T{} q{}/kv{} hd{} rot{} pos0 {} ctx {}", s.tokens, s.n_q, s.n_kv, s.hd, s.n_rot, self.pos0, s.n_ctx)
+    }
+
+    /// Float64 RMSNorm and RoPE (cos and sin of the exact angle) of one head row at `pos`.
+    fn norm_rope_f64(&self, x: &[f32], w: &[f32], pos: usize) -> Vec<f64> {
+        let mean = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len() as f64;
+        let r = 1.0 / (mean + self.eps as f64).sqrt();
+        let mut y: Vec<f64> = x.iter().zip(w).map(|(&x, &w)| x as f64 * r * w as f64).collect();
+        let n_rot = self.shape.n_rot;
+        for i in 0..n_rot / 2 {
+            let theta = pos as f64 * (self.freq_base as f64).powf(-2.0 * i as f64 / n_rot as f64);
+            let (x0, x1) = (y[i], y[i + n_rot / 2]);
+            y[i] = x0 * theta.cos() - x1 * theta.sin();
+            y[i + n_rot / 2] = x0 * theta.sin() + x1 * theta.cos();
+        }
+        y
+    }
+
+    /// Float64 `attn_prep`: `q_out`, then the window's key rows, then its value rows.
+    fn prep_f64(&self) -> Vec<f64> {
+        let hd = self.shape.hd;
+        let mut out = Vec::new();
+        for (r, x) in self.q.chunks_exact(hd).enumerate() {
+            out.extend(self.norm_rope_f64(x, &self.q_norm, self.pos0 + r / self.shape.n_q));
+        }
+        for (r, x) in self.k.chunks_exact(hd).enumerate() {
+            out.extend(self.norm_rope_f64(x, &self.k_norm, self.pos0 + r / self.shape.n_kv));
+        }
+        out.extend(self.v.iter().map(|&v| v as f64));
+        out
+    }
+
+    /// Float64 attention over the fp16 cache values: softmax of the scaled dot products, then
+    /// the weighted sum of the values, per (token, query head).
+    fn attention_f64(&self) -> Vec<f64> {
+        let AttnShape { n_q, n_kv, hd, .. } = self.shape;
+        let at = |c: &[u16], pos: usize, g: usize| -> Vec<f64> { c[(pos * n_kv + g) * hd..][..hd].iter().map(|&h| f16_to_f32(h) as f64).collect() };
+        let mut out = Vec::new();
+        for (row, q) in self.q.chunks_exact(hd).enumerate() {
+            let (t, g) = (row / n_q, row % n_q / (n_q / n_kv));
+            let len = self.pos0 + t + 1;
+            let s: Vec<f64> = (0..len).map(|j| self.scale as f64 * at(&self.k_cache, j, g).iter().zip(q).map(|(k, &q)| k * q as f64).sum::<f64>()).collect();
+            let m = s.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v));
+            let p: Vec<f64> = s.iter().map(|&v| (v - m).exp()).collect();
+            let total: f64 = p.iter().sum();
+            let mut o = vec![0.0f64; hd];
+            for (j, &pj) in p.iter().enumerate() {
+                for (o, v) in o.iter_mut().zip(at(&self.v_cache, j, g)) {
+                    *o += pj * v;
+                }
+            }
+            out.extend(o.into_iter().map(|o| o / total));
+        }
+        out
+    }
+}
+
+/// `attn_prep` of `case` on every backend: `q_out` and both whole caches identical, the
+/// window's values all written, the other cache positions untouched, and the first backend's
+/// `q_out`, keys and values against float64.
+pub fn prep_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed: u64) -> Result<Outcome> {
+    let window = case.window_range();
+    let (nq, nc) = (case.shape.q_len(), case.shape.cache_len());
+    let (before_k, before_v) = case.prep_caches();
+    let (mut outs, mut unwritten, mut stray, mut first) = (Vec::new(), Vec::new(), None, Vec::new());
+    for &b in backends {
+        let (q_out, kc, vc) = case.run_prep(b, 0, case.shape.tokens)?;
+        let left = q_out.iter().map(|v| v.to_bits() == POISON_F32).chain(kc[window.clone()].iter().chain(&vc[window.clone()]).map(|&h| h == POISON_F16));
+        note_unwritten(&mut unwritten, b.name(), left);
+        let outside = |c: &[u16], before: &[u16]| (0..nc).find(|i| !window.contains(i) && c[*i] != before[*i]);
+        if let Some((i, c, before)) = outside(&kc, &before_k).map(|i| (i, &kc, &before_k)).or(outside(&vc, &before_v).map(|i| (i, &vc, &before_v))) {
+            let got = format!("{:#06x} at cache index {i} outside the window", c[i]);
+            stray.get_or_insert(Mismatch { backend: b.name().into(), index: i, got, want: format!("{:#06x} (untouched)", before[i]) });
+        }
+        if first.is_empty() {
+            first = q_out.iter().copied().chain(kc[window.clone()].iter().chain(&vc[window.clone()]).map(|&h| f16_to_f32(h))).collect();
+        }
+        let words = q_out.iter().map(|v| v.to_bits()).chain(kc.iter().chain(&vc).map(|&h| h as u32)).collect();
+        outs.push((b.name().to_string(), words));
+    }
+    let mismatch = compare_bits(&outs, |i, v| match i {
+        i if i < nq => format!("q_out {:e} ({v:#010x}) at {i}", f32::from_bits(v)),
+        i if i < nq + nc => format!("k_cache {v:#06x} at {}", i - nq),
+        i => format!("v_cache {v:#06x} at {}", i - nq - nc),
+    });
+    Ok(Outcome {
+        kernel: PREP.into(),
+        shape: case.describe(),
+        seed,
+        backends: outs.into_iter().map(|o| o.0).collect(),
+        mismatch: mismatch.or(stray),
+        unwritten,
+        nmse: Some(nmse(&first, &case.prep_f64())),
+        nmse_max: NMSE_MAX,
+    })
+}
+
+/// The attention of `case` on every backend: outputs identical and all written, the first
+/// backend's against float64.
+pub fn attention_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed: u64) -> Result<Outcome> {
+    let (mut outs, mut unwritten, mut first) = (Vec::new(), Vec::new(), Vec::new());
+    for &b in backends {
+        let out = case.run_attention(b, 0, case.shape.tokens)?;
+        note_unwritten(&mut unwritten, b.name(), out.iter().map(|v| v.to_bits() == POISON_F32));
+        if first.is_empty() {
+            first = out.clone();
+        }
+        outs.push((b.name().to_string(), out.iter().map(|v| v.to_bits()).collect()));
+    }
+    let row = case.shape.n_q * case.shape.hd;
+    let mismatch = compare_bits(&outs, |i, v| {
+        format!("{:e} ({v:#010x}) (token {}, head {}, value {})", f32::from_bits(v), i / row, i % row / case.shape.hd, i % case.shape.hd)
+    });
+    Ok(Outcome {
+        kernel: "attention".into(),
+        shape: case.describe(),
+        seed,
+        backends: outs.into_iter().map(|o| o.0).collect(),
+        mismatch,
+        unwritten,
+        nmse: Some(nmse(&first, &case.attention_f64())),
+        nmse_max: NMSE_MAX,
+    })
+}
+
+/// WINDOW INVARIANCE on `b` for a random window of 2..=8 tokens: each token's `q_out` row, its
+/// key and value cache rows and its attention output, computed in the window, against the same
+/// computed with the token alone at its position (same inputs, same cache), bit for bit.
+pub fn window_case(b: &dyn AttentionOps, seed: u64) -> Result<Outcome> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let (tokens, pos0) = (rng.random_range(2..=8), rng.random_range(0..1500));
+    let case = AttnCase::random(&mut rng, tokens, pos0);
+    let AttnShape { n_q, n_kv, hd, .. } = case.shape;
+    let (q_row, kv_row) = (n_q * hd, n_kv * hd);
+    // One token's words: q_out row, key row, value row, attention row.
+    let words = |q_out: &[f32], kc: &[u16], vc: &[u16], out: &[f32], t: usize, pos: usize| -> Vec<u32> {
+        let q = q_out[t * q_row..(t + 1) * q_row].iter().map(|v| v.to_bits());
+        let cache = kc[pos * kv_row..(pos + 1) * kv_row].iter().chain(&vc[pos * kv_row..(pos + 1) * kv_row]).map(|&h| h as u32);
+        q.chain(cache).chain(out[t * q_row..(t + 1) * q_row].iter().map(|v| v.to_bits())).collect()
+    };
+    let (q_out, kc, vc) = case.run_prep(b, 0, tokens)?;
+    let out = case.run_attention(b, 0, tokens)?;
+    let (mut window, mut alone) = (Vec::new(), Vec::new());
+    for t in 0..tokens {
+        window.extend(words(&q_out, &kc, &vc, &out, t, case.pos0 + t));
+        let (q1, kc1, vc1) = case.run_prep(b, t, 1)?;
+        alone.extend(words(&q1, &kc1, &vc1, &case.run_attention(b, t, 1)?, 0, case.pos0 + t));
+    }
+    let per_token = 2 * q_row + 2 * kv_row;
+    let mismatch = compare_bits(&[("window".into(), window), ("alone".into(), alone)], |i, v| {
+        let (t, j) = (i / per_token, i % per_token);
+        let what = match j {
+            j if j < q_row => "q_out",
+            j if j < q_row + kv_row => "k_cache",
+            j if j < q_row + 2 * kv_row => "v_cache",
+            _ => "attention",
+        };
+        format!("{what} {v:#010x} (token {t}, word {j})")
+    });
+    Ok(Outcome {
+        kernel: "attention window invariance".into(),
+        shape: case.describe(),
+        seed,
+        backends: vec![format!("{}/window", b.name()), format!("{}/alone", b.name())],
+        mismatch,
+        unwritten: Vec::new(),
+        nmse: None,
+        nmse_max: NMSE_MAX,
+    })
+}
+
+/// The family's parity suite from `seed`: `attn_prep` and the attention on every backend for
+/// the [`BOUNDARY_WINDOWS`] and random windows of 1..=8 tokens at positions up to 1500 (so
+/// contexts span up to six chunks), random head shapes. `backends[0]` is the reference.
+pub fn parity_cases(backends: &[&dyn AttentionOps], seed: u64) -> Result<Vec<Outcome>> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut windows = BOUNDARY_WINDOWS.to_vec();
+    windows.extend((0..8).map(|_| (rng.random_range(1..=8), rng.random_range(0..=1500))));
+    let mut out = Vec::new();
+    for (tokens, pos0) in windows {
+        let case_seed = rng.random();
+        let case = AttnCase::random(&mut SmallRng::seed_from_u64(case_seed), tokens, pos0);
+        out.push(prep_case(backends, &case, case_seed)?);
+        out.push(attention_case(backends, &case, case_seed)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,254 @@
+//! The step on the CPU: every op is the gpu-shared replica of its kernel (through the
+//! [`CpuBackend`] host-slice traits, which split rows over the machine's threads), on buffers
+//! in host memory. The weights stay where the model keeps them (the memory map).
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{act_len, qx_len, Act, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
+use crate::backend::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Variant, Weights as QWeights};
+use crate::cpu::CpuBackend;
+use crate::error::{Error, Result};
+use crate::gguf::GgmlType;
+use crate::model::qwen3moe::{float_format, WeightId};
+use crate::model::Qwen3Moe;
+use crate::ops::attention::{rope_table, AttentionOps, AttnShape};
+use crate::ops::norm::NormOps;
+use crate::ops::route::RouteOps;
+use strata_gpu_shared::formats::q8_1;
+
+pub struct CpuExecutor {
+    model: Arc<Qwen3Moe>,
+    cpu: CpuBackend,
+    n_ctx: usize,
+    tokens: Vec<u32>,
+    act: HashMap<Act, Vec<f32>>,
+    qx: HashMap<Qx, Vec<u8>>,
+    /// Per layer: K and V caches (f16 bits, `n_ctx * n_head_kv * head_dim`).
+    cache: Vec<(Vec<u16>, Vec<u16>)>,
+    rope: Vec<f32>,
+    ids: Vec<u32>,
+    route_w: Vec<f32>,
+    next: Vec<u32>,
+}
+
+impl CpuExecutor {
+    /// Allocates the step's buffers and a KV cache of `n_ctx` positions; refuses, before
+    /// allocating, a context the host memory cannot hold.
+    pub fn new(model: Arc<Qwen3Moe>, n_ctx: usize) -> Result<CpuExecutor> {
+        let c = model.config.clone();
+        let need = n_ctx * (2 * 2 * c.n_layer * c.n_head_kv * c.head_dim + 4 * c.head_dim);
+        if let Some(avail) = available_memory() {
+            if need > avail {
+                return Err(Error::Request(format!(
+                    "a {n_ctx}-position context needs {:.2} GiB of host memory for the KV cache; {:.2} GiB are available (lower --ctx)",
+                    need as f64 / (1u64 << 30) as f64,
+                    avail as f64 / (1u64 << 30) as f64
+                )));
+            }
+        }
+        let act = Act::ALL.into_iter().map(|a| (a, vec![0.0; MAX_WINDOW * act_len(&c, a)])).collect();
+        let qx = [Qx::X, Qx::Attn].into_iter().map(|q| (q, vec![0u8; MAX_WINDOW * qx_len(&c, q) / 32 * q8_1::BYTES])).collect();
+        let kv = n_ctx * c.n_head_kv * c.head_dim;
+        let cache = (0..c.n_layer).map(|_| (vec![0u16; kv], vec![0u16; kv])).collect();
+        Ok(CpuExecutor {
+            rope: rope_table(n_ctx, c.head_dim, c.rope_freq_base),
+            cpu: CpuBackend::new(),
+            n_ctx,
+            tokens: Vec::new(),
+            act,
+            qx,
+            cache,
+            ids: vec![0; MAX_WINDOW * c.n_expert_used],
+            route_w: vec![0.0; MAX_WINDOW * c.n_expert_used],
+            next: vec![0; MAX_WINDOW],
+            model,
+        })
+    }
+
+    /// The first `rows` rows of an activation.
+    fn rows(&self, a: Act, rows: usize) -> &[f32] {
+        &self.act[&a][..rows * act_len(&self.model.config, a)]
+    }
+
+    /// Takes an activation out to write it (put back with [`Self::put`]).
+    fn take(&mut self, a: Act) -> Vec<f32> {
+        std::mem::take(self.act.get_mut(&a).expect("every activation is allocated"))
+    }
+
+    fn put(&mut self, a: Act, v: Vec<f32>) {
+        self.act.insert(a, v);
+    }
+
+    fn attn_shape(&self, w: Window) -> AttnShape {
+        let c = &self.model.config;
+        AttnShape { tokens: w.tokens, n_q: c.n_head, n_kv: c.n_head_kv, hd: c.head_dim, n_rot: c.head_dim, n_ctx: self.n_ctx }
+    }
+}
+
+impl Executor for CpuExecutor {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn set_tokens(&mut self, ids: &[u32]) -> Result<()> {
+        if ids.is_empty() || ids.len() > MAX_WINDOW {
+            return Err(Error::Request(format!("{} tokens in one step (1..={MAX_WINDOW})", ids.len())));
+        }
+        self.tokens = ids.to_vec();
+        Ok(())
+    }
+
+    fn op(&mut self, op: &Op, w: Window) -> Result<()> {
+        let model = self.model.clone();
+        let (c, weights) = (&model.config, &model.weights);
+        let t = w.tokens;
+        match *op {
+            Op::Embed { table, out } => {
+                let tw = weights.get(table);
+                let mut o = self.take(out);
+                let n = act_len(c, out);
+                let r = self.cpu.embed_rows(weights.data(table), tw.ty, tw.rows, tw.cols, &self.tokens[..t], &mut o[..t * n]);
+                self.put(out, o);
+                r
+            }
+            Op::RmsNorm { x, w: nw, out } => {
+                let mut o = self.take(out);
+                let n = act_len(c, x);
+                let r = self.cpu.rms_norm(self.rows(x, t), &weights.f32s(nw), n, c.rms_eps, &mut o[..t * n]);
+                self.put(out, o);
+                r
+            }
+            Op::Quantize { x, out } => {
+                let mut q = std::mem::take(self.qx.get_mut(&out).expect("allocated"));
+                let n = act_len(c, x);
+                let r = self.cpu.quantize_q8_1(self.rows(x, t), &mut q[..t * n / 32 * q8_1::BYTES]);
+                self.qx.insert(out, q);
+                r
+            }
+            Op::Linear { w: id, xq, x, out } => {
+                let lw = weights.get(id);
+                let mut o = self.take(out);
+                let y = &mut o[..t * lw.rows];
+                let r = match lw.ty {
+                    GgmlType::Quant(format) => {
+                        let q = &self.qx[&xq][..t * lw.cols / 32 * q8_1::BYTES];
+                        self.cpu.mmvq(&QWeights { format, m: lw.rows, k: lw.cols, data: weights.data(id) }, q, t, y)
+                    }
+                    ty => {
+                        let format = float_format(ty).expect("not quantized, so float");
+                        self.cpu.matvec(&FloatWeights { format, m: lw.rows, k: lw.cols, data: weights.data(id) }, self.rows(x, t), t, y)
+                    }
+                };
+                self.put(out, o);
+                r
+            }
+            Op::AddWeight { acc, w: id } => {
+                let mut a = self.take(acc);
+                let n = t * act_len(c, acc);
+                let b = &weights.f32s(id)[..n];
+                let prev = a[..n].to_vec();
+                let r = self.cpu.add(&prev, b, &mut a[..n]);
+                self.put(acc, a);
+                r
+            }
+            Op::AddInto { acc, b } => {
+                let mut a = self.take(acc);
+                let n = t * act_len(c, acc);
+                let prev = a[..n].to_vec();
+                let r = self.cpu.add(&prev, self.rows(b, t), &mut a[..n]);
+                self.put(acc, a);
+                r
+            }
+            Op::AttnPrep { layer, q_norm, k_norm } => {
+                let shape = self.attn_shape(w);
+                let mut q_out = self.take(Act::Qr);
+                let (mut kc, mut vc) = std::mem::take(&mut self.cache[layer]);
+                let qn = t * act_len(c, Act::Q);
+                let r = self.cpu.attn_prep(
+                    self.rows(Act::Q, t),
+                    self.rows(Act::K, t),
+                    self.rows(Act::V, t),
+                    &weights.f32s(q_norm),
+                    &weights.f32s(k_norm),
+                    &self.rope,
+                    shape,
+                    w.pos0,
+                    c.rms_eps,
+                    &mut q_out[..qn],
+                    &mut kc,
+                    &mut vc,
+                );
+                self.cache[layer] = (kc, vc);
+                self.put(Act::Qr, q_out);
+                r
+            }
+            Op::Attention { layer } => {
+                let shape = self.attn_shape(w);
+                let mut o = self.take(Act::Attn);
+                let n = t * act_len(c, Act::Attn);
+                let (kc, vc) = &self.cache[layer];
+                let r = self.cpu.attention(self.rows(Act::Qr, t), kc, vc, shape, w.pos0, attn_scale(c.head_dim), &mut o[..n]);
+                self.put(Act::Attn, o);
+                r
+            }
+            Op::RouterTopK { k } => {
+                let n = t * k;
+                self.cpu.router_topk(&self.act[&Act::Router][..t * c.n_expert], c.n_expert, k, &mut self.ids[..n], &mut self.route_w[..n])
+            }
+            Op::Experts { gate, up, down } => {
+                let k = c.n_expert_used;
+                let tensor = |id: WeightId| {
+                    let e = weights.get(id);
+                    let GgmlType::Quant(format) = e.ty else { unreachable!("the loader admits quantized experts only") };
+                    ExpertTensor { format, n_expert: e.n_expert, rows: e.rows, cols: e.cols, data: weights.data(id) }
+                };
+                let mut o = self.take(Act::Experts);
+                let xq = &self.qx[&Qx::X][..t * c.n_embd / 32 * q8_1::BYTES];
+                let win = MoeWindow { tokens: t, k, ids: &self.ids[..t * k], weights: &self.route_w[..t * k], xq, gate: tensor(gate), up: tensor(up), down: tensor(down) };
+                let mut hq = vec![0u8; t * k * c.n_ff_exp / 32 * q8_1::BYTES];
+                let mut y = vec![0f32; t * k * c.n_embd];
+                let r = self.cpu.moe(&win, &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut o[..t * c.n_embd] });
+                self.act.insert(Act::Experts, o);
+                r
+            }
+            Op::Pick(pick) => {
+                let logits = &self.act[&Act::Logits][..t * c.n_vocab];
+                match pick {
+                    Pick::Greedy => {
+                        let mut nan = vec![0u32; t];
+                        self.cpu.argmax_rows(logits, c.n_vocab, Variant::Fast, &mut self.next[..t], &mut nan)?;
+                        if nan.iter().any(|&f| f != 0) {
+                            return Err(Error::Request("the model produced logits that are all NaN".into()));
+                        }
+                        Ok(())
+                    }
+                    Pick::Sample(p) => self.cpu.sample_rows(logits, c.n_vocab, p, w.pos0, &mut self.next[..t]),
+                }
+            }
+        }
+    }
+
+    fn next_ids(&mut self, tokens: usize) -> Result<Vec<u32>> {
+        Ok(self.next[..tokens].to_vec())
+    }
+
+    fn logits(&mut self, tokens: usize) -> Result<Vec<f32>> {
+        Ok(self.rows(Act::Logits, tokens).to_vec())
+    }
+}
+
+/// `MemAvailable` of /proc/meminfo, in bytes (None where there is no such file).
+fn available_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kib| kib * 1024)
+}
+
+/// The attention scale `1 / sqrt(head_dim)`, computed once in f64 and rounded.
+pub fn attn_scale(head_dim: usize) -> f32 {
+    (1.0 / (head_dim as f64).sqrt()) as f32
+}

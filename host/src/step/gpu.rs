@@ -1,0 +1,359 @@
+//! The step on a GPU backend (`cuda` or `hip`): every weight, activation, KV cache and the
+//! expert selections live on the device; each op enqueues its kernels on the backend's one
+//! stream through their typed launchers, and nothing waits for the host until the chosen ids
+//! are read back after the step.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaSlice};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::cpu::attn_scale;
+use super::{act_len, qx_len, Act, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
+use crate::backend::ExpertTensor;
+use crate::error::{Error, Result};
+use crate::gguf::GgmlType;
+use crate::gpu::{GpuBackend, MoeBuffers, MoeLayer, MoeStages};
+use crate::model::qwen3moe::{float_format, Data, WeightId};
+use crate::model::Qwen3Moe;
+use crate::ops::attention::{attn_part_len, rope_table, AttnShape};
+use crate::ops::route::ArgmaxScratch;
+use strata_gpu_shared::formats::q8_1;
+use strata_gpu_shared::moe;
+
+/// A weight on the device: a matrix as the file stores it, or a prepared f32 vector.
+enum DevWeight {
+    Bytes(CudaSlice<u8>),
+    F32(CudaSlice<f32>),
+}
+
+pub struct GpuExecutor {
+    model: Arc<Qwen3Moe>,
+    gpu: GpuBackend,
+    n_ctx: usize,
+    weights: HashMap<WeightId, DevWeight>,
+    /// Expert tensors, keyed by the layer's gate weight.
+    experts: HashMap<WeightId, MoeLayer>,
+    act: HashMap<Act, CudaSlice<f32>>,
+    /// `Qx::Attn`; `Qx::X` is the experts' input, `moe.xq`.
+    attn_q: CudaSlice<u8>,
+    /// The window's expert selections, their q8_1 input, scratch and combined output.
+    moe: MoeBuffers,
+    cache: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
+    rope: CudaSlice<f32>,
+    part: CudaSlice<f32>,
+    tokens: CudaSlice<u32>,
+    next: CudaSlice<u32>,
+    all_nan: CudaSlice<u32>,
+    argmax: ArgmaxScratch,
+    /// With profiling on: an event at each phase change of the last step.
+    marks: Option<Vec<(&'static str, CudaEvent)>>,
+}
+
+/// What the device must hold for `model` at context `n_ctx`, in bytes: weights, KV caches and
+/// the step's buffers.
+pub fn device_bytes(model: &Qwen3Moe, n_ctx: usize) -> usize {
+    let c = &model.config;
+    let kv = 2 * 2 * c.n_layer * n_ctx * c.n_head_kv * c.head_dim;
+    let acts: usize = Act::ALL.iter().map(|&a| 4 * MAX_WINDOW * act_len(c, a)).sum();
+    let rope = 4 * n_ctx * c.head_dim;
+    let part = 4 * attn_part_len(attn_shape(model, MAX_WINDOW, n_ctx));
+    let moe = MAX_WINDOW * c.n_expert_used * (c.n_ff_exp / 32 * q8_1::BYTES + 4 * c.n_embd);
+    model.weights.total_bytes() + kv + acts + rope + part + moe
+}
+
+fn attn_shape(model: &Qwen3Moe, tokens: usize, n_ctx: usize) -> AttnShape {
+    let c = &model.config;
+    AttnShape { tokens, n_q: c.n_head, n_kv: c.n_head_kv, hd: c.head_dim, n_rot: c.head_dim, n_ctx }
+}
+
+impl GpuExecutor {
+    /// Uploads the model (with a progress bar on stderr) and allocates the step's buffers.
+    /// Refuses, before allocating, a model and context the device cannot hold.
+    pub fn new(gpu: GpuBackend, model: Arc<Qwen3Moe>, n_ctx: usize, progress: bool) -> Result<GpuExecutor> {
+        let need = device_bytes(&model, n_ctx);
+        let backend = gpu.name_static();
+        let (free, total) = gpu.stream().context().mem_get_info().map_err(|e| Error::Setup { backend, what: "device memory query".into(), detail: e.to_string() })?;
+        if need > free {
+            return Err(Error::Request(format!(
+                "{}: the model and a {n_ctx}-position context need {:.2} GiB on the device; {} has {:.2} GiB free of {:.2} GiB (lower --ctx or use a smaller model)",
+                model.weights.file.path.display(),
+                gib(need),
+                gpu.info().name,
+                gib(free),
+                gib(total)
+            )));
+        }
+        let c = model.config.clone();
+        let w = &model.weights;
+        let bar = if progress { ProgressBar::new(w.total_bytes() as u64) } else { ProgressBar::hidden() };
+        bar.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {binary_bytes}/{binary_total_bytes} ({binary_bytes_per_sec})").expect("a valid template").progress_chars("=> "));
+        bar.set_message(format!("uploading to {}", gpu.info().name));
+        let mut weights = HashMap::new();
+        let mut experts = HashMap::new();
+        let expert_ids: Vec<WeightId> = w.layers.iter().flat_map(|l| [l.gate, l.up, l.down]).collect();
+        for l in &w.layers {
+            let tensor = |id: WeightId| {
+                let e = w.get(id);
+                let GgmlType::Quant(format) = e.ty else { unreachable!("the loader admits quantized experts only") };
+                ExpertTensor { format, n_expert: e.n_expert, rows: e.rows, cols: e.cols, data: w.data(id) }
+            };
+            experts.insert(l.gate, gpu.upload_layer(tensor(l.gate), tensor(l.up), tensor(l.down))?);
+            bar.inc([l.gate, l.up, l.down].iter().map(|&id| w.get(id).bytes() as u64).sum());
+        }
+        for (i, weight) in w.list.iter().enumerate() {
+            let id = WeightId(i);
+            if expert_ids.contains(&id) {
+                continue;
+            }
+            let dev = match &weight.data {
+                Data::Owned(_) => DevWeight::F32(gpu.upload(&weight.name, &w.f32s(id))?),
+                Data::File { .. } => DevWeight::Bytes(gpu.upload(&weight.name, w.data(id))?),
+            };
+            weights.insert(id, dev);
+            bar.inc(weight.bytes() as u64);
+        }
+        bar.finish_and_clear();
+        let zeros_f32 = |n: usize| gpu.scratch::<f32>("step buffers", n);
+        let act = Act::ALL.iter().map(|&a| Ok((a, zeros_f32(MAX_WINDOW * act_len(&c, a))?))).collect::<Result<HashMap<_, _>>>()?;
+        let sel = MAX_WINDOW * c.n_expert_used;
+        let moe = MoeBuffers {
+            tokens: 1,
+            k: c.n_expert_used,
+            ids: gpu.scratch("moe", sel)?,
+            weights: gpu.scratch("moe", sel)?,
+            xq: gpu.scratch("moe", MAX_WINDOW * qx_len(&c, Qx::X) / 32 * q8_1::BYTES)?,
+            table: gpu.scratch("moe", moe::table_words(sel))?,
+            hq: gpu.scratch("moe", sel * c.n_ff_exp / 32 * q8_1::BYTES)?,
+            y: gpu.scratch("moe", sel * c.n_embd)?,
+            out: gpu.scratch("moe", MAX_WINDOW * c.n_embd)?,
+        };
+        let kv = n_ctx * c.n_head_kv * c.head_dim;
+        let cache = (0..c.n_layer).map(|_| Ok((gpu.scratch("kv cache", kv)?, gpu.scratch("kv cache", kv)?))).collect::<Result<Vec<_>>>()?;
+        Ok(GpuExecutor {
+            attn_q: gpu.scratch("step buffers", MAX_WINDOW * qx_len(&c, Qx::Attn) / 32 * q8_1::BYTES)?,
+            rope: gpu.upload("rope table", &rope_table(n_ctx, c.head_dim, c.rope_freq_base))?,
+            part: zeros_f32(attn_part_len(attn_shape(&model, MAX_WINDOW, n_ctx)))?,
+            tokens: gpu.scratch("step buffers", MAX_WINDOW)?,
+            next: gpu.scratch("step buffers", MAX_WINDOW)?,
+            all_nan: gpu.scratch("step buffers", MAX_WINDOW)?,
+            argmax: gpu.argmax_scratch(MAX_WINDOW, c.n_vocab)?,
+            marks: None,
+            weights,
+            experts,
+            act,
+            moe,
+            cache,
+            n_ctx,
+            model,
+            gpu,
+        })
+    }
+
+    pub fn backend(&self) -> &GpuBackend {
+        &self.gpu
+    }
+
+    /// Records an event at every phase change of the following steps (`strata decode --profile`).
+    pub fn set_profiling(&mut self, on: bool) {
+        self.marks = on.then(Vec::new);
+    }
+
+    fn bytes(&self, id: WeightId) -> &CudaSlice<u8> {
+        match &self.weights[&id] {
+            DevWeight::Bytes(b) => b,
+            DevWeight::F32(_) => unreachable!("{} is a matrix", self.model.weights.get(id).name),
+        }
+    }
+
+    fn f32s(&self, id: WeightId) -> &CudaSlice<f32> {
+        match &self.weights[&id] {
+            DevWeight::F32(v) => v,
+            DevWeight::Bytes(_) => unreachable!("{} is a prepared vector", self.model.weights.get(id).name),
+        }
+    }
+
+    fn take(&mut self, a: Act) -> CudaSlice<f32> {
+        self.act.remove(&a).expect("every activation is allocated")
+    }
+
+    /// Marks the start of `phase` when profiling and the phase changes.
+    fn mark(&mut self, phase: &'static str) -> Result<()> {
+        let Some(marks) = &self.marks else { return Ok(()) };
+        if marks.last().is_some_and(|(p, _)| *p == phase) {
+            return Ok(());
+        }
+        let backend = self.gpu.name_static();
+        let ev = self.gpu.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| Error::Driver { backend, kernel: phase.into(), what: "event", cause: e })?;
+        self.marks.as_mut().expect("checked above").push((phase, ev));
+        Ok(())
+    }
+
+    fn driver(&self, what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+        let backend = self.gpu.name_static();
+        move |cause| Error::Driver { backend, kernel: "step".into(), what, cause }
+    }
+}
+
+fn gib(b: usize) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+impl Executor for GpuExecutor {
+    fn name(&self) -> &'static str {
+        self.gpu.name_static()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn set_tokens(&mut self, ids: &[u32]) -> Result<()> {
+        if ids.is_empty() || ids.len() > MAX_WINDOW {
+            return Err(Error::Request(format!("{} tokens in one step (1..={MAX_WINDOW})", ids.len())));
+        }
+        if let Some(m) = self.marks.as_mut() {
+            m.clear();
+        }
+        let stream = self.gpu.stream().clone();
+        stream.memcpy_htod(ids, &mut self.tokens.slice_mut(..ids.len())).map_err(self.driver("copy of the token ids"))
+    }
+
+    fn op(&mut self, op: &Op, w: Window) -> Result<()> {
+        let model = self.model.clone();
+        let (c, weights) = (&model.config, &model.weights);
+        let t = w.tokens;
+        self.mark(super::phase_of(op, weights))?;
+        match *op {
+            Op::Embed { table, out } => {
+                let tw = weights.get(table);
+                let mut o = self.take(out);
+                let r = self.gpu.embed_rows_queue(self.bytes(table), tw.ty, tw.rows, tw.cols, &self.tokens, t, &mut o);
+                self.act.insert(out, o);
+                r
+            }
+            Op::RmsNorm { x, w: nw, out } => {
+                let mut o = self.take(out);
+                let r = self.gpu.rms_norm_queue(&self.act[&x], self.f32s(nw), &mut o, t, act_len(c, x), c.rms_eps);
+                self.act.insert(out, o);
+                r
+            }
+            Op::Quantize { x, out } => {
+                let n = t * act_len(c, x);
+                match out {
+                    Qx::X => self.gpu.quantize_q8_1_queue(&self.act[&x], &mut self.moe.xq, n),
+                    Qx::Attn => self.gpu.quantize_q8_1_queue(&self.act[&x], &mut self.attn_q, n),
+                }
+            }
+            Op::Linear { w: id, xq, x, out } => {
+                let lw = weights.get(id);
+                let mut o = self.take(out);
+                let r = match lw.ty {
+                    GgmlType::Quant(format) => {
+                        let q = match xq {
+                            Qx::X => &self.moe.xq,
+                            Qx::Attn => &self.attn_q,
+                        };
+                        self.gpu.mmvq_queue(self.bytes(id), format, lw.rows, lw.cols, q, t, &mut o)
+                    }
+                    ty => {
+                        let format = float_format(ty).expect("not quantized, so float");
+                        self.gpu.matvec_queue(self.bytes(id), format, lw.rows, lw.cols, &self.act[&x], t, &mut o)
+                    }
+                };
+                self.act.insert(out, o);
+                r
+            }
+            Op::AddWeight { acc, w: id } => {
+                let mut a = self.take(acc);
+                let r = self.gpu.add_into_queue(&mut a, self.f32s(id), t * act_len(c, acc));
+                self.act.insert(acc, a);
+                r
+            }
+            Op::AddInto { acc, b } => {
+                let mut a = self.take(acc);
+                let n = t * act_len(c, acc);
+                let r = match b {
+                    Act::Experts => self.gpu.add_into_queue(&mut a, &self.moe.out, n),
+                    _ => self.gpu.add_into_queue(&mut a, &self.act[&b], n),
+                };
+                self.act.insert(acc, a);
+                r
+            }
+            Op::AttnPrep { layer, q_norm, k_norm } => {
+                let shape = attn_shape(&model, t, self.n_ctx);
+                let mut q_out = self.take(Act::Qr);
+                let (kc, vc) = &mut self.cache[layer];
+                let r = self.gpu.attn_prep_queue(
+                    &self.act[&Act::Q],
+                    &self.act[&Act::K],
+                    &self.act[&Act::V],
+                    match &self.weights[&q_norm] {
+                        DevWeight::F32(v) => v,
+                        DevWeight::Bytes(_) => unreachable!("norms are prepared vectors"),
+                    },
+                    match &self.weights[&k_norm] {
+                        DevWeight::F32(v) => v,
+                        DevWeight::Bytes(_) => unreachable!("norms are prepared vectors"),
+                    },
+                    &self.rope,
+                    shape,
+                    w.pos0,
+                    c.rms_eps,
+                    &mut q_out,
+                    kc,
+                    vc,
+                );
+                self.act.insert(Act::Qr, q_out);
+                r
+            }
+            Op::Attention { layer } => {
+                let shape = attn_shape(&model, t, self.n_ctx);
+                let mut o = self.take(Act::Attn);
+                let (kc, vc) = &self.cache[layer];
+                let r = self.gpu.attention_queue(&self.act[&Act::Qr], kc, vc, shape, w.pos0, attn_scale(c.head_dim), &mut self.part, &mut o);
+                self.act.insert(Act::Attn, o);
+                r
+            }
+            Op::RouterTopK { k } => self.gpu.router_topk_queue(&self.act[&Act::Router], t, c.n_expert, k, &mut self.moe.ids, &mut self.moe.weights),
+            Op::Experts { gate, .. } => {
+                self.moe.tokens = t;
+                self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, MoeStages::ALL)
+            }
+            Op::Pick(pick) => match pick {
+                Pick::Greedy => self.gpu.argmax_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, &mut self.argmax, &mut self.next, &mut self.all_nan),
+                Pick::Sample(p) => self.gpu.sample_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, p, w.pos0, &mut self.next),
+            },
+        }
+    }
+
+    fn next_ids(&mut self, tokens: usize) -> Result<Vec<u32>> {
+        self.mark("end")?;
+        let mut ids = vec![0u32; tokens];
+        let stream = self.gpu.stream().clone();
+        stream.memcpy_dtoh(&self.next.slice(..tokens), &mut ids).map_err(self.driver("copy of the chosen ids"))?;
+        stream.synchronize().map_err(self.driver("execution of the step"))?;
+        Ok(ids)
+    }
+
+    fn logits(&mut self, tokens: usize) -> Result<Vec<f32>> {
+        let mut v = vec![0f32; tokens * self.model.config.n_vocab];
+        let stream = self.gpu.stream().clone();
+        stream.memcpy_dtoh(&self.act[&Act::Logits].slice(..v.len()), &mut v).map_err(self.driver("copy of the logits"))?;
+        stream.synchronize().map_err(self.driver("copy of the logits"))?;
+        Ok(v)
+    }
+
+    fn phase_times(&mut self) -> Option<Vec<(&'static str, f64)>> {
+        let marks = self.marks.as_ref()?;
+        let mut out: Vec<(&'static str, f64)> = Vec::new();
+        for pair in marks.windows(2) {
+            let ms = pair[0].1.elapsed_ms(&pair[1].1).ok()? as f64;
+            match out.iter_mut().find(|(p, _)| *p == pair[0].0) {
+                Some((_, t)) => *t += ms,
+                None => out.push((pair[0].0, ms)),
+            }
+        }
+        Some(out)
+    }
+}

@@ -1,0 +1,203 @@
+//! `strata synth`: a random-weight qwen3moe model of any shape and formats, written as GGUF
+//! (docs/synth.md).
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::ValueEnum;
+use indicatif::{ProgressBar, ProgressStyle};
+use strata_host::gguf::GgmlType;
+use strata_host::model::synth::{self, SynthSpec};
+use strata_host::model::vocab;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Preset {
+    /// 4 layers, n_embd 256, 4/2 heads of 64, 8 experts top-2 of 128, 1248 tokens: decodes fast
+    /// on the CPU.
+    Tiny,
+    /// Qwen3-30B-A3B's shapes: 48 layers, n_embd 2048, 32/4 heads of 128, 128 experts top-8 of
+    /// 768, 151936 tokens (about 15 GB).
+    #[value(name = "30b-a3b")]
+    Qwen3_30bA3b,
+}
+
+fn format_help() -> String {
+    let names: Vec<&str> = GgmlType::ALL.iter().map(|t| t.name()).collect();
+    names.join(", ")
+}
+
+fn parse_format(s: &str) -> Result<GgmlType, String> {
+    GgmlType::from_name(s).ok_or_else(|| format!("unknown format `{s}` (one of {})", format_help()))
+}
+
+fn parse_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 && n <= u32::MAX as usize => Ok(n),
+        _ => Err(format!("`{s}` is not a whole number between 1 and {}", u32::MAX)),
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF file to write (replaced if it exists).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The shapes and formats to start from; the options below change them.
+    #[arg(long, value_enum, default_value = "tiny")]
+    pub preset: Preset,
+    /// Transformer layers (block_count).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub layers: Option<usize>,
+    /// Embedding length (n_embd): the input length of q/k/v, the router and the experts' gate/up,
+    /// so a multiple of their formats' blocks (256 for the K and IQ formats, 32 for Q8_0/IQ4_NL).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub embd: Option<usize>,
+    /// Query heads (a multiple of --kv-heads).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub heads: Option<usize>,
+    /// Key/value heads.
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub kv_heads: Option<usize>,
+    /// Length of one head (even: RoPE rotates pairs); heads x head-dim is attn_output's input.
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub head_dim: Option<usize>,
+    /// Routed experts per layer.
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub experts: Option<usize>,
+    /// Experts used per token (at most --experts).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub used: Option<usize>,
+    /// Rows of each expert's gate/up (expert_feed_forward_length): down's input length, so a
+    /// multiple of --down's block.
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub ff: Option<usize>,
+    /// Vocabulary size (rows of the embedding and the head); with a vocabulary at least 259, and
+    /// beyond the tokens the built-in text teaches, filled with unused [PAD<id>] tokens.
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub vocab: Option<usize>,
+    /// Training context length written to the file (context_length).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub ctx: Option<usize>,
+    #[arg(long, value_name = "FMT", value_parser = parse_format, help = format!("Format of the experts' gate and up matrices: {}", format_help()))]
+    pub gu: Option<GgmlType>,
+    /// Format of the experts' down matrices.
+    #[arg(long, value_name = "FMT", value_parser = parse_format)]
+    pub down: Option<GgmlType>,
+    /// Format of attn_q, attn_k, attn_v and attn_output.
+    #[arg(long, value_name = "FMT", value_parser = parse_format)]
+    pub attn: Option<GgmlType>,
+    /// Format of the router (ffn_gate_inp).
+    #[arg(long, value_name = "FMT", value_parser = parse_format)]
+    pub router: Option<GgmlType>,
+    /// Format of the token embedding.
+    #[arg(long = "embd-format", value_name = "FMT", value_parser = parse_format)]
+    pub embd_format: Option<GgmlType>,
+    /// Format of the output head (ignored with --tied).
+    #[arg(long, value_name = "FMT", value_parser = parse_format)]
+    pub head: Option<GgmlType>,
+    /// No output.weight: the head is the token embedding.
+    #[arg(long)]
+    pub tied: bool,
+    /// No vocabulary: tokenizer.ggml.model "none" and qwen3moe.vocab_size (prompts then go in as
+    /// token ids).
+    #[arg(long)]
+    pub no_vocab: bool,
+    /// Seed of the random weights: the same seed and shapes give the same bytes.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl Args {
+    /// The preset with the options applied.
+    pub fn spec(&self) -> SynthSpec {
+        let mut s = match self.preset {
+            Preset::Tiny => SynthSpec::tiny(),
+            Preset::Qwen3_30bA3b => SynthSpec::qwen3_30b_a3b(),
+        };
+        let c = &mut s.config;
+        let counts = [
+            (self.layers, &mut c.n_layer),
+            (self.embd, &mut c.n_embd),
+            (self.heads, &mut c.n_head),
+            (self.kv_heads, &mut c.n_head_kv),
+            (self.head_dim, &mut c.head_dim),
+            (self.experts, &mut c.n_expert),
+            (self.used, &mut c.n_expert_used),
+            (self.ff, &mut c.n_ff_exp),
+            (self.vocab, &mut c.n_vocab),
+            (self.ctx, &mut c.n_ctx_train),
+        ];
+        for (set, field) in counts {
+            if let Some(n) = set {
+                *field = n;
+            }
+        }
+        let f = &mut s.formats;
+        let formats = [
+            (self.gu, &mut f.gu),
+            (self.down, &mut f.down),
+            (self.attn, &mut f.attn),
+            (self.router, &mut f.router),
+            (self.embd_format, &mut f.embd),
+            (self.head, &mut f.head),
+        ];
+        for (set, field) in formats {
+            if let Some(t) = set {
+                *field = t;
+            }
+        }
+        f.tied_head |= self.tied;
+        s.vocab &= !self.no_vocab;
+        if let Some(seed) = self.seed {
+            s.seed = seed;
+        }
+        s
+    }
+}
+
+/// What the file holds, in one paragraph.
+fn describe(s: &SynthSpec, bytes: u64) -> String {
+    let (c, f) = (&s.config, &s.formats);
+    let vocab = if s.vocab {
+        format!("{} tokens ({} learned)", c.n_vocab, vocab::synthetic(c.n_vocab).learned())
+    } else {
+        format!("{} ids, no vocabulary", c.n_vocab)
+    };
+    let head = if f.tied_head { "tied to the embedding".to_string() } else { f.head.name().to_string() };
+    format!(
+        "qwen3moe, {} layers, n_embd {}, {}/{} heads of {}, {} experts ({} used) of {}, vocabulary {vocab}, context {}\n\
+         formats: gate/up {}, down {}, attention {}, router {}, embedding {}, head {head}, norms F32\n\
+         {bytes} bytes ({:.2} GiB), seed {}",
+        c.n_layer,
+        c.n_embd,
+        c.n_head,
+        c.n_head_kv,
+        c.head_dim,
+        c.n_expert,
+        c.n_expert_used,
+        c.n_ff_exp,
+        c.n_ctx_train,
+        f.gu.name(),
+        f.down.name(),
+        f.attn.name(),
+        f.router.name(),
+        f.embd.name(),
+        bytes as f64 / (1u64 << 30) as f64,
+        s.seed
+    )
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let spec = args.spec();
+    if let Err(e) = spec.validate() {
+        eprintln!("strata synth: error: {e}");
+        return Ok(ExitCode::from(2));
+    }
+    let total = spec.file_len().map_err(anyhow::Error::msg)?;
+    let bar = ProgressBar::new(total);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").expect("a valid template"));
+    let written = synth::write(&spec, &args.out, &mut |n| bar.inc(n)).with_context(|| format!("cannot write {}", args.out.display()))?;
+    bar.finish_and_clear();
+    println!("wrote {}: {}", args.out.display(), describe(&spec, written));
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,244 @@
+//! Attention of the decode step (`attn_prep`, `attn_chunk` + `attn_merge`): the CPU replica
+//! against float64, window invariance, the chunk boundaries, partial RoPE and shape errors; then
+//! `cuda` and `hip` against the replica bit for bit and window invariance on each (skipped
+//! without a GPU unless `STRATA_REQUIRE_GPU=1`).
+mod common;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use strata::host::cpu::CpuBackend;
+use strata::host::gpu::GpuBackend;
+use strata::host::ops::attention::{
+    attention_case, attn_part_len, parity_cases, prep_case, rope_table, window_case, AttentionOps, AttnCase, AttnShape,
+    BOUNDARY_WINDOWS,
+};
+use strata::host::parity::Outcome;
+use strata::host::{cuda, hip, Error};
+
+fn check(o: Outcome) {
+    eprintln!("  {} {}: {} passed {} nmse {:?}", o.kernel, o.shape, o.backends.join("="), o.passed(), o.nmse);
+    assert!(o.passed(), "{}", o.explain());
+}
+
+fn check_all(outs: Vec<Outcome>) {
+    outs.into_iter().for_each(check);
+}
+
+#[test]
+fn cpu_parity_cases_write_everything_and_meet_the_float64_bar() {
+    let seed = common::seed("cpu_parity_cases");
+    check_all(parity_cases(&[&CpuBackend::new()], seed).unwrap());
+}
+
+/// Contexts of exactly 1, 256, 257 and 512 keys and windows across a chunk boundary, for every
+/// head shape the random cases draw from: float64 agrees, every value written.
+#[test]
+fn chunk_boundaries_meet_the_float64_bar() {
+    let seed = common::seed("chunk_boundaries");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let cpu = CpuBackend::new();
+    for (tokens, pos0) in BOUNDARY_WINDOWS {
+        for _ in 0..4 {
+            let s = rng.random();
+            let case = AttnCase::random(&mut SmallRng::seed_from_u64(s), tokens, pos0);
+            check(attention_case(&[&cpu], &case, s).unwrap());
+            check(prep_case(&[&cpu], &case, s).unwrap());
+        }
+    }
+}
+
+/// The merge really combines chunks: at a context of 257 keys, a key at position 256 (alone in
+/// the second chunk) that matches the query best takes its softmax weight, as it does at
+/// position 0 (the first chunk).
+#[test]
+fn a_key_alone_in_the_last_chunk_counts_fully() {
+    let cpu = CpuBackend::new();
+    let (n_q, n_kv, hd, n_ctx) = (2, 1, 64, 257);
+    let shape = AttnShape { tokens: 1, n_q, n_kv, hd, n_rot: hd, n_ctx };
+    let q: Vec<f32> = (0..n_q * hd).map(|i| if i % hd == 3 { 8.0 } else { 0.0 }).collect();
+    let run = |special: usize| {
+        let mut k = vec![0u16; n_ctx * hd];
+        let mut v = vec![0u16; n_ctx * hd];
+        for (p, row) in v.chunks_exact_mut(hd).enumerate() {
+            row.fill(strata_gpu_shared::f16::f32_to_f16(if p == special { 1.0 } else { -1.0 }));
+        }
+        k[special * hd + 3] = strata_gpu_shared::f16::f32_to_f16(2.0);
+        let mut out = vec![0f32; n_q * hd];
+        cpu.attention(&q, &k, &v, shape, 256, 1.0, &mut out).unwrap();
+        out
+    };
+    let (last, first) = (run(256), run(0));
+    // Weight of the special key: e^16 / (e^16 + 256), output 2w - 1. The in-order f32 sums of
+    // 256 terms are good to a few 1e-6 (each of the 255 small terms rounds against a sum near 1).
+    let w = 16f64.exp() / (16f64.exp() + 256.0);
+    for out in [&last, &first] {
+        for &a in out {
+            assert!((a as f64 - (2.0 * w - 1.0)).abs() < 2e-5, "{a} vs {}", 2.0 * w - 1.0);
+        }
+    }
+}
+
+#[test]
+fn window_invariance_in_the_replica() {
+    let seed = common::seed("window_invariance_replica");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for _ in 0..6 {
+        check(window_case(&CpuBackend::new(), rng.random()).unwrap());
+    }
+}
+
+/// With `n_rot < hd` the values past `n_rot` are the normed input (the output with no RoPE at
+/// all), bit for bit, and the roped ones differ from it: `q_out` rows and the window's key rows.
+fn partial_rope_keeps_the_tail(b: &dyn AttentionOps, seed: u64) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let case = AttnCase::random(&mut rng, 3, 40);
+    let full = AttnShape { n_rot: case.shape.hd, ..case.shape };
+    let (hd, window) = (full.hd, case.pos0 * full.n_kv * full.hd..(case.pos0 + 3) * full.n_kv * full.hd);
+    // The bits of q_out's rows, then of the window's key rows.
+    let prep = |n_rot: usize| -> Vec<u32> {
+        let s = AttnShape { n_rot, ..full };
+        let mut q_out = vec![0f32; s.q_len()];
+        let (mut kc, mut vc) = (case.k_cache.clone(), case.v_cache.clone());
+        let rope = rope_table(s.n_ctx, n_rot, case.freq_base);
+        b.attn_prep(&case.q, &case.k, &case.v, &case.q_norm, &case.k_norm, &rope, s, case.pos0, case.eps, &mut q_out, &mut kc, &mut vc).unwrap();
+        q_out.iter().map(|v| v.to_bits()).chain(kc[window.clone()].iter().map(|&h| h as u32)).collect()
+    };
+    let plain = prep(0);
+    for n_rot in [32, hd / 2] {
+        for (r, (a, b)) in prep(n_rot).chunks_exact(hd).zip(plain.chunks_exact(hd)).enumerate() {
+            assert_eq!(a[n_rot..], b[n_rot..], "row {r} (q rows first), n_rot {n_rot}: the tail changed");
+            assert_ne!(a[..n_rot], b[..n_rot], "row {r} (q rows first), n_rot {n_rot}: nothing rotated");
+        }
+    }
+}
+
+#[test]
+fn partial_rope_in_the_replica() {
+    partial_rope_keeps_the_tail(&CpuBackend::new(), common::seed("partial_rope_replica"));
+}
+
+/// Bad shapes and buffer lengths are `Error::Shape`, never a panic, on every backend.
+fn shape_errors_are_errors(b: &dyn AttentionOps) {
+    let is_shape = |r: strata::host::Result<()>| matches!(r, Err(Error::Shape { .. }));
+    let mut rng = SmallRng::seed_from_u64(7);
+    let c = AttnCase::random(&mut rng, 4, 100);
+    let s = c.shape;
+    let prep = |s: AttnShape, pos0: usize, q_out: &mut [f32], rope: &[f32]| {
+        let (mut kc, mut vc) = (c.k_cache.clone(), c.v_cache.clone());
+        b.attn_prep(&c.q, &c.k, &c.v, &c.q_norm, &c.k_norm, rope, s, pos0, c.eps, q_out, &mut kc, &mut vc)
+    };
+    let mut q_out = vec![0f32; s.q_len()];
+    prep(s, c.pos0, &mut q_out, &c.rope).unwrap();
+    assert!(is_shape(prep(s, c.pos0, &mut q_out[1..], &c.rope)));
+    assert!(is_shape(prep(s, c.pos0, &mut q_out, &c.rope[1..])));
+    assert!(is_shape(prep(s, s.n_ctx - 3, &mut q_out, &c.rope))); // window past the cache
+    assert!(is_shape(prep(AttnShape { n_rot: s.n_rot - 1, ..s }, c.pos0, &mut q_out, &c.rope)));
+    assert!(is_shape(prep(AttnShape { n_kv: 3, ..s }, c.pos0, &mut q_out, &c.rope)));
+    let mut out = vec![0f32; s.q_len()];
+    let attend = |s: AttnShape, pos0: usize, q: &[f32], k: &[u16], out: &mut [f32]| b.attention(q, k, &c.v_cache, s, pos0, c.scale, out);
+    attend(s, c.pos0, &c.q, &c.k_cache, &mut out).unwrap();
+    assert!(is_shape(attend(s, c.pos0, &c.q[1..], &c.k_cache, &mut out)));
+    assert!(is_shape(attend(s, c.pos0, &c.q, &c.k_cache[..c.k_cache.len() - 1], &mut out)));
+    assert!(is_shape(attend(s, c.pos0, &c.q, &c.k_cache, &mut out[1..])));
+    assert!(is_shape(attend(s, usize::MAX - 1, &c.q, &c.k_cache, &mut out)));
+    assert!(is_shape(attend(AttnShape { hd: s.hd + 16, ..s }, c.pos0, &c.q, &c.k_cache, &mut out)));
+    assert!(is_shape(attend(AttnShape { hd: 288, ..s }, c.pos0, &c.q, &c.k_cache, &mut out)));
+    assert!(is_shape(attend(AttnShape { tokens: 0, ..s }, c.pos0, &[], &c.k_cache, &mut [])));
+}
+
+#[test]
+fn shape_errors_in_the_replica() {
+    shape_errors_are_errors(&CpuBackend::new());
+}
+
+/// GPU backend `name` or `None` (reported skipped, or a failure when a GPU is required).
+fn open_gpu(name: &str) -> Option<GpuBackend> {
+    let opened = match name {
+        "cuda" => cuda::open(0, strata::ptx::IMAGES),
+        "hip" => hip::open(0),
+        _ => unreachable!("unknown backend {name}"),
+    };
+    match opened {
+        Ok(b) => Some(b),
+        Err(e) => common::skip_or_fail(common::gpu_required(), &format!("{name} backend"), &e.to_string()),
+    }
+}
+
+/// `name` against the replica: the parity suite, window invariance on the GPU itself, partial
+/// RoPE and shape errors.
+fn gpu_against_cpu(name: &str) {
+    let Some(gpu) = open_gpu(name) else { return };
+    let seed = common::seed(&format!("{name}_vs_cpu"));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for _ in 0..2 {
+        check_all(parity_cases(&[&CpuBackend::new(), &gpu], rng.random()).unwrap());
+    }
+    for _ in 0..4 {
+        check(window_case(&gpu, rng.random()).unwrap());
+    }
+    partial_rope_keeps_the_tail(&gpu, rng.random());
+    shape_errors_are_errors(&gpu);
+}
+
+#[test]
+fn cuda_vs_cpu() {
+    gpu_against_cpu("cuda");
+}
+
+#[test]
+fn hip_vs_cpu() {
+    gpu_against_cpu("hip");
+}
+
+/// With `grid_pad` on, extra warps and blocks change nothing (the guard words past each output
+/// are checked on every call).
+#[test]
+fn padded_grids_change_nothing() {
+    for name in ["cuda", "hip"] {
+        let Some(mut gpu) = open_gpu(name) else { return };
+        gpu.set_grid_pad(true);
+        let seed = common::seed(&format!("{name}_padded"));
+        check_all(parity_cases(&[&CpuBackend::new(), &gpu], seed).unwrap());
+    }
+}
+
+/// The typed launchers refuse device buffers shorter than the shape needs and take longer ones
+/// (the step's buffers are sized for its largest window), with the host-slice results.
+#[test]
+fn launchers_check_device_buffers() {
+    let Some(gpu) = open_gpu("cuda") else { return };
+    let is_shape = |r: strata::host::Result<()>| matches!(r, Err(Error::Shape { .. }));
+    let mut rng = SmallRng::seed_from_u64(common::seed("attention_launchers"));
+    let c = AttnCase::random(&mut rng, 3, 700);
+    let s = c.shape;
+    let longer = |x: &[f32]| gpu.upload("attention", &[x, &[0.0; 5]].concat()).unwrap();
+    let (dq, dk, dv) = (longer(&c.q), longer(&c.k), longer(&c.v));
+    let (dqn, dkn, drope) = (longer(&c.q_norm), longer(&c.k_norm), longer(&c.rope));
+    let mut dq_out = gpu.upload("attention", &vec![0f32; s.q_len() + 7]).unwrap();
+    let mut dkc = gpu.upload("attention", &c.k_cache).unwrap();
+    let mut dvc = gpu.upload("attention", &c.v_cache).unwrap();
+    let mut short = gpu.upload("attention", &vec![0f32; s.q_len() - 1]).unwrap();
+    let prep = |q_out: &mut _, kc: &mut _, vc: &mut _, s: AttnShape| gpu.attn_prep_queue(&dq, &dk, &dv, &dqn, &dkn, &drope, s, c.pos0, c.eps, q_out, kc, vc);
+    assert!(is_shape(prep(&mut short, &mut dkc, &mut dvc, s)));
+    assert!(is_shape(prep(&mut dq_out, &mut dkc, &mut dvc, AttnShape { tokens: 3000, ..s })));
+    prep(&mut dq_out, &mut dkc, &mut dvc, s).unwrap();
+
+    let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
+    let mut small_part = gpu.upload("attention", &vec![0f32; 10]).unwrap();
+    let mut out = gpu.upload("attention", &vec![0f32; s.q_len() + 3]).unwrap();
+    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, c.pos0, c.scale, &mut small_part, &mut out)));
+    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, c.pos0, c.scale, &mut part, &mut short)));
+    gpu.attention_queue(&dq_out, &dkc, &dvc, s, c.pos0, c.scale, &mut part, &mut out).unwrap();
+    let mut got = vec![0f32; s.q_len() + 3];
+    gpu.download("attention", &out, &mut got).unwrap();
+
+    // The same two steps on the replica's host slices.
+    let cpu = CpuBackend::new();
+    let (mut q_out, mut kc, mut vc) = (vec![0f32; s.q_len()], c.k_cache.clone(), c.v_cache.clone());
+    cpu.attn_prep(&c.q, &c.k, &c.v, &c.q_norm, &c.k_norm, &c.rope, s, c.pos0, c.eps, &mut q_out, &mut kc, &mut vc).unwrap();
+    let mut want = vec![0f32; s.q_len()];
+    cpu.attention(&q_out, &kc, &vc, s, c.pos0, c.scale, &mut want).unwrap();
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got[..s.q_len()]), bits(&want));
+}
