@@ -1,7 +1,8 @@
 //! llama.cpp as the independent reference: Strata computes what a qwen3moe file means.
 //!
 //! For each small synthetic model below, `strata synth` writes the file, `strata decode` decodes
-//! it greedily on the CPU (70 tokens after a one-token prompt, the logits row each token was
+//! it greedily on the CPU (70 tokens after a one-token prompt, 300 for the first model so its
+//! attention merges 256-key chunks; the logits row each token was
 //! chosen from), and llama.cpp (`scripts/llama_ref.py logits`, CPU) evaluates the same sequence
 //! [prompt, generated...]. Our row j and llama's row j are the logits after token j at the same
 //! position. The two implementations quantize activations differently (Strata q8_1, llama.cpp
@@ -22,25 +23,24 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Generated tokens per model: the rows compared.
-const GENERATED: usize = 70;
 /// The one-token prompt.
 const PROMPT: u32 = 1;
-/// Median NMSE over positions. Measured (docs/reference.md): 1.3e-4 to 2.9e-4 between a
-/// forward that quantizes activations to q8 and llama.cpp; 1.5e-3 where a tied head repeats one
-/// token and a router near-tie recurs at every position. Broken decoders: 6e-3 (one extra token
-/// in the context) to 0.6; broken comparisons: 1.5 to 1.9.
-const MEDIAN_NMSE_MAX: f64 = 2e-3;
-/// A position above this counts as a spike (a routing flip: 1.5e-3 to 0.19 measured).
+/// Median NMSE over positions. Measured (docs/reference.md), Strata against llama.cpp on 30 seeds
+/// of each model: 1.1e-4 to 4.9e-4, and 2.5e-3 once where the tied head repeats one token and a
+/// router near-tie recurs at every position. A stand-in decoder with one bug each: 6e-3 (one
+/// extra token in the context) to 0.6; broken comparisons: 0.8 to 1.9.
+const MEDIAN_NMSE_MAX: f64 = 5e-3;
+/// A position above this counts as a spike (a routing flip: 1e-3 to 0.47 measured).
 const SPIKE_NMSE: f64 = 1e-2;
-/// Spiking positions at most (measured: at most 11 % above 3e-3).
+/// Spiking positions at most (measured: up to 10 %; the buggy stand-ins 36 % and more).
 const SPIKE_RATE_MAX: f64 = 0.2;
-/// No position beyond this (measured largest spike 0.19; unrelated logits: 1 to 2).
-const NMSE_MAX: f64 = 0.5;
-/// Top-1 agreement at least (measured 91 % to 100 %: near-ties and routing flips; broken
-/// comparisons on varied sequences: 0 to 11 %).
+/// No position beyond this (measured: largest routing-flip spike 0.47; unrelated logits 0.8 to 2.3).
+const NMSE_MAX: f64 = 1.0;
+/// Top-1 agreement at least (measured 91.4 % to 100 %: near-ties and routing flips; broken
+/// comparisons: at most 6.5 %).
 const TOP1_MIN: f64 = 0.85;
 /// The broken comparisons must have a median NMSE at least this many times MEDIAN_NMSE_MAX.
-const POWER_FACTOR: f64 = 100.0;
+const POWER_FACTOR: f64 = 50.0;
 /// Positions whose next token differs from their own that the power check needs (where token j
 /// and token j+1 are equal, a position error cannot show, whatever the comparison; a tied head
 /// tends to repeat one token forever, and such a model checks the logits, not the positions).
@@ -65,6 +65,8 @@ struct Case {
     router: Option<&'static str>,
     tied: bool,
     seed: u64,
+    /// Tokens generated after the one-token prompt (past 256, attention merges chunks).
+    generated: usize,
 }
 
 impl Case {
@@ -104,9 +106,10 @@ const GQA_4_2: Case = Case {
     down: "IQ4_NL",
     attn: "Q8_0",
     head: "Q8_0",
-    router: None,
+    router: Some("BF16"),
     tied: false,
     seed: 11,
+    generated: 300,
 };
 
 const MQA_8_1: Case = Case {
@@ -127,6 +130,7 @@ const MQA_8_1: Case = Case {
     router: Some("F16"),
     tied: false,
     seed: 12,
+    generated: 70,
 };
 
 const GQA_6_3_TIED: Case = Case {
@@ -147,6 +151,7 @@ const GQA_6_3_TIED: Case = Case {
     router: None,
     tied: true,
     seed: 13,
+    generated: 70,
 };
 
 const Q2_0_DOWN: Case = Case {
@@ -167,10 +172,11 @@ const Q2_0_DOWN: Case = Case {
     router: None,
     tied: false,
     seed: 14,
+    generated: 70,
 };
 
 #[test]
-fn gqa_4_2_iq3s_iq4nl_q8_0() {
+fn gqa_4_2_iq3s_iq4nl_q8_0_bf16_router() {
     check(&GQA_4_2);
 }
 
@@ -201,6 +207,7 @@ fn check(case: &Case) {
     let model = dir.join("model.gguf");
     synth(case, seed, &model);
 
+    let n_gen = case.generated;
     let ours_path = dir.join("strata.f32");
     let ids_path = dir.join("ids.json");
     strata(&[
@@ -212,7 +219,7 @@ fn check(case: &Case) {
         "--backend",
         "cpu",
         "-n",
-        &GENERATED.to_string(),
+        &case.generated.to_string(),
         "--ignore-eos",
         "--logits-out",
         s(&ours_path),
@@ -220,10 +227,10 @@ fn check(case: &Case) {
         s(&ids_path),
     ]);
     let generated = parse_ids(&std::fs::read_to_string(&ids_path).unwrap());
-    assert_eq!(generated.len(), GENERATED, "--ids-out holds {} ids, not {GENERATED}", generated.len());
+    assert_eq!(generated.len(), case.generated, "--ids-out holds {} ids, not {n_gen}", generated.len());
     let vocab = case.vocab as usize;
     let ours = f32_rows(&ours_path, vocab);
-    assert_eq!(ours.len(), GENERATED, "--logits-out holds {} rows of {vocab}, not {GENERATED}", ours.len());
+    assert_eq!(ours.len(), case.generated, "--logits-out holds {} rows of {vocab}, not {n_gen}", ours.len());
     assert!(ours.iter().flatten().all(|v| v.is_finite()), "strata decode wrote non-finite logits");
     for (j, (row, &id)) in ours.iter().zip(&generated).enumerate() {
         let best = row_argmax(row);
@@ -236,11 +243,11 @@ fn check(case: &Case) {
     let theirs = llama_logits(&python, &model, &sequence, &dir.join("llama.f32"), vocab);
     let shifted = llama_logits(&python, &model, &sequence[1..], &dir.join("llama-shifted.f32"), vocab);
 
-    let correct = Stats::of((0..GENERATED).map(|j| (j, &ours[j], &theirs[j])));
+    let correct = Stats::of((0..case.generated).map(|j| (j, &ours[j], &theirs[j])));
     eprintln!("{}: ours vs llama.cpp, same positions: {}", case.name, correct.line());
     // The broken comparisons, at the positions where they can differ from the right one.
-    let changes: Vec<usize> = (0..GENERATED).filter(|&j| sequence[j] != sequence[j + 1]).collect();
-    eprintln!("{}: the next token differs at {} of {GENERATED} positions", case.name, changes.len());
+    let changes: Vec<usize> = (0..case.generated).filter(|&j| sequence[j] != sequence[j + 1]).collect();
+    eprintln!("{}: the next token differs at {} of {n_gen} positions", case.name, changes.len());
     let broken = (changes.len() >= MIN_CHANGES).then(|| {
         let wrong_position = Stats::of(changes.iter().map(|&j| (j, &ours[j], &theirs[j + 1])));
         let shifted_sequence = Stats::of(changes.iter().map(|&j| (j, &ours[j], &shifted[j])));

@@ -31,7 +31,25 @@ static __device__ __forceinline__ void matvec(const uint8_t* w, const float* x, 
   float acc[STRATA_MMVQ_MAX_ROWS];
 #pragma unroll
   for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) acc[r] = 0.0f;
-  for (uint32_t j = l; j < k; j += 32) {
+  // A lane's elements j = l, l + 32, ... are added in that order; loading STRATA_MATVEC_AHEAD of
+  // them before adding keeps several loads in flight without changing the order of the sum.
+  uint32_t j = l;
+  for (; j + 32 * (STRATA_MATVEC_AHEAD - 1) < k; j += 32 * STRATA_MATVEC_AHEAD) {
+    float wj[STRATA_MATVEC_AHEAD];
+#pragma unroll
+    for (int i = 0; i < STRATA_MATVEC_AHEAD; i++) wj[i] = W::get(wrow, j + 32 * i);
+#pragma unroll
+    for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
+      if ((uint32_t)r < rows) {
+        float xj[STRATA_MATVEC_AHEAD];
+#pragma unroll
+        for (int i = 0; i < STRATA_MATVEC_AHEAD; i++) xj[i] = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(x + (uint64_t)r * k + j + 32 * i)));
+#pragma unroll
+        for (int i = 0; i < STRATA_MATVEC_AHEAD; i++) acc[r] = acc[r] + wj[i] * xj[i];
+      }
+    }
+  }
+  for (; j < k; j += 32) {
     float wj = W::get(wrow, j);
 #pragma unroll
     for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {

@@ -9,7 +9,16 @@
 // same bits. Plain (coherent) loads: the caller may have written x earlier in the same launch.
 STRATA_FN float warp_rms_scale(const float* x, uint32_t n, float eps) {
   float partial = 0.0f;
-  for (uint32_t j = lane(); j < n; j += 32) {
+  // STRATA_NORM_AHEAD loads in flight before their squares are added, in order.
+  uint32_t j = lane();
+  for (; j + 32 * (STRATA_NORM_AHEAD - 1) < n; j += 32 * STRATA_NORM_AHEAD) {
+    float v[STRATA_NORM_AHEAD];
+#pragma unroll
+    for (int i = 0; i < STRATA_NORM_AHEAD; i++) v[i] = x[j + 32 * i];
+#pragma unroll
+    for (int i = 0; i < STRATA_NORM_AHEAD; i++) partial = partial + v[i] * v[i];
+  }
+  for (; j < n; j += 32) {
     float v = x[j];
     partial = partial + v * v;
   }
@@ -24,7 +33,18 @@ STRATA_KERNEL(rms_norm)(const float* x, const float* w, float* out, uint32_t row
   const float* xr = x + (uint64_t)row * n;
   float* outr = out + (uint64_t)row * n;
   float scale = warp_rms_scale(xr, n, eps);
-  for (uint32_t j = lane(); j < n; j += 32) {
+  uint32_t j = lane();
+  for (; j + 32 * (STRATA_NORM_AHEAD - 1) < n; j += 32 * STRATA_NORM_AHEAD) {
+    float xv[STRATA_NORM_AHEAD], wv[STRATA_NORM_AHEAD];
+#pragma unroll
+    for (int i = 0; i < STRATA_NORM_AHEAD; i++) {
+      xv[i] = xr[j + 32 * i];
+      wv[i] = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(w + j + 32 * i)));
+    }
+#pragma unroll
+    for (int i = 0; i < STRATA_NORM_AHEAD; i++) outr[j + 32 * i] = (xv[i] * scale) * wv[i];
+  }
+  for (; j < n; j += 32) {
     float wj = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(w + j)));
     outr[j] = (xr[j] * scale) * wj;
   }

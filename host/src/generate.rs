@@ -27,6 +27,9 @@ pub struct Stats {
     pub prefill: Duration,
     pub generated: usize,
     pub decode: Duration,
+    /// Host time spent issuing the generation steps' ops (for a GPU backend: enqueueing the
+    /// launches; the step's total time is in `decode`).
+    pub enqueue: Duration,
     /// Time per phase summed over the generation steps, where the backend measured it (ms).
     pub phases: Vec<(&'static str, f64)>,
     /// Why generation ended.
@@ -88,7 +91,9 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
         }
         let w = Window { tokens: 1, pos0: pos };
         exec.set_tokens(&[next])?;
+        let issue = Instant::now();
         exec.run(ops, w)?;
+        stats.enqueue += issue.elapsed();
         next = exec.next_ids(1)?[0];
         if req.want_logits {
             logits = Some(exec.logits(1)?);

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::knobs::{ExpertKnobs, Launch};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{bounds, BOUNDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, Bounds, BOUNDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -193,7 +193,8 @@ pub fn open_device(backend: &'static str, ordinal: usize) -> Result<(Arc<CudaCon
 pub struct GpuBackend {
     name: &'static str,
     stream: Arc<CudaStream>,
-    functions: HashMap<&'static str, CudaFunction>,
+    /// Every kernel of the launch-bounds table, with its bounds (looked up on every launch).
+    functions: HashMap<&'static str, (CudaFunction, Bounds)>,
     info: DeviceInfo,
     /// What the PTX was built for (`sm_90`, `compute_90`, ...), for `strata info`.
     pub ptx_arch: String,
@@ -219,7 +220,7 @@ impl GpuBackend {
                 what: format!("kernel {} missing from the module", b.kernel),
                 detail: e.to_string(),
             })?;
-            functions.insert(b.kernel, f);
+            functions.insert(b.kernel, (f, *b));
         }
         let arch = format!("sm_{}{}", info.compute_capability.0, info.compute_capability.1);
         let pad = grid_pad_wanted(&arch).then(|| info.wave_slots());
@@ -268,6 +269,11 @@ impl GpuBackend {
         &self.stream
     }
 
+    /// The launch bounds of `kernel` (every kernel of the module is in the table).
+    pub(crate) fn bounds_of(&self, kernel: &str) -> Bounds {
+        self.functions.get(kernel).map(|f| f.1).unwrap_or_else(|| panic!("kernel {kernel} is not in BOUNDS"))
+    }
+
     /// A launch of `kernel`; the caller pushes its parameters in order and hands it to
     /// [`Self::run`] or [`Self::launch_async`].
     pub(crate) fn builder(&self, kernel: &'static str) -> LaunchArgs<'_> {
@@ -277,7 +283,7 @@ impl GpuBackend {
     /// As [`Self::builder`], on another stream of the same context (graph capture cannot use
     /// the default stream).
     pub(crate) fn builder_on<'a>(&'a self, stream: &'a CudaStream, kernel: &'static str) -> LaunchArgs<'a> {
-        stream.launch_builder(&self.functions[kernel])
+        stream.launch_builder(&self.functions[kernel].0)
     }
 
     /// Queues the launch over `blocks` blocks of the kernel's table thread count, without
@@ -287,7 +293,7 @@ impl GpuBackend {
     /// `args` holds exactly the parameters the kernel declares, with device buffers of the sizes
     /// its contract names (the shape checks in `backend` establish them for the safe callers).
     pub(crate) unsafe fn launch_async(&self, kernel: &'static str, blocks: u32, args: LaunchArgs) -> Result<()> {
-        let smem = bounds(kernel).expect("every launched kernel is in BOUNDS").smem_bytes;
+        let smem = self.bounds_of(kernel).smem_bytes;
         self.launch_async_smem(kernel, blocks, smem, args)
     }
 
@@ -297,7 +303,7 @@ impl GpuBackend {
     /// # Safety
     /// As [`Self::launch_async`], and `smem` is what the kernel needs for this launch's shape.
     pub(crate) unsafe fn launch_async_smem(&self, kernel: &'static str, blocks: u32, smem: u32, mut args: LaunchArgs) -> Result<()> {
-        let b = bounds(kernel).expect("every launched kernel is in BOUNDS");
+        let b = self.bounds_of(kernel);
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (b.threads, 1, 1), shared_mem_bytes: smem };
         args.launch(cfg).map(|_| ()).map_err(self.driver_err(kernel, "launch"))
     }
@@ -305,7 +311,7 @@ impl GpuBackend {
     /// Launches (on a padded grid when padding is on) and waits, so an execution error is
     /// reported against this kernel.
     pub(crate) fn run(&self, kernel: &'static str, blocks: u32, args: LaunchArgs) -> Result<()> {
-        self.run_smem(kernel, blocks, bounds(kernel).expect("every launched kernel is in BOUNDS").smem_bytes, args)
+        self.run_smem(kernel, blocks, self.bounds_of(kernel).smem_bytes, args)
     }
 
     /// As [`Self::run`] with the dynamic shared memory given.
@@ -319,7 +325,7 @@ impl GpuBackend {
 
     /// `blocks` of `kernel`, padded by `grid_pad` when this backend pads its grids.
     pub(crate) fn padded_grid(&self, kernel: &'static str, blocks: u32) -> u32 {
-        let threads = bounds(kernel).expect("every launched kernel is in BOUNDS").threads;
+        let threads = self.bounds_of(kernel).threads;
         self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots))
     }
 
@@ -449,7 +455,7 @@ impl GpuBackend {
         let down_bytes = (l.n_embd * d.row_bytes(l.n_ff)) as u64;
         let plan = self.experts.plan(l.formats, l.n_embd, l.n_ff, n as usize);
         let pad = |kernel: &str, blocks: u32| {
-            let threads = bounds(kernel).map_or(32, |b| b.threads);
+            let threads = self.bounds_of(kernel).threads;
             self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots))
         };
         // SAFETY (all four): the parameters are each kernel's, in order, over buffers sized by
@@ -495,7 +501,8 @@ impl GpuBackend {
     /// backend: its name, launch bounds, rows per block, shared memory and the knobs.
     fn log_first_launch(&self, l: Launch) {
         static SEEN: std::sync::Mutex<Vec<(&'static str, &'static str)>> = std::sync::Mutex::new(Vec::new());
-        if std::env::var("STRATA_LOG").is_ok_and(|v| v == "info") {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *ON.get_or_init(|| std::env::var("STRATA_LOG").is_ok_and(|v| v == "info")) {
             let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
             if !seen.contains(&(self.name, l.kernel)) {
                 seen.push((self.name, l.kernel));

@@ -240,9 +240,12 @@ fn decode(a: &Args) -> anyhow::Result<()> {
     if steps > 0 && stats.decode.as_secs_f64() > 0.0 {
         let bytes = model.step_weight_bytes() as f64;
         eprintln!(
-            "strata: a decode step reads {:.4} GB of weights: {:.1} GB/s effective",
+            "strata: a decode step reads {:.4} GB of weights: {:.1} GB/s effective; {} ops, issued by the host in {:.0} us of the step's {:.0} us",
             bytes / 1e9,
-            bytes * rate(steps, stats.decode) / 1e9
+            bytes * rate(steps, stats.decode) / 1e9,
+            ops.len(),
+            1e6 * stats.enqueue.as_secs_f64() / steps as f64,
+            1e6 * stats.decode.as_secs_f64() / steps as f64
         );
     }
     if !stats.phases.is_empty() && steps > 0 {

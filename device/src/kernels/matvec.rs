@@ -4,7 +4,7 @@
 //! keeps one partial per activation row; the warp butterfly sums the partials. Spec:
 //! `strata_gpu_shared::order` (matvec).
 use crate::arch::{convert, index, mem, warp};
-use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MMVQ_WARPS};
+use strata_gpu_shared::launch::{MATVEC_AHEAD, MMVQ_MAX_ROWS, MMVQ_WARPS};
 
 /// A float element type, widened to f32 exactly (also the rows of `embed_rows_f32/f16/bf16`).
 pub(super) trait FloatWeight {
@@ -53,7 +53,29 @@ unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u3
     let lane = index::lane();
     let wrow = w.add(row as usize * k as usize * W::BYTES);
     let mut acc = [0.0f32; MMVQ_MAX_ROWS];
+    // A lane's elements j = lane, lane + 32, ... are added in that order; loading `MATVEC_AHEAD`
+    // of them before adding keeps several loads in flight (a long router row is otherwise one
+    // memory latency per element) without changing the order of the sum.
     let mut j = lane;
+    while j + 32 * (MATVEC_AHEAD - 1) < k {
+        let mut wj = [0.0f32; MATVEC_AHEAD as usize];
+        for (i, v) in wj.iter_mut().enumerate() {
+            *v = W::get(wrow, j + 32 * i as u32);
+        }
+        crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if (r as u32) < rows {
+                let xr = x.add(r * k as usize + j as usize);
+                let mut xj = [0.0f32; MATVEC_AHEAD as usize];
+                for (i, v) in xj.iter_mut().enumerate() {
+                    *v = f32::from_bits(mem::ld_nc_u32(xr.add(32 * i) as *const u8));
+                }
+                for i in 0..MATVEC_AHEAD as usize {
+                    acc[r] += wj[i] * xj[i];
+                }
+            }
+        });
+        j += 32 * MATVEC_AHEAD;
+    }
     while j < k {
         let wj = W::get(wrow, j);
         crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {

@@ -4,7 +4,7 @@
 //! [`warp_rms_scale`] is the RMSNorm scale of one row as a warp computes it; attention's
 //! per-head norm calls it too.
 use crate::arch::{convert, index, mem, warp};
-use strata_gpu_shared::launch::norm::{ADD_THREADS, NORM_WARPS};
+use strata_gpu_shared::launch::norm::{ADD_THREADS, NORM_AHEAD, NORM_WARPS};
 
 /// `x[j]` through the coherent path: the norm helper may read rows its caller's launch wrote
 /// (in an earlier phase of the same kernel), and `add_f32` reads `a` where it writes `out`.
@@ -27,7 +27,18 @@ unsafe fn ld(x: *const f32, j: u32) -> f32 {
 #[inline(always)]
 pub unsafe fn warp_rms_scale(x: *const f32, n: u32, eps: f32) -> f32 {
     let mut partial = 0.0f32;
+    // `NORM_AHEAD` loads in flight before their squares are added, in order.
     let mut j = index::lane();
+    while j + 32 * (NORM_AHEAD - 1) < n {
+        let mut v = [0.0f32; NORM_AHEAD as usize];
+        for (i, v) in v.iter_mut().enumerate() {
+            *v = ld(x, j + 32 * i as u32);
+        }
+        for v in v {
+            partial += v * v;
+        }
+        j += 32 * NORM_AHEAD;
+    }
     while j < n {
         let v = ld(x, j);
         partial += v * v;
@@ -51,10 +62,20 @@ pub unsafe extern "ptx-kernel" fn rms_norm(x: *const f32, w: *const f32, out: *m
     let at = row as usize * n as usize;
     let (xr, outr) = (x.add(at), out.add(at));
     let scale = warp_rms_scale(xr, n, eps);
+    let wj = |j: u32| f32::from_bits(mem::ld_nc_u32(w.add(j as usize) as *const u8));
     let mut j = index::lane();
+    while j + 32 * (NORM_AHEAD - 1) < n {
+        let (mut xv, mut wv) = ([0.0f32; NORM_AHEAD as usize], [0.0f32; NORM_AHEAD as usize]);
+        for i in 0..NORM_AHEAD as usize {
+            (xv[i], wv[i]) = (ld(xr, j + 32 * i as u32), wj(j + 32 * i as u32));
+        }
+        for i in 0..NORM_AHEAD as usize {
+            mem::st_f32(outr.add((j + 32 * i as u32) as usize), (xv[i] * scale) * wv[i]);
+        }
+        j += 32 * NORM_AHEAD;
+    }
     while j < n {
-        let wj = f32::from_bits(mem::ld_nc_u32(w.add(j as usize) as *const u8));
-        mem::st_f32(outr.add(j as usize), (ld(xr, j) * scale) * wj);
+        mem::st_f32(outr.add(j as usize), (ld(xr, j) * scale) * wj(j));
         j += 32;
     }
 }

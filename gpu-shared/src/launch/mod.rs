@@ -101,6 +101,9 @@ pub const COPY_CHUNK: usize = 4096;
 /// u64 words per segment in `copy_from_mapped_multi`'s table: source, destination, length,
 /// first block.
 pub const COPY_SEGMENT_WORDS: usize = 4;
+/// Elements per lane the float `matvec` loads before adding them (in order), to keep loads in
+/// flight on long rows.
+pub const MATVEC_AHEAD: u32 = 4;
 /// Activation rows one `mmvq` launch multiplies.
 pub const MMVQ_MAX_ROWS: usize = 8;
 

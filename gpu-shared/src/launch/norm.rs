@@ -8,6 +8,9 @@ use crate::formats::{FloatFormat, WeightFormat};
 pub const EMBED_THREADS: u32 = 256;
 /// Warps (one row each) per `rms_norm` block.
 pub const NORM_WARPS: u32 = 4;
+/// Elements per lane an RMSNorm warp loads before using them (in order), to keep loads in
+/// flight on long rows.
+pub const NORM_AHEAD: u32 = 8;
 /// The longest row `rms_norm` takes (a multiple of 32).
 pub const NORM_MAX_N: usize = 16384;
 /// Threads of an `add_f32` block, one element each.
@@ -108,6 +111,7 @@ pub const GEOMETRY: &[(&str, usize)] = &[
     ("EMBED_THREADS", EMBED_THREADS as usize),
     ("EMBED_NAN", EMBED_NAN as usize),
     ("NORM_WARPS", NORM_WARPS as usize),
+    ("NORM_AHEAD", NORM_AHEAD as usize),
     ("ADD_THREADS", ADD_THREADS as usize),
 ];
 
