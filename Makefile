@@ -1,5 +1,5 @@
 # The two commands of the README, and the steps they are made of.
-#   make run    install what is missing, build, run `strata` on its built-in default
+#   make run    install what is missing, build, decode the built-in random model, show the backends
 #   make test   install what is missing, build, run every test that this machine can run
 SHELL := /bin/bash
 VENV_LIB = $(firstword $(wildcard .venv/lib/python3*/site-packages/nvidia/cu13/lib))
@@ -18,8 +18,8 @@ build: setup
 run: build
 	$(MAKE) --no-print-directory -s _run
 _run:
+	./target/release/strata decode -n 48
 	./target/release/strata info
-	./target/release/strata parity
 
 # The compiler reports (ptxas for the Rust PTX and the NVRTC-compiled HIP, clang-22 for AMD)
 # print in full; then every test. STRATA_REQUIRE_TOOLS=1: a missing compiler fails, not skips.

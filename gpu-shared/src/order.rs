@@ -29,11 +29,11 @@
 //! `S_b` is exact) or several rows to one warp, but the partials and the tree stay as here.
 
 //!
-//! ## `matvec_f32` / `matvec_bf16` (float weights, f32 activations)
+//! ## `matvec_f32` / `matvec_f16` / `matvec_bf16` (float weights, f32 activations)
 //!
 //! Partial `p` (of [`LANES`]) is the left-to-right sum from +0.0 of `w[j] * x[j]` (the product
-//! rounded to f32, then added: no fma) for `j = p, p + 32, ...`; bf16 weights widen to f32
-//! exactly. The partials are combined by [`butterfly_sum`].
+//! rounded to f32, then added: no fma) for `j = p, p + 32, ...`; f16 and bf16 weights widen to
+//! f32 exactly. The partials are combined by [`butterfly_sum`].
 
 //!
 //! ## `argmax_rows` (sampler head: greedy pick)

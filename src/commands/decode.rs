@@ -239,14 +239,13 @@ fn decode(a: &Args) -> anyhow::Result<()> {
     );
     if steps > 0 && stats.decode.as_secs_f64() > 0.0 {
         let bytes = model.step_weight_bytes() as f64;
-        eprintln!(
-            "strata: a decode step reads {:.4} GB of weights: {:.1} GB/s effective; {} ops, issued by the host in {:.0} us of the step's {:.0} us",
-            bytes / 1e9,
-            bytes * rate(steps, stats.decode) / 1e9,
-            ops.len(),
-            1e6 * stats.enqueue.as_secs_f64() / steps as f64,
-            1e6 * stats.decode.as_secs_f64() / steps as f64
-        );
+        let per_step = |d: std::time::Duration| 1e6 * d.as_secs_f64() / steps as f64;
+        let issue = if exec.name() == "cpu" {
+            String::new()
+        } else {
+            format!("; {} ops, issued by the host in {:.0} us of the step's {:.0} us", ops.len(), per_step(stats.enqueue), per_step(stats.decode))
+        };
+        eprintln!("strata: a decode step reads {:.4} GB of weights: {:.1} GB/s effective{issue}", bytes / 1e9, bytes * rate(steps, stats.decode) / 1e9);
     }
     if !stats.phases.is_empty() && steps > 0 {
         let total: f64 = stats.phases.iter().map(|p| p.1).sum();
