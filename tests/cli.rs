@@ -200,7 +200,9 @@ fn decode_refuses_bad_input_clearly() {
         x.3.truncate(128 * 4);
     });
     let long_prompt: String = (0..40).map(|i| (i % 9).to_string()).collect::<Vec<_>>().join(",");
-    let cases: [(Vec<&str>, &str); 6] = [
+    let cases: [(Vec<&str>, &str); 8] = [
+        (vec!["--prompt-ids", "99999"], "prompt token id 99999 is outside the vocabulary of 1248 tokens"),
+        (vec!["--model", missing.path(), "--temp", "0.5", "--top-k", "0"], "top_k"),
         (vec!["--model", truncated.path()], "truncated"),
         (vec!["--model", wrong_arch.path()], "`llama` is not supported"),
         (vec!["--model", missing.path()], "tensor blk.1.attn_k.weight: missing"),
@@ -219,4 +221,17 @@ fn decode_refuses_bad_input_clearly() {
         assert!(err.contains(want) && !err.contains("panicked"), "{all:?}: want `{want}` in:\n{err}");
         assert_eq!(err.lines().filter(|l| l.starts_with("strata: error")).count(), 1, "{all:?}: {err}");
     }
+}
+
+/// `--chat` wraps the prompt in ChatML turns when the vocabulary has them; the text streams and
+/// sampling with a seed is repeatable.
+#[test]
+fn decode_chat_and_sampling() {
+    let run = || strata(&["decode", "--backend", "cpu", "--chat", "--prompt", "Hello there", "-n", "16", "--temp", "0.9", "--seed", "5", "--ignore-eos"]);
+    let (code, out, err) = run();
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("decode 15 tokens"), "{err}");
+    assert_eq!(run().1, out, "the same seed sampled other tokens");
+    let (_, other, _) = strata(&["decode", "--backend", "cpu", "--chat", "--prompt", "Hello there", "-n", "16", "--temp", "0.9", "--seed", "6", "--ignore-eos"]);
+    assert_ne!(other, out, "seeds 5 and 6 sampled the same 16 tokens");
 }

@@ -40,14 +40,8 @@ fn models(seed: u64) -> Vec<Arc<Qwen3Moe>> {
 }
 
 fn gpu_executor(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize) -> Option<Box<dyn Executor>> {
-    let opened = match name {
-        "cuda" => strata::host::cuda::open(0, strata::ptx::IMAGES),
-        _ => strata::host::hip::open(0),
-    };
-    match opened {
-        Ok(g) => Some(Box::new(GpuExecutor::new(g, m, n_ctx, false).expect("the model fits the GPU"))),
-        Err(e) => common::skip_or_fail(common::gpu_required(), &format!("{name} backend"), &e.to_string()),
-    }
+    let g = common::open_gpu(name)?;
+    Some(Box::new(GpuExecutor::new(g, m, n_ctx, false).expect("the model fits the GPU")))
 }
 
 fn executor(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize) -> Option<Box<dyn Executor>> {

@@ -8,13 +8,12 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use strata::host::cpu::CpuBackend;
-use strata::host::gpu::GpuBackend;
 use strata::host::ops::attention::{
     attention_case, attn_part_len, parity_cases, prep_case, rope_table, window_case, AttentionOps, AttnCase, AttnShape,
     BOUNDARY_WINDOWS,
 };
 use strata::host::parity::Outcome;
-use strata::host::{cuda, hip, Error};
+use strata::host::Error;
 
 fn check(o: Outcome) {
     eprintln!("  {} {}: {} passed {} nmse {:?}", o.kernel, o.shape, o.backends.join("="), o.passed(), o.nmse);
@@ -152,23 +151,11 @@ fn shape_errors_in_the_replica() {
     shape_errors_are_errors(&CpuBackend::new());
 }
 
-/// GPU backend `name` or `None` (reported skipped, or a failure when a GPU is required).
-fn open_gpu(name: &str) -> Option<GpuBackend> {
-    let opened = match name {
-        "cuda" => cuda::open(0, strata::ptx::IMAGES),
-        "hip" => hip::open(0),
-        _ => unreachable!("unknown backend {name}"),
-    };
-    match opened {
-        Ok(b) => Some(b),
-        Err(e) => common::skip_or_fail(common::gpu_required(), &format!("{name} backend"), &e.to_string()),
-    }
-}
 
 /// `name` against the replica: the parity suite, window invariance on the GPU itself, partial
 /// RoPE and shape errors.
 fn gpu_against_cpu(name: &str) {
-    let Some(gpu) = open_gpu(name) else { return };
+    let Some(gpu) = common::open_gpu(name) else { return };
     let seed = common::seed(&format!("{name}_vs_cpu"));
     let mut rng = SmallRng::seed_from_u64(seed);
     for _ in 0..2 {
@@ -196,7 +183,7 @@ fn hip_vs_cpu() {
 #[test]
 fn padded_grids_change_nothing() {
     for name in ["cuda", "hip"] {
-        let Some(mut gpu) = open_gpu(name) else { return };
+        let Some(mut gpu) = common::open_gpu(name) else { return };
         gpu.set_grid_pad(true);
         let seed = common::seed(&format!("{name}_padded"));
         check_all(parity_cases(&[&CpuBackend::new(), &gpu], seed).unwrap());
@@ -207,7 +194,7 @@ fn padded_grids_change_nothing() {
 /// (the step's buffers are sized for its largest window), with the host-slice results.
 #[test]
 fn launchers_check_device_buffers() {
-    let Some(gpu) = open_gpu("cuda") else { return };
+    let Some(gpu) = common::open_gpu("cuda") else { return };
     let is_shape = |r: strata::host::Result<()>| matches!(r, Err(Error::Shape { .. }));
     let mut rng = SmallRng::seed_from_u64(common::seed("attention_launchers"));
     let c = AttnCase::random(&mut rng, 3, 700);

@@ -10,30 +10,16 @@ use rand::{Rng, SeedableRng};
 
 use strata::host::cpu::CpuBackend;
 use strata::host::parity::{self, Outcome};
-use strata::host::gpu::GpuBackend;
-use strata::host::{cuda, hip, Backend};
+use strata::host::Backend;
 use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
 
 fn open(name: &str) -> Option<Box<dyn Backend>> {
     match name {
         "cpu" => Some(Box::new(CpuBackend::new())),
-        _ => open_gpu(name).map(|b| Box::new(b) as _),
+        _ => common::open_gpu(name).map(|b| Box::new(b) as _),
     }
 }
 
-/// GPU backend `name` (`cuda` or `hip`) as itself, for the tests that set its knobs; `None`
-/// (reported skipped, or a failure when a GPU is required) when it cannot open.
-fn open_gpu(name: &str) -> Option<GpuBackend> {
-    let opened = match name {
-        "cuda" => cuda::open(0, strata::ptx::IMAGES),
-        "hip" => hip::open(0),
-        _ => unreachable!("unknown backend {name}"),
-    };
-    match opened {
-        Ok(b) => Some(b),
-        Err(e) => common::skip_or_fail(common::gpu_required(), &format!("{name} backend"), &e.to_string()),
-    }
-}
 
 fn check(out: Outcome) {
     assert!(out.passed(), "{}", out.explain());
@@ -159,7 +145,7 @@ parity_pair!(cuda_vs_hip, "cuda", "hip");
 #[test]
 fn padded_grids_change_nothing() {
     for name in ["cuda", "hip"] {
-        let (Some(mut padded), Some(plain)) = (open_gpu(name), open(name)) else { return };
+        let (Some(mut padded), Some(plain)) = (common::open_gpu(name), open(name)) else { return };
         padded.set_grid_pad(true);
         assert!(padded.grid_pad_on());
         let seed = common::seed("padded_grids_change_nothing");
@@ -220,7 +206,7 @@ fn expert_knobs_every_value() {
     use strata_gpu_shared::launch::{EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R, EXPDEC_R, EXPDEC_RB};
     let cpu = CpuBackend::new();
     for name in ["cuda", "hip"] {
-        let Some(mut g) = open_gpu(name) else { return };
+        let Some(mut g) = common::open_gpu(name) else { return };
         let seed = common::seed("expert_knobs_every_value");
         let mut rng = SmallRng::seed_from_u64(seed);
         let plain = ExpertKnobs { expdec: false, down: false, d20: false, ..ExpertKnobs::default() };

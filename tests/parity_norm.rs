@@ -10,11 +10,10 @@ use rand::{Rng, SeedableRng};
 
 use strata::host::cpu::CpuBackend;
 use strata::host::gguf::GgmlType;
-use strata::host::gpu::GpuBackend;
 use strata::host::ops::norm::{embed_table, parity_cases, random_table, NormOps};
 use strata::host::parity::Outcome;
 use strata::host::reference::{dequant_row_f32, nmse, rms_norm_f64};
-use strata::host::{cuda, hip, Error};
+use strata::host::Error;
 use strata_gpu_shared::f16::f16_to_f32;
 use strata_gpu_shared::formats::WeightFormat;
 use strata_gpu_shared::launch::norm::{EMBED_NAN, NORM_MAX_N};
@@ -239,23 +238,11 @@ fn shape_errors_are_errors() {
     shape_err(cpu.add(&x[1..], &x[1..], &mut y), "output one long");
 }
 
-/// GPU backend `name` (`cuda` or `hip`); `None` (reported skipped, or a failure when a GPU is
-/// required) when it cannot open.
-fn open_gpu(name: &str) -> Option<GpuBackend> {
-    let opened = match name {
-        "cuda" => cuda::open(0, strata::ptx::IMAGES),
-        _ => hip::open(0),
-    };
-    match opened {
-        Ok(b) => Some(b),
-        Err(e) => common::skip_or_fail(common::gpu_required(), &format!("{name} backend"), &e.to_string()),
-    }
-}
 
 /// The parity suite on `name` against the replica, on plain and on padded grids (every kernel
 /// must return at once in blocks past its work), plus the GPU's shape errors.
 fn gpu_matches_cpu(name: &str) {
-    let Some(mut gpu) = open_gpu(name) else { return };
+    let Some(mut gpu) = common::open_gpu(name) else { return };
     let cpu = CpuBackend::new();
     let seed = common::seed(&format!("{name}_matches_cpu"));
     for pad in [false, true] {

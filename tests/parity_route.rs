@@ -8,10 +8,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use strata::host::cpu::CpuBackend;
-use strata::host::gpu::GpuBackend;
 use strata::host::ops::route::{parity_cases, router_f64, router_logits, RouteOps, SampleParams};
 use strata::host::parity::{random_logits, Outcome};
-use strata::host::{cuda, hip, Error};
+use strata::host::Error;
 use strata_gpu_shared::replica::head::argmax_row;
 use strata_gpu_shared::replica::sample::splitmix64;
 
@@ -286,21 +285,9 @@ fn shape_and_parameter_errors_are_errors() {
     assert!(is_shape(cpu.router_topk(&big, 513, 2, &mut vec![0; 4], &mut vec![0.0; 4])));
 }
 
-/// GPU backend `name` or `None` (reported skipped, or a failure when a GPU is required).
-fn open_gpu(name: &str) -> Option<GpuBackend> {
-    let opened = match name {
-        "cuda" => cuda::open(0, strata::ptx::IMAGES),
-        "hip" => hip::open(0),
-        _ => unreachable!("unknown backend {name}"),
-    };
-    match opened {
-        Ok(b) => Some(b),
-        Err(e) => common::skip_or_fail(common::gpu_required(), &format!("{name} backend"), &e.to_string()),
-    }
-}
 
 fn gpu_against_cpu(name: &str) {
-    let Some(gpu) = open_gpu(name) else { return };
+    let Some(gpu) = common::open_gpu(name) else { return };
     let seed = common::seed(&format!("{name}_vs_cpu"));
     let mut rng = SmallRng::seed_from_u64(seed);
     for _ in 0..3 {
@@ -323,7 +310,7 @@ fn hip_vs_cpu() {
 #[test]
 fn padded_grids_change_nothing() {
     for name in ["cuda", "hip"] {
-        let Some(mut gpu) = open_gpu(name) else { return };
+        let Some(mut gpu) = common::open_gpu(name) else { return };
         gpu.set_grid_pad(true);
         let seed = common::seed(&format!("{name}_padded"));
         check_all(parity_cases(&[&CpuBackend::new(), &gpu], seed).unwrap());
@@ -333,7 +320,7 @@ fn padded_grids_change_nothing() {
 /// The typed launchers refuse device buffers shorter than the shape needs, and take longer ones.
 #[test]
 fn launchers_check_device_buffers() {
-    let Some(gpu) = open_gpu("cuda") else { return };
+    let Some(gpu) = common::open_gpu("cuda") else { return };
     let is_shape = |r: strata::host::Result<()>| matches!(r, Err(Error::Shape { .. }));
     let mut rng = SmallRng::seed_from_u64(common::seed("launchers_check_device_buffers"));
     let (tokens, n_expert, k) = (5, 128, 8);

@@ -3,6 +3,11 @@
 //! the float steps below are fixed. The replicas in [`crate::replica`] are these specs run on
 //! the CPU, and the GPU kernels compute them lane by lane.
 //!
+//! The decode step's families state their orders in their replica modules: embedding rows
+//! ([`crate::replica::embed`]), RMSNorm and the residual add ([`crate::replica::norm`]), the
+//! per-head norm, RoPE, chunked attention and its merge ([`crate::replica::attention`]), the
+//! router's top-k ([`crate::replica::route`]) and the sampler ([`crate::replica::sample`]).
+//!
 //! ## `quantize_q8_1` (one 32-value group)
 //!
 //! 1. `amax` = maxNum over `|x_j|` (NaN inputs are ignored; exact in any order).

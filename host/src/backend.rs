@@ -114,8 +114,16 @@ pub trait Backend {
     fn moe(&self, w: &MoeWindow, out: &mut MoeOut) -> Result<()>;
 }
 
-fn shape_err(kernel: &'static str, detail: String) -> Error {
+pub(crate) fn shape_err(kernel: &'static str, detail: String) -> Error {
     Error::Shape { kernel, detail }
+}
+
+/// A host slice holds exactly `want` elements.
+pub(crate) fn exact_len(kernel: &'static str, what: &str, have: usize, want: usize) -> Result<()> {
+    if have != want {
+        return Err(shape_err(kernel, format!("{what} holds {have} elements, {want} expected")));
+    }
+    Ok(())
 }
 
 /// Checks `quantize_q8_1`'s sizes; returns the number of groups.

@@ -1,4 +1,4 @@
-//! The `cpu` backend: the gpu-shared replicas, split over the machine's threads.
+//! The `cpu` backend: the gpu-shared replicas, split over the machine's threads (rayon's pool).
 use crate::backend::{
     check_head, check_matvec, check_mmvq, check_moe, check_quantize, check_quantize_q8_0, Backend, FloatWeights, MoeOut, MoeWindow, Variant,
     Weights,
@@ -7,6 +7,7 @@ use strata_gpu_shared::moe::swiglu;
 use crate::error::Result;
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::replica;
+use rayon::prelude::*;
 
 pub struct CpuBackend {
     threads: usize,
@@ -14,7 +15,7 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     pub fn new() -> Self {
-        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let threads = rayon::current_num_threads();
         CpuBackend { threads }
     }
 
@@ -23,12 +24,7 @@ impl CpuBackend {
     pub(crate) fn par_chunks<T: Send>(&self, out: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync) {
         let units = out.len() / unit;
         let per = units.div_ceil(self.threads).max(1) * unit;
-        std::thread::scope(|s| {
-            for (i, chunk) in out.chunks_mut(per).enumerate() {
-                let f = &f;
-                s.spawn(move || f(i * per / unit, chunk));
-            }
-        });
+        out.par_chunks_mut(per).enumerate().for_each(|(i, chunk)| f(i * per / unit, chunk));
     }
 }
 

@@ -179,6 +179,7 @@ fn decode(a: &Args) -> anyhow::Result<()> {
         model.weights.total_bytes() as f64 / (1u64 << 20) as f64,
         n_ctx
     );
+    eprintln!("strata: formats: {}", model.formats_summary());
     let mut exec = open_executor(a, model.clone(), n_ctx)?;
     if exec.name() != "cpu" {
         eprintln!("strata: {} backend, {:.2} GiB on the device", exec.name(), device_bytes(&model, n_ctx) as f64 / (1u64 << 30) as f64);

@@ -61,3 +61,17 @@ pub fn venv_python() -> Option<PathBuf> {
     let ok = p.exists() && std::process::Command::new(&p).args(["-c", "import gguf"]).output().is_ok_and(|o| o.status.success());
     ok.then_some(p)
 }
+
+/// GPU backend `name` (`cuda` or `hip`) on device 0; `None` (reported skipped, or a failure when
+/// a GPU is required) when it cannot open.
+pub fn open_gpu(name: &str) -> Option<strata::host::gpu::GpuBackend> {
+    let opened = match name {
+        "cuda" => strata::host::cuda::open(0, strata::ptx::IMAGES),
+        "hip" => strata::host::hip::open(0),
+        _ => unreachable!("unknown backend {name}"),
+    };
+    match opened {
+        Ok(b) => Some(b),
+        Err(e) => skip_or_fail(gpu_required(), &format!("{name} backend"), &e.to_string()),
+    }
+}

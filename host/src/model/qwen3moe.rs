@@ -376,6 +376,31 @@ impl Qwen3Moe {
         Ok(Qwen3Moe { config, weights })
     }
 
+    /// The tensor types by role, as `strata decode` prints them: `embedding Q8_0, attention
+    /// Q8_0, ...` (a role whose layers differ lists each type once).
+    pub fn formats_summary(&self) -> String {
+        let w = &self.weights;
+        let names = |ids: &mut dyn Iterator<Item = WeightId>| {
+            let mut seen: Vec<&str> = Vec::new();
+            for id in ids {
+                let n = w.get(id).ty.name();
+                if !seen.contains(&n) {
+                    seen.push(n);
+                }
+            }
+            seen.join("/")
+        };
+        let roles: [(&str, Vec<WeightId>); 6] = [
+            ("embedding", vec![w.token_embd]),
+            ("attention", w.layers.iter().flat_map(|l| [l.q, l.k, l.v, l.o]).collect()),
+            ("router", w.layers.iter().map(|l| l.router).collect()),
+            ("gate/up", w.layers.iter().flat_map(|l| [l.gate, l.up]).collect()),
+            ("down", w.layers.iter().map(|l| l.down).collect()),
+            (if w.output == w.token_embd { "head (tied)" } else { "head" }, vec![w.output]),
+        ];
+        roles.into_iter().map(|(role, ids)| format!("{role} {}", names(&mut ids.into_iter()))).collect::<Vec<_>>().join(", ")
+    }
+
     /// Bytes of weights a one-token step reads: every matrix and vector once, one row of the
     /// embedding (unless it is also the head), and `n_expert_used` experts of each layer.
     pub fn step_weight_bytes(&self) -> usize {

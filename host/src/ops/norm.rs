@@ -7,7 +7,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cpu::CpuBackend;
-use crate::error::{Error, Result};
+use crate::backend::{exact_len, shape_err};
+use crate::error::Result;
 use crate::gguf::GgmlType;
 use crate::gpu::{holds, GpuBackend};
 use crate::parity::{compare_bits, note_unwritten, random_weights, Outcome, NMSE_MAX, POISON_F32};
@@ -47,30 +48,20 @@ pub fn embed_table(ty: GgmlType) -> EmbedTable {
     }
 }
 
-fn shape(kernel: &'static str, detail: String) -> Error {
-    Error::Shape { kernel, detail }
-}
 
-/// A host slice holds exactly `want` elements.
-fn exact(kernel: &'static str, what: &str, have: usize, want: usize) -> Result<()> {
-    if have != want {
-        return Err(shape(kernel, format!("{what} holds {have} elements, {want} expected")));
-    }
-    Ok(())
-}
 
 /// Checks an `embed_rows` shape; returns the table type and its bytes per row.
 fn check_embed(ty: GgmlType, n_rows: usize, n: usize, tokens: usize) -> Result<(EmbedTable, usize)> {
     let table = embed_table(ty);
     let kernel = table.kernel();
     if n == 0 || n % table.block_values() != 0 || n > u32::MAX as usize {
-        return Err(shape(kernel, format!("row length {n} is not a positive multiple of the {} block ({})", table.name(), table.block_values())));
+        return Err(shape_err(kernel, format!("row length {n} is not a positive multiple of the {} block ({})", table.name(), table.block_values())));
     }
     if n_rows == 0 || n_rows > u32::MAX as usize {
-        return Err(shape(kernel, format!("a table of {n_rows} rows (1..=u32::MAX)")));
+        return Err(shape_err(kernel, format!("a table of {n_rows} rows (1..=u32::MAX)")));
     }
     if tokens > u32::MAX as usize || tokens * n.div_ceil(EMBED_THREADS as usize) > MAX_BLOCKS {
-        return Err(shape(kernel, format!("{tokens} tokens of {n} values exceed one launch")));
+        return Err(shape_err(kernel, format!("{tokens} tokens of {n} values exceed one launch")));
     }
     Ok((table, table.row_bytes(n)))
 }
@@ -78,17 +69,17 @@ fn check_embed(ty: GgmlType, n_rows: usize, n: usize, tokens: usize) -> Result<(
 /// Checks an `rms_norm` shape.
 fn check_rms(rows: usize, n: usize) -> Result<()> {
     if n == 0 || n % 32 != 0 || n > NORM_MAX_N {
-        return Err(shape(RMS, format!("row length {n} is not a multiple of 32 in 32..={NORM_MAX_N}")));
+        return Err(shape_err(RMS, format!("row length {n} is not a multiple of 32 in 32..={NORM_MAX_N}")));
     }
     if rows.div_ceil(NORM_WARPS as usize) > MAX_BLOCKS {
-        return Err(shape(RMS, format!("{rows} rows exceed one launch")));
+        return Err(shape_err(RMS, format!("{rows} rows exceed one launch")));
     }
     Ok(())
 }
 
 fn check_add(n: usize) -> Result<()> {
     if n > u32::MAX as usize {
-        return Err(shape(ADD, format!("{n} values exceed one launch")));
+        return Err(shape_err(ADD, format!("{n} values exceed one launch")));
     }
     Ok(())
 }
@@ -96,27 +87,27 @@ fn check_add(n: usize) -> Result<()> {
 /// The host-slice `embed_rows` call's sizes, exact; returns the table type.
 fn embed_slices(table: &[u8], ty: GgmlType, n_rows: usize, n: usize, ids: &[u32], out: &[f32]) -> Result<EmbedTable> {
     let (t, row_bytes) = check_embed(ty, n_rows, n, ids.len())?;
-    exact(t.kernel(), "table", table.len(), n_rows.saturating_mul(row_bytes))?;
-    exact(t.kernel(), "output", out.len(), ids.len() * n)?;
+    exact_len(t.kernel(), "table", table.len(), n_rows.saturating_mul(row_bytes))?;
+    exact_len(t.kernel(), "output", out.len(), ids.len() * n)?;
     Ok(t)
 }
 
 /// The host-slice `rms_norm` call's sizes, exact; returns the number of rows.
 fn rms_slices(x: &[f32], w: &[f32], n: usize, out: &[f32]) -> Result<usize> {
     if n == 0 || x.len() % n != 0 {
-        return Err(shape(RMS, format!("{} values are not whole rows of {n}", x.len())));
+        return Err(shape_err(RMS, format!("{} values are not whole rows of {n}", x.len())));
     }
     check_rms(x.len() / n, n)?;
-    exact(RMS, "weights", w.len(), n)?;
-    exact(RMS, "output", out.len(), x.len())?;
+    exact_len(RMS, "weights", w.len(), n)?;
+    exact_len(RMS, "output", out.len(), x.len())?;
     Ok(x.len() / n)
 }
 
 /// The host-slice `add` call's sizes, exact.
 fn add_slices(a: &[f32], b: &[f32], out: &[f32]) -> Result<()> {
     check_add(a.len())?;
-    exact(ADD, "b", b.len(), a.len())?;
-    exact(ADD, "output", out.len(), a.len())
+    exact_len(ADD, "b", b.len(), a.len())?;
+    exact_len(ADD, "output", out.len(), a.len())
 }
 
 impl NormOps for CpuBackend {

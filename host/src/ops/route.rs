@@ -7,7 +7,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cpu::CpuBackend;
-use crate::error::{Error, Result};
+use crate::backend::{exact_len, shape_err};
+use crate::error::Result;
 use crate::gpu::holds;
 use crate::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, random_logits, Outcome, NMSE_MAX, POISON_F32};
@@ -64,47 +65,37 @@ const ARGMAX: &str = "argmax_rows";
 /// Rows (tokens, grid blocks) one launch may take.
 const MAX_ROWS: usize = i32::MAX as usize / 2;
 
-fn shape(kernel: &'static str, detail: String) -> Error {
-    Error::Shape { kernel, detail }
-}
 
 
-/// An output slice holds exactly `want` elements.
-fn exact(kernel: &'static str, what: &str, have: usize, want: usize) -> Result<()> {
-    if have != want {
-        return Err(shape(kernel, format!("{what} holds {have} elements, {want} expected")));
-    }
-    Ok(())
-}
 
 /// The rows in `len` values of rows of `n` (at least one, whole rows).
 fn whole_rows(kernel: &'static str, len: usize, n: usize) -> Result<usize> {
     if n == 0 || len == 0 || len % n != 0 {
-        return Err(shape(kernel, format!("{len} logits are not whole rows of {n}")));
+        return Err(shape_err(kernel, format!("{len} logits are not whole rows of {n}")));
     }
     Ok(len / n)
 }
 
 fn check_router(tokens: usize, n_expert: usize, k: usize) -> Result<()> {
     if !(1..=ROUTER_MAX_EXPERTS).contains(&n_expert) {
-        return Err(shape(ROUTER, format!("{n_expert} experts, 1..={ROUTER_MAX_EXPERTS} supported")));
+        return Err(shape_err(ROUTER, format!("{n_expert} experts, 1..={ROUTER_MAX_EXPERTS} supported")));
     }
     if !(1..=ROUTER_MAX_K.min(n_expert)).contains(&k) {
-        return Err(shape(ROUTER, format!("k {k} is not in 1..={} for {n_expert} experts", ROUTER_MAX_K.min(n_expert))));
+        return Err(shape_err(ROUTER, format!("k {k} is not in 1..={} for {n_expert} experts", ROUTER_MAX_K.min(n_expert))));
     }
     if !(1..=MAX_ROWS).contains(&tokens) {
-        return Err(shape(ROUTER, format!("{tokens} tokens, 1..={MAX_ROWS} per launch")));
+        return Err(shape_err(ROUTER, format!("{tokens} tokens, 1..={MAX_ROWS} per launch")));
     }
     Ok(())
 }
 
 fn check_sample(rows: usize, n: usize, p: SampleParams, pos0: usize) -> Result<()> {
-    p.check().map_err(|d| shape(SAMPLE, d))?;
+    p.check().map_err(|d| shape_err(SAMPLE, d))?;
     if !(1..=u32::MAX as usize / 2).contains(&n) || !(1..=MAX_ROWS).contains(&rows) {
-        return Err(shape(SAMPLE, format!("{rows} rows of {n} logits exceed one launch")));
+        return Err(shape_err(SAMPLE, format!("{rows} rows of {n} logits exceed one launch")));
     }
     if pos0 > u32::MAX as usize {
-        return Err(shape(SAMPLE, format!("position {pos0} exceeds u32")));
+        return Err(shape_err(SAMPLE, format!("position {pos0} exceeds u32")));
     }
     Ok(())
 }
@@ -113,7 +104,7 @@ fn check_sample(rows: usize, n: usize, p: SampleParams, pos0: usize) -> Result<(
 fn check_argmax(rows: usize, n: usize) -> Result<usize> {
     let chunks = n.div_ceil(HEAD_CHUNK);
     if n == 0 || n > u32::MAX as usize / 2 || rows == 0 || rows * chunks > MAX_ROWS {
-        return Err(shape(ARGMAX, format!("{rows} rows of {n} logits exceed one launch")));
+        return Err(shape_err(ARGMAX, format!("{rows} rows of {n} logits exceed one launch")));
     }
     Ok(chunks)
 }
@@ -122,8 +113,8 @@ fn check_argmax(rows: usize, n: usize) -> Result<usize> {
 fn router_tokens(logits: &[f32], n_expert: usize, k: usize, ids: &[u32], weights: &[f32]) -> Result<usize> {
     let tokens = whole_rows(ROUTER, logits.len(), n_expert)?;
     check_router(tokens, n_expert, k)?;
-    exact(ROUTER, "ids", ids.len(), tokens * k)?;
-    exact(ROUTER, "weights", weights.len(), tokens * k)?;
+    exact_len(ROUTER, "ids", ids.len(), tokens * k)?;
+    exact_len(ROUTER, "weights", weights.len(), tokens * k)?;
     Ok(tokens)
 }
 
@@ -131,7 +122,7 @@ fn router_tokens(logits: &[f32], n_expert: usize, k: usize, ids: &[u32], weights
 fn sample_count(logits: &[f32], n: usize, p: SampleParams, pos0: usize, ids: &[u32]) -> Result<usize> {
     let rows = whole_rows(SAMPLE, logits.len(), n)?;
     check_sample(rows, n, p, pos0)?;
-    exact(SAMPLE, "ids", ids.len(), rows)?;
+    exact_len(SAMPLE, "ids", ids.len(), rows)?;
     Ok(rows)
 }
 
