@@ -102,7 +102,7 @@ fn backend_matches_cpu(backend: &str) {
         let prompt: Vec<u32> = (0..5).map(|_| rng.random_range(0..n_vocab)).collect();
         for pick in [Pick::Greedy, Pick::Sample(SampleParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed })] {
             let ops = m.step_ops(Op::Pick(pick));
-            let req = Request { prompt: prompt.clone(), n_predict: 64, window: 3, stop: vec![], ignore_eos: true, want_logits: true };
+            let req = Request { prompt: prompt.clone(), n_predict: 64, window: 3, spec: 1, stop: vec![], ignore_eos: true, want_logits: true };
             let run = |exec: &mut dyn Executor| {
                 let (mut ids, mut logits) = (Vec::new(), Vec::new());
                 generate(exec, &ops, &req, |id, l| {
@@ -146,7 +146,7 @@ fn sampled_tokens_depend_on_seed_and_position_only() {
         let p = SampleParams { temperature: 1.0, top_k: 200, top_p: 1.0, seed: s };
         let ops = m.step_ops(Op::Pick(Pick::Sample(p)));
         let mut exec = CpuExecutor::new(m.clone(), 64).expect("cpu executor");
-        let req = Request { prompt: vec![1, 2, 3, 4, 5, 6, 7], n_predict: 32, window, stop: vec![], ignore_eos: true, want_logits: false };
+        let req = Request { prompt: vec![1, 2, 3, 4, 5, 6, 7], n_predict: 32, window, spec: 1, stop: vec![], ignore_eos: true, want_logits: false };
         let mut ids = Vec::new();
         generate(&mut exec, &ops, &req, |id, _| {
             ids.push(id);
@@ -160,4 +160,65 @@ fn sampled_tokens_depend_on_seed_and_position_only() {
         assert_eq!(decode(w, seed), base, "prefill window {w} changed the sampled tokens (seed {seed})");
     }
     assert_ne!(decode(8, seed ^ 0x5555), base, "another seed drew the same 32 tokens");
+}
+
+/// Speculation changes the number of steps, never the tokens: `spec` 1, 2, 4 and 8 give the same
+/// 256 tokens (and the same logits for each), greedy and sampled with three seeds, on the
+/// built-in model from a repetitive prompt (so that prompt lookup finds drafts and some are
+/// accepted).
+fn speculation_keeps_the_tokens(backend: &str) {
+    let m = Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap());
+    let prompt: Vec<u32> = [17u32, 300, 45, 9, 17, 300, 45].repeat(3);
+    let picks = [
+        Pick::Greedy,
+        Pick::Sample(SampleParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 1 }),
+        Pick::Sample(SampleParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 2 }),
+        Pick::Sample(SampleParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 3 }),
+    ];
+    // One executor for every run: each decode prefills from position 0, and a position's cache
+    // entries are written before any token reads them.
+    let Some(mut exec) = executor(backend, m.clone(), 512) else { return };
+    for pick in picks {
+        let ops = m.step_ops(Op::Pick(pick));
+        let mut base: Option<(Vec<u32>, Vec<f32>)> = None;
+        for spec in [1, 2, 4, 8] {
+            let req = Request { prompt: prompt.clone(), n_predict: 256, window: 8, spec, stop: vec![], ignore_eos: true, want_logits: true };
+            let (mut ids, mut logits) = (Vec::new(), Vec::new());
+            let stats = generate(exec.as_mut(), &ops, &req, |id, l| {
+                ids.push(id);
+                logits.extend_from_slice(l.expect("logits asked for"));
+                Ok(())
+            })
+            .expect("decode");
+            assert_eq!(ids.len(), 256);
+            eprintln!("{backend} {pick:?} spec {spec}: {} steps, {} of {} drafts accepted", stats.steps, stats.accepted, stats.drafted);
+            if spec > 1 && pick == Pick::Greedy {
+                assert!(stats.accepted > 0, "{backend} spec {spec}: no draft was ever accepted, so nothing was tested");
+            }
+            match &base {
+                None => base = Some((ids, logits)),
+                Some((want_ids, want)) => {
+                    assert_eq!(&ids, want_ids, "{backend} {pick:?}: spec {spec} changed the tokens");
+                    if let Some(d) = first_difference(want, &logits, m.config.n_vocab) {
+                        panic!("{backend} {pick:?}: spec {spec} changed the logits at {d}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn speculation_keeps_the_tokens_cpu() {
+    speculation_keeps_the_tokens("cpu");
+}
+
+#[test]
+fn speculation_keeps_the_tokens_cuda() {
+    speculation_keeps_the_tokens("cuda");
+}
+
+#[test]
+fn speculation_keeps_the_tokens_hip() {
+    speculation_keeps_the_tokens("hip");
 }

@@ -1,5 +1,9 @@
-//! The decode loop: prefill the prompt in windows, then generate one token a step, handing each
-//! token (and, when asked, the logits it was chosen from) to the caller as it arrives.
+//! The decode loop: prefill the prompt in windows, then generate in verify windows (the last
+//! token and up to `spec - 1` prompt-lookup drafts; one token a step without speculation),
+//! handing each token (and, when asked, the logits it was chosen from) to the caller as it
+//! arrives. The model's choice at a position does not depend on the window it is computed in
+//! (window invariance, and sampling's random number from (seed, position)), so speculation
+//! changes how many steps the tokens take, never the tokens.
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -13,6 +17,9 @@ pub struct Request {
     pub n_predict: usize,
     /// Prompt tokens per prefill step (1..=MAX_WINDOW).
     pub window: usize,
+    /// Verify-window size while generating (1..=MAX_WINDOW): the last token plus up to
+    /// `spec - 1` drafts; 1 is no speculation.
+    pub spec: usize,
     /// Token ids that end generation (ignored with `ignore_eos`).
     pub stop: Vec<u32>,
     pub ignore_eos: bool,
@@ -34,6 +41,10 @@ pub struct Stats {
     pub phases: Vec<(&'static str, f64)>,
     /// Why generation ended.
     pub stopped: Stop,
+    /// Generation steps, drafts proposed and drafts accepted.
+    pub steps: usize,
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,8 +65,8 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
     if req.prompt.len() >= n_ctx {
         return Err(Error::Request(format!("the prompt has {} tokens; the context holds {n_ctx} positions (raise --ctx)", req.prompt.len())));
     }
-    if !(1..=MAX_WINDOW).contains(&req.window) {
-        return Err(Error::Request(format!("window {} (1..={MAX_WINDOW})", req.window)));
+    if !(1..=MAX_WINDOW).contains(&req.window) || !(1..=MAX_WINDOW).contains(&req.spec) {
+        return Err(Error::Request(format!("window {} and speculation window {} (each 1..={MAX_WINDOW})", req.window, req.spec)));
     }
     let mut stats = Stats { prompt_tokens: req.prompt.len(), ..Stats::default() };
     let start = Instant::now();
@@ -75,29 +86,36 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
     }
     stats.prefill = start.elapsed();
     let start = Instant::now();
-    loop {
-        on_token(next, logits.as_deref())?;
+    let mut history = req.prompt.clone();
+    // Hands a token on; whether generation goes on after it.
+    let mut emit = |id: u32, logits: Option<&[f32]>, stats: &mut Stats| -> Result<bool> {
+        on_token(id, logits)?;
         stats.generated += 1;
-        if !req.ignore_eos && req.stop.contains(&next) {
+        if !req.ignore_eos && req.stop.contains(&id) {
             stats.stopped = Stop::Eos;
-            break;
+            return Ok(false);
         }
-        if stats.generated >= req.n_predict {
-            break;
-        }
+        Ok(stats.generated < req.n_predict)
+    };
+    let mut go = emit(next, logits.as_deref(), &mut stats)?;
+    history.push(next);
+    while go {
         if pos >= n_ctx {
             stats.stopped = Stop::Context;
             break;
         }
-        let w = Window { tokens: 1, pos0: pos };
-        exec.set_tokens(&[next])?;
+        // The window: the last token, then drafts that fit the context and the tokens left.
+        let room = (n_ctx - pos).min(req.n_predict - stats.generated).min(req.spec);
+        let mut window = vec![next];
+        window.extend(crate::lookup::draft(&history, room - 1));
+        let w = Window { tokens: window.len(), pos0: pos };
+        exec.set_tokens(&window)?;
         let issue = Instant::now();
         exec.run(ops, w)?;
         stats.enqueue += issue.elapsed();
-        next = exec.next_ids(1)?[0];
-        if req.want_logits {
-            logits = Some(exec.logits(1)?);
-        }
+        let out = exec.accepted(w.tokens)?;
+        let rows = if req.want_logits { Some(exec.logits(w.tokens)?) } else { None };
+        (stats.steps, stats.drafted, stats.accepted) = (stats.steps + 1, stats.drafted + w.tokens - 1, stats.accepted + out.len() - 1);
         if let Some(times) = exec.phase_times() {
             for (p, ms) in times {
                 match stats.phases.iter_mut().find(|(q, _)| *q == p) {
@@ -106,7 +124,16 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
                 }
             }
         }
-        pos += 1;
+        let n_vocab = rows.as_ref().map_or(0, |r| r.len() / w.tokens);
+        for (i, &id) in out.iter().enumerate() {
+            go = emit(id, rows.as_ref().map(|r| &r[i * n_vocab..(i + 1) * n_vocab]), &mut stats)?;
+            history.push(id);
+            if !go {
+                break;
+            }
+        }
+        pos += out.len();
+        next = *out.last().expect("a window emits at least one token");
     }
     stats.decode = start.elapsed();
     Ok(stats)

@@ -39,6 +39,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention.hip", include_str!("../../device/hip/attention.hip")),
     ("route.hip", include_str!("../../device/hip/route.hip")),
     ("sample.hip", include_str!("../../device/hip/sample.hip")),
+    ("spec.hip", include_str!("../../device/hip/spec.hip")),
 ];
 
 /// `#define`s generated from gpu-shared: launch bounds per kernel, sizes and offsets, the

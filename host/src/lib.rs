@@ -23,6 +23,7 @@ pub mod error;
 pub mod gpu;
 pub mod hip;
 pub mod knobs;
+pub mod lookup;
 pub mod mapped;
 pub mod model;
 pub mod ops;

@@ -67,6 +67,11 @@ pub struct Args {
     /// Prompt tokens per prefill step (1..=8).
     #[arg(long, default_value_t = MAX_WINDOW as u8, value_parser = clap::value_parser!(u8).range(1..=MAX_WINDOW as i64))]
     pub window: u8,
+    /// Speculative verify windows while generating: the last token plus up to N-1 prompt-lookup
+    /// drafts per step (1 = off, up to 8). The tokens are the same for every N; only the number
+    /// of steps changes.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=MAX_WINDOW as i64))]
+    pub spec: u8,
     /// Do not stop at the end-of-generation token: always generate -n tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -188,7 +193,7 @@ fn decode(a: &Args) -> anyhow::Result<()> {
     }
     let ops = model.step_ops(Op::Pick(pick));
     let stop: Vec<u32> = tokenizer.as_ref().map(|t| (0..c.n_vocab as u32).filter(|&id| t.is_eog(id)).collect()).unwrap_or_default();
-    let req = Request { prompt: prompt.clone(), n_predict: a.n_predict as usize, window: a.window as usize, stop, ignore_eos: a.ignore_eos, want_logits: a.logits_out.is_some() };
+    let req = Request { prompt: prompt.clone(), n_predict: a.n_predict as usize, window: a.window as usize, spec: a.spec as usize, stop, ignore_eos: a.ignore_eos, want_logits: a.logits_out.is_some() };
     let mut logits_file = match &a.logits_out {
         Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("--logits-out {}", p.display()))?)),
         None => None,
@@ -238,7 +243,18 @@ fn decode(a: &Args) -> anyhow::Result<()> {
             Stop::Length => "",
         }
     );
-    if steps > 0 && stats.decode.as_secs_f64() > 0.0 {
+    if a.spec > 1 && stats.steps > 0 {
+        eprintln!(
+            "strata: speculation: {} steps of up to {} tokens, {} of {} drafts accepted ({:.0}%), {:.2} tokens a step",
+            stats.steps,
+            a.spec,
+            stats.accepted,
+            stats.drafted,
+            100.0 * stats.accepted as f64 / stats.drafted.max(1) as f64,
+            steps as f64 / stats.steps as f64
+        );
+    }
+    if a.spec == 1 && steps > 0 && stats.decode.as_secs_f64() > 0.0 {
         let bytes = model.step_weight_bytes() as f64;
         let per_step = |d: std::time::Duration| 1e6 * d.as_secs_f64() / steps as f64;
         let issue = if exec.name() == "cpu" {

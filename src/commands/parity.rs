@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use crate::backends::Available;
 use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
 use strata_host::parity::{self, Outcome, NMSE_MAX, TOP_PROB_NMSE_MAX};
-use strata_host::ops::{self, attention::AttentionOps, norm::NormOps, route::RouteOps};
+use strata_host::ops::{self, attention::AttentionOps, norm::NormOps, route::RouteOps, spec::SpecOps};
 use strata_host::Backend;
 
 #[derive(clap::Args)]
@@ -132,8 +132,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let norm: Vec<&dyn NormOps> = std::iter::once(&found.cpu as &dyn NormOps).chain(gpus().map(|g| g as &dyn NormOps)).collect();
     let attention: Vec<&dyn AttentionOps> = std::iter::once(&found.cpu as &dyn AttentionOps).chain(gpus().map(|g| g as &dyn AttentionOps)).collect();
     let route: Vec<&dyn RouteOps> = std::iter::once(&found.cpu as &dyn RouteOps).chain(gpus().map(|g| g as &dyn RouteOps)).collect();
+    let spec: Vec<&dyn SpecOps> = std::iter::once(&found.cpu as &dyn SpecOps).chain(gpus().map(|g| g as &dyn SpecOps)).collect();
     let t = Instant::now();
-    let cases = [ops::norm::parity_cases(&norm, rng.random())?, ops::attention::parity_cases(&attention, rng.random())?, ops::route::parity_cases(&route, rng.random())?];
+    let cases = [
+        ops::norm::parity_cases(&norm, rng.random())?,
+        ops::attention::parity_cases(&attention, rng.random())?,
+        ops::route::parity_cases(&route, rng.random())?,
+        ops::spec::parity_cases(&spec, rng.random())?,
+    ];
     let per_case = t.elapsed().as_secs_f64() / cases.iter().map(Vec::len).sum::<usize>().max(1) as f64;
     for o in cases.into_iter().flatten() {
         print_row(&o, per_case);

@@ -15,3 +15,4 @@ pub mod quantize_q8_0;
 pub mod quantize_q8_1;
 pub mod route;
 pub mod sample;
+pub mod spec;

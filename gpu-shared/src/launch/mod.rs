@@ -6,6 +6,7 @@ use crate::formats::WeightFormat;
 pub mod attention;
 pub mod norm;
 pub mod route;
+pub mod spec;
 
 /// Threads per block and the minimum resident blocks per SM the compiler must allow, and the
 /// dynamic shared memory a launch gives the kernel.
@@ -211,7 +212,8 @@ const fn join<const A: usize, const B: usize, const N: usize>(a: [Bounds; A], b:
 const KERNELS_BOUNDS: [Bounds; BASE.len() + EXPDEC_BOUNDS.len()] = join(BASE, EXPDEC_BOUNDS);
 const WITH_NORM: [Bounds; KERNELS_BOUNDS.len() + norm::BOUNDS.len()] = join(KERNELS_BOUNDS, norm::BOUNDS);
 const WITH_ATTENTION: [Bounds; WITH_NORM.len() + attention::BOUNDS.len()] = join(WITH_NORM, attention::BOUNDS);
-const ALL_BOUNDS: [Bounds; WITH_ATTENTION.len() + route::BOUNDS.len()] = join(WITH_ATTENTION, route::BOUNDS);
+const WITH_ROUTE: [Bounds; WITH_ATTENTION.len() + route::BOUNDS.len()] = join(WITH_ATTENTION, route::BOUNDS);
+const ALL_BOUNDS: [Bounds; WITH_ROUTE.len() + spec::BOUNDS.len()] = join(WITH_ROUTE, spec::BOUNDS);
 pub const BOUNDS: &[Bounds] = &ALL_BOUNDS;
 
 /// Sizes the HIP sources need as `STRATA_<NAME>` defines, per step kernel family.

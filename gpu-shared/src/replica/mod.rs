@@ -11,6 +11,7 @@ pub mod quantize_q8_0;
 pub mod quantize_q8_1;
 pub mod route;
 pub mod sample;
+pub mod spec;
 
 use crate::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID, KSIGNS};
 use crate::formats::*;

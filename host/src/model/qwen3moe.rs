@@ -452,6 +452,7 @@ impl Qwen3Moe {
         ops.push(Op::Quantize { x: Act::Xn, out: Qx::X });
         ops.push(linear(w.output, Qx::X, Act::Xn, Act::Logits));
         ops.push(pick);
+        ops.push(Op::Accept);
         ops
     }
 }

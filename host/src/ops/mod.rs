@@ -4,3 +4,4 @@
 pub mod attention;
 pub mod norm;
 pub mod route;
+pub mod spec;

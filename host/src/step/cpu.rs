@@ -14,6 +14,7 @@ use crate::model::Qwen3Moe;
 use crate::ops::attention::{rope_table, AttentionOps, AttnShape};
 use crate::ops::norm::NormOps;
 use crate::ops::route::RouteOps;
+use crate::ops::spec::SpecOps;
 use strata_gpu_shared::formats::q8_1;
 
 pub struct CpuExecutor {
@@ -29,6 +30,8 @@ pub struct CpuExecutor {
     ids: Vec<u32>,
     route_w: Vec<f32>,
     next: Vec<u32>,
+    /// The accepted count, then the window's chosen ids (`spec_accept`).
+    accept: Vec<u32>,
 }
 
 impl CpuExecutor {
@@ -61,6 +64,7 @@ impl CpuExecutor {
             ids: vec![0; MAX_WINDOW * c.n_expert_used],
             route_w: vec![0.0; MAX_WINDOW * c.n_expert_used],
             next: vec![0; MAX_WINDOW],
+            accept: vec![0; MAX_WINDOW + 1],
             model,
         })
     }
@@ -229,6 +233,7 @@ impl Executor for CpuExecutor {
                     Pick::Sample(p) => self.cpu.sample_rows(logits, c.n_vocab, p, w.pos0, &mut self.next[..t]),
                 }
             }
+            Op::Accept => self.cpu.spec_accept(&self.tokens[..t], &self.next[..t], &mut self.accept[..t + 1]),
         }
     }
 
@@ -238,6 +243,11 @@ impl Executor for CpuExecutor {
 
     fn logits(&mut self, tokens: usize) -> Result<Vec<f32>> {
         Ok(self.rows(Act::Logits, tokens).to_vec())
+    }
+
+    fn accepted(&mut self, tokens: usize) -> Result<Vec<u32>> {
+        let a = (self.accept[0] as usize).clamp(1, tokens);
+        Ok(self.accept[1..1 + a].to_vec())
     }
 }
 

@@ -45,6 +45,8 @@ pub struct GpuExecutor {
     tokens: CudaSlice<u32>,
     next: CudaSlice<u32>,
     all_nan: CudaSlice<u32>,
+    /// The accepted count, then the window's chosen ids (`spec_accept`).
+    accept: CudaSlice<u32>,
     argmax: ArgmaxScratch,
     /// With profiling on: an event at each phase change of the last step.
     marks: Option<Vec<(&'static str, CudaEvent)>>,
@@ -137,6 +139,7 @@ impl GpuExecutor {
             tokens: gpu.scratch("step buffers", MAX_WINDOW)?,
             next: gpu.scratch("step buffers", MAX_WINDOW)?,
             all_nan: gpu.scratch("step buffers", MAX_WINDOW)?,
+            accept: gpu.scratch("step buffers", MAX_WINDOW + 1)?,
             argmax: gpu.argmax_scratch(MAX_WINDOW, c.n_vocab)?,
             marks: None,
             weights,
@@ -324,6 +327,7 @@ impl Executor for GpuExecutor {
                 Pick::Greedy => self.gpu.argmax_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, &mut self.argmax, &mut self.next, &mut self.all_nan),
                 Pick::Sample(p) => self.gpu.sample_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, p, w.pos0, &mut self.next),
             },
+            Op::Accept => self.gpu.spec_accept_queue(&self.tokens, &self.next, t, &mut self.accept),
         }
     }
 
@@ -342,6 +346,16 @@ impl Executor for GpuExecutor {
         stream.memcpy_dtoh(&self.act[&Act::Logits].slice(..v.len()), &mut v).map_err(self.driver("copy of the logits"))?;
         stream.synchronize().map_err(self.driver("copy of the logits"))?;
         Ok(v)
+    }
+
+    fn accepted(&mut self, tokens: usize) -> Result<Vec<u32>> {
+        self.mark("end")?;
+        let mut out = vec![0u32; tokens + 1];
+        let stream = self.gpu.stream().clone();
+        stream.memcpy_dtoh(&self.accept.slice(..tokens + 1), &mut out).map_err(self.driver("copy of the accepted tokens"))?;
+        stream.synchronize().map_err(self.driver("execution of the step"))?;
+        let a = (out[0] as usize).clamp(1, tokens);
+        Ok(out[1..1 + a].to_vec())
     }
 
     fn phase_times(&mut self) -> Option<Vec<(&'static str, f64)>> {

@@ -108,6 +108,9 @@ pub enum Op {
     Experts { gate: WeightId, up: WeightId, down: WeightId },
     /// The next token of each row, from `Logits`.
     Pick(Pick),
+    /// Verify-window acceptance: how many of the window's drafts (rows 1..) the model's own
+    /// choices confirm, and the tokens the window emits.
+    Accept,
 }
 
 /// Where a step runs in the sequence.
@@ -133,6 +136,9 @@ pub trait Executor {
     fn next_ids(&mut self, tokens: usize) -> Result<Vec<u32>>;
     /// The logits of the `tokens` rows (`n_vocab` each), after [`Self::next_ids`].
     fn logits(&mut self, tokens: usize) -> Result<Vec<f32>>;
+    /// Waits for the step and returns the tokens a verify window of `tokens` rows emits: the
+    /// model's choices for the accepted rows ([`Op::Accept`]).
+    fn accepted(&mut self, tokens: usize) -> Result<Vec<u32>>;
     /// The timing of the last step by op kind, where the backend can measure it.
     fn phase_times(&mut self) -> Option<Vec<(&'static str, f64)>> {
         None
@@ -166,7 +172,7 @@ pub fn phase_of(op: &Op, weights: &Weights) -> &'static str {
         Op::AttnPrep { .. } | Op::Attention { .. } => "attention",
         Op::RouterTopK { .. } => "router",
         Op::Experts { .. } => "experts",
-        Op::Pick(_) => "sampling",
+        Op::Pick(_) | Op::Accept => "sampling",
         Op::Linear { w, .. } if *w == weights.output => "head",
         Op::Linear { w, .. } if weights.get(*w).name.contains("ffn_gate_inp") => "router",
         Op::Linear { .. } => "attention",
