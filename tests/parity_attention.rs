@@ -20,14 +20,11 @@ fn check(o: Outcome) {
     assert!(o.passed(), "{}", o.explain());
 }
 
-fn check_all(outs: Vec<Outcome>) {
-    outs.into_iter().for_each(check);
-}
 
 #[test]
 fn cpu_parity_cases_write_everything_and_meet_the_float64_bar() {
     let seed = common::seed("cpu_parity_cases");
-    check_all(parity_cases(&[&CpuBackend::new()], seed).unwrap());
+    common::check_all(parity_cases(&[&CpuBackend::new()], seed).unwrap());
 }
 
 /// Contexts of exactly 1, 256, 257 and 512 keys and windows across a chunk boundary, for every
@@ -159,7 +156,7 @@ fn gpu_against_cpu(name: &str) {
     let seed = common::seed(&format!("{name}_vs_cpu"));
     let mut rng = SmallRng::seed_from_u64(seed);
     for _ in 0..2 {
-        check_all(parity_cases(&[&CpuBackend::new(), &gpu], rng.random()).unwrap());
+        common::check_all(parity_cases(&[&CpuBackend::new(), &gpu], rng.random()).unwrap());
     }
     for _ in 0..4 {
         check(window_case(&gpu, rng.random()).unwrap());
@@ -168,27 +165,7 @@ fn gpu_against_cpu(name: &str) {
     shape_errors_are_errors(&gpu);
 }
 
-#[test]
-fn cuda_vs_cpu() {
-    gpu_against_cpu("cuda");
-}
-
-#[test]
-fn hip_vs_cpu() {
-    gpu_against_cpu("hip");
-}
-
-/// With `grid_pad` on, extra warps and blocks change nothing (the guard words past each output
-/// are checked on every call).
-#[test]
-fn padded_grids_change_nothing() {
-    for name in ["cuda", "hip"] {
-        let Some(mut gpu) = common::open_gpu(name) else { return };
-        gpu.set_grid_pad(true);
-        let seed = common::seed(&format!("{name}_padded"));
-        check_all(parity_cases(&[&CpuBackend::new(), &gpu], seed).unwrap());
-    }
-}
+crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
 
 /// The typed launchers refuse device buffers shorter than the shape needs and take longer ones
 /// (the step's buffers are sized for its largest window), with the host-slice results.

@@ -11,7 +11,6 @@ use rand::{Rng, SeedableRng};
 use strata::host::cpu::CpuBackend;
 use strata::host::gguf::GgmlType;
 use strata::host::ops::norm::{embed_table, parity_cases, random_table, NormOps};
-use strata::host::parity::Outcome;
 use strata::host::reference::{dequant_row_f32, nmse, rms_norm_f64};
 use strata::host::Error;
 use strata_gpu_shared::f16::f16_to_f32;
@@ -20,17 +19,11 @@ use strata_gpu_shared::launch::norm::{EMBED_NAN, NORM_MAX_N};
 use strata_gpu_shared::replica::norm::rms_norm_row;
 use strata_gpu_shared::replica::row_group;
 
-fn check_all(outs: Vec<Outcome>) {
-    for o in outs {
-        eprintln!("  {} {}: {} passed {} NMSE {:?}", o.kernel, o.shape, o.backends.join("="), o.passed(), o.nmse);
-        assert!(o.passed(), "{}", o.explain());
-    }
-}
 
 #[test]
 fn cpu_parity_cases_write_everything_and_meet_the_float64_bar() {
     let seed = common::seed("cpu_parity_cases");
-    check_all(parity_cases(&[&CpuBackend::new()], seed).unwrap());
+    common::check_all(parity_cases(&[&CpuBackend::new()], seed).unwrap());
 }
 
 /// Rows at scales 1e-3..1e3 (and zero rows) against float64, element by element. The bound:
@@ -248,7 +241,7 @@ fn gpu_matches_cpu(name: &str) {
     for pad in [false, true] {
         gpu.set_grid_pad(pad);
         eprintln!(" grid padding {pad}");
-        check_all(parity_cases(&[&cpu, &gpu], seed).unwrap());
+        common::check_all(parity_cases(&[&cpu, &gpu], seed).unwrap());
     }
     let mut out = vec![0f32; 64];
     let r = gpu.rms_norm(&[1f32; 64], &[1f32; 32], 64, 1e-6, &mut out);

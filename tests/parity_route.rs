@@ -9,18 +9,11 @@ use rand::{Rng, SeedableRng};
 
 use strata::host::cpu::CpuBackend;
 use strata::host::ops::route::{parity_cases, router_f64, router_logits, RouteOps, SampleParams};
-use strata::host::parity::{random_logits, Outcome};
+use strata::host::parity::random_logits;
 use strata::host::Error;
 use strata_gpu_shared::replica::head::argmax_row;
 use strata_gpu_shared::replica::sample::splitmix64;
 
-fn check_all(outs: Vec<Outcome>) {
-    for o in outs {
-        let nmse = o.nmse.map_or(String::new(), |e| format!(", NMSE vs float64 {e:.2e}"));
-        eprintln!("  {} {}: {} identical {}{nmse}", o.kernel, o.shape, o.backends.join("="), o.identical());
-        assert!(o.passed(), "{}", o.explain());
-    }
-}
 
 fn params(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SampleParams {
     SampleParams { temperature, top_k, top_p, seed }
@@ -35,7 +28,7 @@ fn sample(b: &dyn RouteOps, logits: &[f32], n: usize, p: SampleParams, pos0: usi
 #[test]
 fn cpu_parity_cases_write_everything_and_meet_the_float64_bar() {
     let seed = common::seed("cpu_parity_cases");
-    check_all(parity_cases(&[&CpuBackend::new()], seed).unwrap());
+    common::check_all(parity_cases(&[&CpuBackend::new()], seed).unwrap());
 }
 
 /// Where the float64 probabilities have no near-tie among the first `k + 1` ranks the ids are
@@ -291,31 +284,11 @@ fn gpu_against_cpu(name: &str) {
     let seed = common::seed(&format!("{name}_vs_cpu"));
     let mut rng = SmallRng::seed_from_u64(seed);
     for _ in 0..3 {
-        check_all(parity_cases(&[&CpuBackend::new(), &gpu], rng.random()).unwrap());
+        common::check_all(parity_cases(&[&CpuBackend::new(), &gpu], rng.random()).unwrap());
     }
 }
 
-#[test]
-fn cuda_vs_cpu() {
-    gpu_against_cpu("cuda");
-}
-
-#[test]
-fn hip_vs_cpu() {
-    gpu_against_cpu("hip");
-}
-
-/// With `grid_pad` on, extra warps and blocks change nothing (the guard words past each output
-/// are checked on every call).
-#[test]
-fn padded_grids_change_nothing() {
-    for name in ["cuda", "hip"] {
-        let Some(mut gpu) = common::open_gpu(name) else { return };
-        gpu.set_grid_pad(true);
-        let seed = common::seed(&format!("{name}_padded"));
-        check_all(parity_cases(&[&CpuBackend::new(), &gpu], seed).unwrap());
-    }
-}
+crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
 
 /// The typed launchers refuse device buffers shorter than the shape needs, and take longer ones.
 #[test]

@@ -8,16 +8,9 @@ use rand::{Rng, SeedableRng};
 
 use strata::host::cpu::CpuBackend;
 use strata::host::ops::spec::{parity_cases, window_with_accepted, SpecOps};
-use strata::host::parity::Outcome;
 use strata::host::Error;
 use strata_gpu_shared::replica::spec::accept;
 
-fn check_all(outs: Vec<Outcome>) {
-    for o in outs {
-        eprintln!("  {} {}: {} identical {}", o.kernel, o.shape, o.backends.join("="), o.identical());
-        assert!(o.passed(), "{}", o.explain());
-    }
-}
 
 /// The accepted count written out independently: draft `a` is kept while it is the token the
 /// model chose after row `a - 1`.
@@ -90,7 +83,7 @@ fn random_windows() {
 #[test]
 fn cpu_parity_cases_write_everything() {
     let seed = common::seed("cpu_parity_cases");
-    check_all(parity_cases(&[&CpuBackend::new()], seed).unwrap());
+    common::check_all(parity_cases(&[&CpuBackend::new()], seed).unwrap());
 }
 
 #[test]
@@ -113,31 +106,11 @@ fn gpu_against_cpu(name: &str) {
     let seed = common::seed(&format!("{name}_vs_cpu"));
     let mut rng = SmallRng::seed_from_u64(seed);
     for _ in 0..3 {
-        check_all(parity_cases(&[&CpuBackend::new(), &gpu], rng.random()).unwrap());
+        common::check_all(parity_cases(&[&CpuBackend::new(), &gpu], rng.random()).unwrap());
     }
 }
 
-#[test]
-fn cuda_vs_cpu() {
-    gpu_against_cpu("cuda");
-}
-
-#[test]
-fn hip_vs_cpu() {
-    gpu_against_cpu("hip");
-}
-
-/// With `grid_pad` on, extra blocks change nothing (the guard words past each output are
-/// checked on every call).
-#[test]
-fn padded_grids_change_nothing() {
-    for name in ["cuda", "hip"] {
-        let Some(mut gpu) = common::open_gpu(name) else { return };
-        gpu.set_grid_pad(true);
-        let seed = common::seed(&format!("{name}_padded"));
-        check_all(parity_cases(&[&CpuBackend::new(), &gpu], seed).unwrap());
-    }
-}
+crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
 
 /// The typed launcher refuses window sizes outside 1..=8 and device buffers shorter than the
 /// window, and takes longer ones (writing only `tokens + 1` words).

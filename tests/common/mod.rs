@@ -75,3 +75,41 @@ pub fn open_gpu(name: &str) -> Option<strata::host::gpu::GpuBackend> {
         Err(e) => skip_or_fail(gpu_required(), &format!("{name} backend"), &e.to_string()),
     }
 }
+
+/// Asserts that every outcome passed, printing one line each (seen with `--nocapture`).
+pub fn check_all(outs: Vec<strata::host::parity::Outcome>) {
+    for o in outs {
+        eprintln!("  {} {}: {} passed {} NMSE {:?}", o.kernel, o.shape, o.backends.join("="), o.passed(), o.nmse);
+        assert!(o.passed(), "{}", o.explain());
+    }
+}
+
+/// The GPU half of a kernel family's parity suite, written once and instantiated per family:
+/// `cuda_vs_cpu` and `hip_vs_cpu` run `$against(backend)` (the family's own checks on that
+/// backend), and `padded_grids_change_nothing` runs the family's `parity_cases` with `grid_pad`
+/// on (extra warps and blocks must change nothing; the guard words past each output are checked
+/// on every call).
+#[macro_export]
+macro_rules! gpu_parity_suite {
+    ($against:ident, $cases:path) => {
+        #[test]
+        fn cuda_vs_cpu() {
+            $against("cuda");
+        }
+
+        #[test]
+        fn hip_vs_cpu() {
+            $against("hip");
+        }
+
+        #[test]
+        fn padded_grids_change_nothing() {
+            for name in ["cuda", "hip"] {
+                let Some(mut gpu) = common::open_gpu(name) else { return };
+                gpu.set_grid_pad(true);
+                let seed = common::seed(&format!("{name}_padded"));
+                common::check_all($cases(&[&strata::host::cpu::CpuBackend::new(), &gpu], seed).unwrap());
+            }
+        }
+    };
+}
