@@ -62,11 +62,12 @@ if [ "${STRATA_BIG:-0}" = 1 ]; then
     "$pack/bin/strata" decode --model "$big" --backend $b --prompt-ids 1,2,3,4,5,6,7,8 -n 128 --ignore-eos --print-ids > "$logs/big-decode-$b.log" 2>&1 || fail=1
     "$pack/bin/strata" decode --model "$big" --backend $b --prompt-ids 1,2,3,4,5,6,7,8 -n 32 --ignore-eos --print-ids --profile > "$logs/big-profile-$b.log" 2>&1 || fail=1
   done
+  "$pack/bin/strata" bench decode "$big" --backend cuda --runs 3 > "$logs/big-bench-decode.log" 2>&1 || fail=1
   "$pack/bin/strata" bench mmvq --formats Q8_0 --shapes 151936x2048 --rows 1 --backends cuda > "$logs/big-bench-mmvq.log" 2>&1 || fail=1
 fi
 echo "==== strata info"; cat "$logs/strata-info.log"
 echo "==== strata parity (tail)"; tail -n 30 "$logs/strata-parity.log"
 echo "==== test binaries"; printf '%s\n' "${summary[@]}"
-for f in "$logs"/big-*.log; do [ -e "$f" ] && { echo "==== $(basename "$f")"; grep -E "^strata|tok/s|GB/s|copy|error" "$f" | tail -n 12; }; done
+for f in "$logs"/big-*.log; do [ -e "$f" ] && { echo "==== $(basename "$f")"; grep -E "^strata|tok/s|GB/s|copy|error|^(tg|win|spec|pp)" "$f" | tail -n 20; }; done
 [ $fail -eq 0 ] && echo "GPU RUN: PASS" || echo "GPU RUN: FAIL"
 exit $fail

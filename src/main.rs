@@ -31,7 +31,8 @@ enum Command {
     /// Run the parity suite: every kernel on every available backend, outputs compared byte for
     /// byte, and the CPU replica's NMSE against float64. Exits non-zero on any difference.
     Parity(parity::Args),
-    /// Measure kernel speed on the GPU backends (needs a GPU).
+    /// Measure speed: kernels against the copy bandwidth (mmvq, head, experts: GPU), and whole
+    /// decode steps like llama-bench (decode: any backend).
     Bench(bench::Args),
     /// Write a random-weight qwen3moe model of any shape and formats as a GGUF file.
     Synth(synth::Args),

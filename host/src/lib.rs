@@ -10,6 +10,7 @@
 //! | [`knobs`] | the routed-expert kernel knobs and the launch plan they give |
 //! | [`hip`] | the `device/hip/*.hip` sources, compiled at run time by NVRTC |
 //! | [`bench`] | `strata bench`: kernels against the device copy bandwidth |
+//! | [`bench_decode`] | `strata bench decode`: the decode loop's speed (tg, windows, speculation, prefill) |
 //! | [`gguf`] | GGUF reader (validating, memory-mapped) and writer |
 //! | [`mapped`] | pinned device-mapped host memory, `copy_from_mapped_multi` |
 //! | [`parity`] | random cases, cross-backend `memcmp`, NMSE against float64 |
@@ -17,6 +18,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod bench_decode;
 pub mod cpu;
 pub mod cuda;
 pub mod error;

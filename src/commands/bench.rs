@@ -1,12 +1,23 @@
-//! `strata bench`: kernel speed on the GPU backends, against the device's copy bandwidth.
+//! `strata bench`: kernel speed on the GPU backends, against the device's copy bandwidth; `strata
+//! bench decode`: the decode loop on any backend (measured by `strata_host::bench_decode`).
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Subcommand;
+use indicatif::{ProgressBar, ProgressStyle};
 
+use super::decode::{BackendName, Opened};
 use crate::backends::Available;
 use strata_gpu_shared::formats::WeightFormat;
 use strata_host::bench::{self, MmvqRow};
+use strata_host::bench_decode::{self as bd, Row, Spread};
+use strata_host::gguf::GgufFile;
+use strata_host::model::synth::{build_in_memory, SynthSpec};
+use strata_host::model::Qwen3Moe;
+use strata_host::step::{Op, Pick, MAX_WINDOW};
 use strata_host::gpu::GpuBackend;
 use strata_host::knobs::ExpertKnobs;
 
@@ -37,6 +48,51 @@ pub enum What {
     /// whole layer, gate/up and down, GB/s of expert weights read, % of the copy bandwidth, and
     /// `identical` (the variant's outputs equal the first variant's byte for byte).
     Experts(ExpertsArgs),
+    /// The decode loop on a model, like llama-bench: one-token steps (`tg N`) at several depths,
+    /// full verify windows of T tokens, prompt-lookup speculation (acceptance, tokens per step),
+    /// prefill, and the time per phase (GPU); tok/s median and min..max over `--runs`, and the
+    /// GB/s of weights read against the copy bandwidth. Runs on cuda, hip or cpu.
+    /// docs/bench-decode.md says what each row measures.
+    Decode(DecodeArgs),
+}
+
+#[derive(clap::Args)]
+pub struct DecodeArgs {
+    /// A qwen3moe GGUF file (default: $STRATA_BENCH_MODEL). The Qwen3-30B-A3B-shaped synthetic
+    /// model: `strata synth --preset 30b-a3b --out F`.
+    #[arg(value_name = "FILE", conflicts_with = "builtin")]
+    pub file: Option<PathBuf>,
+    /// Bench the small built-in random-weight model instead of a file.
+    #[arg(long)]
+    pub builtin: bool,
+    /// Where to run: cuda (default when a GPU is present), hip, or cpu.
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendName>,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Tokens generated per test (`tg N`).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub n: usize,
+    /// Depths of the one-token rows (the first generated position), comma-separated.
+    #[arg(long, default_value = "0,8192,32768")]
+    pub depths: String,
+    /// Full verify windows: tokens per step (1..8), comma-separated; empty for none.
+    #[arg(long, default_value = "2,4,8")]
+    pub windows: String,
+    /// Prompt-lookup speculation: the largest verify window (1..8), comma-separated; empty for
+    /// none.
+    #[arg(long, default_value = "4,8")]
+    pub spec: String,
+    /// Tokens of the prefill prompt (windows of 8); 0 skips it.
+    #[arg(long, default_value_t = 512)]
+    pub prefill: usize,
+    /// Repetitions of each test (at least 1): every figure is their median and min..max.
+    #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub runs: usize,
+    /// Print JSON (one object per row, every figure) instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args)]
@@ -115,6 +171,249 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         What::Mmvq(a) => mmvq(a),
         What::Head(a) => head(a),
         What::Experts(a) => experts(a),
+        What::Decode(a) => Ok(match decode(a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("strata: error: {e:#}");
+                ExitCode::from(2)
+            }
+        }),
+    }
+}
+
+/// The model `strata bench decode` measures: FILE, $STRATA_BENCH_MODEL, or the built-in one.
+fn bench_model(a: &DecodeArgs) -> anyhow::Result<Arc<Qwen3Moe>> {
+    if a.builtin {
+        let file = GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in model>")?;
+        return Ok(Arc::new(Qwen3Moe::load(Arc::new(file))?));
+    }
+    let path = match (&a.file, std::env::var_os("STRATA_BENCH_MODEL")) {
+        (Some(p), _) => p.clone(),
+        (None, Some(p)) => PathBuf::from(p),
+        (None, None) => bail!(
+            "no model to bench: give FILE, set STRATA_BENCH_MODEL=FILE, or pass --builtin (the small random model). \
+The Qwen3-30B-A3B-shaped synthetic model (about 15 GB) is written by `strata synth --preset 30b-a3b --out F`; then run `strata bench decode F`"
+        ),
+    };
+    Ok(Arc::new(Qwen3Moe::open(&path)?))
+}
+
+/// Where a bench ran, for the header and every JSON row.
+struct Setting {
+    model: String,
+    backend: &'static str,
+    gpu: Option<String>,
+    /// Device-to-device copy bandwidth, GB/s (GPU only).
+    copy: Option<f64>,
+    /// Weight bytes a one-token step reads.
+    bytes: usize,
+}
+
+fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
+    let tokens = |t: &str| t.parse().ok().filter(|t| (1..=MAX_WINDOW).contains(t));
+    let depths = list(&a.depths, "--depths item", |d| d.parse::<usize>().ok())?;
+    let windows = list(&a.windows, "--windows item (1..8 tokens)", tokens)?;
+    let specs = list(&a.spec, "--spec item (1..8 tokens)", tokens)?;
+    if let Some(t) = windows.iter().find(|&&t| t > a.n) {
+        bail!("--windows {t}: more tokens than the {} of -n", a.n);
+    }
+    let model = bench_model(a)?;
+    let c = model.config.clone();
+    if let Some(bad) = bd::PATTERN.iter().find(|&&id| id as usize >= c.n_vocab) {
+        bail!("the prompt pattern's token {bad} is outside the vocabulary of {} tokens", c.n_vocab);
+    }
+    let n_ctx = bd::context_for(&depths, a.n, a.prefill, c.n_ctx_train)?;
+    let mut opened = super::decode::open(a.backend, a.device, model.clone(), n_ctx)?;
+    let (gpu, copy) = match &opened {
+        Opened::Gpu(g) => (Some(g.backend().info().name.clone()), Some(bench::copy_bandwidth(g.backend(), 1 << 30, 5)?)),
+        Opened::Cpu(_) => (None, None),
+    };
+    let set = Setting { model: model.weights.file.path.display().to_string(), backend: opened.executor().name(), gpu, copy, bytes: model.step_weight_bytes() };
+    let header = [
+        format!(
+            "strata bench decode: {}: qwen3moe, {} layers, {} experts top-{}, n_embd {}, vocabulary {}; weights {:.3} GB, a one-token step reads {:.4} GB",
+            set.model,
+            c.n_layer,
+            c.n_expert,
+            c.n_expert_used,
+            c.n_embd,
+            c.n_vocab,
+            model.weights.total_bytes() as f64 / 1e9,
+            set.bytes as f64 / 1e9
+        ),
+        format!("formats: {}", model.formats_summary()),
+        match (&set.gpu, set.copy) {
+            (Some(gpu), Some(copy)) => format!("backend: {} on {gpu} (device {}); device-to-device copy {copy:.0} GB/s (1 GiB, read + write, median of 5)", set.backend, a.device),
+            _ => "backend: cpu (the replica); copy bandwidth n/a".to_string(),
+        },
+        format!(
+            "context {n_ctx} positions; {} runs per test: median and min..max; prompts: token ids {:?} repeated (speculation: {} tokens)",
+            a.runs,
+            bd::PATTERN,
+            bd::SPEC_PROMPT
+        ),
+    ];
+    for line in &header {
+        if a.json {
+            eprintln!("strata: {line}");
+        } else {
+            println!("{line}");
+        }
+    }
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_style(ProgressStyle::with_template("{spinner} bench decode: {msg} ({elapsed})").expect("a valid template"));
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    let show = |row: &Row| spinner.suspend(|| println!("{}", if a.json { row_json(&set, row) } else { row_line(&set, row) }));
+    if !a.json {
+        println!(
+            "| {:<20} | {:>12} | {:>21} | {:>14} | {:>13} | {:>6} | {:>11} | {:>8} |",
+            "test", "tok/s median", "tok/s spread", "ms/step median", "weights GB/s", "% copy", "accept rate", "tok/step"
+        );
+        println!("|{:-<22}|{:->14}|{:->23}|{:->16}|{:->15}|{:->8}|{:->13}|{:->10}|", "", ":", ":", ":", ":", ":", ":", ":");
+    }
+    let ops = model.step_ops(Op::Pick(Pick::Greedy));
+    let first = bd::PATTERN[0];
+    let exec = opened.executor();
+    spinner.set_message("warm-up");
+    bd::warm_up(exec, &ops, first)?;
+    let runs = a.runs;
+    for &d in &depths {
+        spinner.set_message(format!("tg{} @ d{d}, {runs} runs", a.n));
+        show(&bd::tg(exec, &ops, first, d, a.n, runs)?);
+    }
+    if !windows.is_empty() {
+        spinner.set_message("the greedy tokens the windows take");
+        let seq = bd::greedy_tokens(exec, &ops, first, a.n)?;
+        for &t in &windows {
+            spinner.set_message(format!("tg{} in windows of {t}, {runs} runs", a.n));
+            show(&bd::windows(exec, &ops, &seq, t, runs)?);
+        }
+    }
+    let prompt = bd::pattern(bd::SPEC_PROMPT);
+    for &s in &specs {
+        spinner.set_message(format!("tg{} with speculation up to {s}, {runs} runs", a.n));
+        show(&bd::spec(exec, &ops, &prompt, a.n, s, runs)?);
+    }
+    if a.prefill > 0 {
+        spinner.set_message(format!("pp{}, {runs} runs", a.prefill));
+        show(&bd::prefill(exec, &ops, &bd::pattern(a.prefill), MAX_WINDOW, runs)?);
+    }
+    spinner.set_message(format!("tg{} per phase (profiled), {runs} runs", a.n));
+    let phases = match &mut opened {
+        Opened::Gpu(g) => {
+            g.set_profiling(true);
+            let p = bd::phases(g.as_mut(), &ops, first, a.n, runs);
+            g.set_profiling(false);
+            p?
+        }
+        Opened::Cpu(_) => None,
+    };
+    spinner.finish_and_clear();
+    print_phases(&set, a, phases.as_deref());
+    if !a.json {
+        println!(
+            "weights GB/s = {:.4} GB (what a one-token step reads) x tok/s: exact for one-token steps; `<=` marks an upper bound (a window reads the shared weights once for all its tokens)",
+            set.bytes as f64 / 1e9
+        );
+    }
+    Ok(())
+}
+
+fn row_line(set: &Setting, r: &Row) -> String {
+    let (tok, ms, gbps) = (r.tok_s(), r.ms_per_step(), r.weights_gbps(set.bytes));
+    let bound = if r.gbps_is_upper_bound() { "<=" } else { "" };
+    format!(
+        "| {:<20} | {:>12.2} | {:>21} | {:>14.3} | {:>13} | {:>6} | {:>11} | {:>8.2} |",
+        r.name(),
+        tok.median,
+        format!("{:.2}..{:.2}", tok.min, tok.max),
+        ms.median,
+        format!("{bound}{:.1}", gbps.median),
+        set.copy.map_or("n/a".into(), |c| format!("{:.1}", 100.0 * gbps.median / c)),
+        r.acceptance().map_or("-".into(), |s| format!("{:.2}", s.median)),
+        r.tokens_per_step().median
+    )
+}
+
+/// A JSON string literal.
+fn json_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `"key":median,"key_min":min,"key_max":max`.
+fn json_spread(key: &str, s: Spread) -> String {
+    format!("\"{key}\":{},\"{key}_min\":{},\"{key}_max\":{}", s.median, s.min, s.max)
+}
+
+/// The fields every JSON row starts with.
+fn json_setting(set: &Setting, test: &str) -> String {
+    format!(
+        "\"test\":{},\"model\":{},\"backend\":\"{}\",\"gpu\":{},\"copy_gbps\":{}",
+        json_str(test),
+        json_str(&set.model),
+        set.backend,
+        set.gpu.as_deref().map_or("null".into(), json_str),
+        set.copy.map_or("null".into(), |c| c.to_string())
+    )
+}
+
+fn row_json(set: &Setting, r: &Row) -> String {
+    let gbps = r.weights_gbps(set.bytes);
+    let first = r.runs[0];
+    let mut fields = vec![
+        json_setting(set, &r.name()),
+        format!("\"kind\":\"{}\",\"n\":{},\"depth\":{},\"window\":{},\"runs\":{}", r.kind.name(), r.n, r.depth, r.window, r.runs.len()),
+        format!("\"tokens\":{},\"steps\":{},\"drafted\":{},\"accepted\":{}", first.tokens, first.steps, first.drafted, first.accepted),
+        json_spread("tok_s", r.tok_s()),
+        json_spread("ms_per_step", r.ms_per_step()),
+        json_spread("tokens_per_step", r.tokens_per_step()),
+        r.acceptance().map_or("\"acceptance\":null".into(), |s| json_spread("acceptance", s)),
+        format!("\"weight_bytes_per_token\":{},\"gbps_upper_bound\":{}", set.bytes, r.gbps_is_upper_bound()),
+        json_spread("gbps", gbps),
+    ];
+    fields.push(match set.copy {
+        Some(c) => json_spread("pct_copy", gbps.map(|g| 100.0 * g / c)),
+        None => "\"pct_copy\":null".into(),
+    });
+    format!("{{{}}}", fields.join(","))
+}
+
+/// The per-phase table (or JSON rows): microseconds per one-token step, from a separate
+/// profiled run.
+fn print_phases(set: &Setting, a: &DecodeArgs, phases: Option<&[bd::PhaseRow]>) {
+    let test = format!("tg{} phases", a.n);
+    let Some(phases) = phases else {
+        if a.json {
+            println!("{{{},\"phases\":null}}", json_setting(set, &test));
+        } else {
+            println!("per phase: n/a (the {} executor has no phase timers; GPU backends only)", set.backend);
+        }
+        return;
+    };
+    let spreads: Vec<(&str, Spread)> = phases.iter().map(|p| (p.phase, Spread::of(p.us_per_step.iter().copied()))).collect();
+    let total: f64 = spreads.iter().map(|(_, s)| s.median).sum();
+    if !a.json {
+        println!("per phase of a one-token step ({test} @ d0, a separate run with an event at each phase change, which slows the step):");
+        println!("| {:<10} | {:>14} | {:>21} | {:>9} |", "phase", "us/step median", "us/step spread", "% of step");
+        println!("|{:-<12}|{:->16}|{:->23}|{:->11}|", "", ":", ":", ":");
+    }
+    for (phase, s) in spreads {
+        let pct = if total > 0.0 { 100.0 * s.median / total } else { 0.0 };
+        if a.json {
+            println!("{{{},\"phase\":\"{phase}\",\"runs\":{},{},\"pct\":{pct}}}", json_setting(set, &test), a.runs, json_spread("us_per_step", s));
+        } else {
+            println!("| {:<10} | {:>14.1} | {:>21} | {:>9.1} |", phase, s.median, format!("{:.1}..{:.1}", s.min, s.max), pct);
+        }
     }
 }
 

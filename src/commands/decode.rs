@@ -130,15 +130,40 @@ fn pick(a: &Args) -> anyhow::Result<Pick> {
 }
 
 fn open_executor(a: &Args, model: Arc<Qwen3Moe>, n_ctx: usize) -> anyhow::Result<Box<dyn Executor>> {
-    let name = a.backend.unwrap_or(if strata_host::gpu::probe().is_ok() { BackendName::Cuda } else { BackendName::Cpu });
+    Ok(match open(a.backend, a.device, model, n_ctx)? {
+        Opened::Cpu(exec) => exec,
+        Opened::Gpu(mut exec) => {
+            exec.set_profiling(a.profile);
+            exec
+        }
+    })
+}
+
+/// An executor as opened, its type kept: a GPU one has a backend and can profile.
+pub(crate) enum Opened {
+    Cpu(Box<CpuExecutor>),
+    Gpu(Box<GpuExecutor>),
+}
+
+impl Opened {
+    pub(crate) fn executor(&mut self) -> &mut dyn Executor {
+        match self {
+            Opened::Cpu(e) => e.as_mut(),
+            Opened::Gpu(e) => e.as_mut(),
+        }
+    }
+}
+
+/// The executor for `backend` (cuda when a GPU is present, else cpu, when `None`) on GPU
+/// `device`, with a `n_ctx`-position context (the weights uploaded with a progress bar).
+pub(crate) fn open(backend: Option<BackendName>, device: usize, model: Arc<Qwen3Moe>, n_ctx: usize) -> anyhow::Result<Opened> {
+    let name = backend.unwrap_or(if strata_host::gpu::probe().is_ok() { BackendName::Cuda } else { BackendName::Cpu });
     let gpu = match name {
-        BackendName::Cpu => return Ok(Box::new(CpuExecutor::new(model, n_ctx)?)),
-        BackendName::Cuda => strata_host::cuda::open(a.device, crate::ptx::IMAGES)?,
-        BackendName::Hip => strata_host::hip::open(a.device)?,
+        BackendName::Cpu => return Ok(Opened::Cpu(Box::new(CpuExecutor::new(model, n_ctx)?))),
+        BackendName::Cuda => strata_host::cuda::open(device, crate::ptx::IMAGES)?,
+        BackendName::Hip => strata_host::hip::open(device)?,
     };
-    let mut exec = GpuExecutor::new(gpu, model, n_ctx, true)?;
-    exec.set_profiling(a.profile);
-    Ok(Box::new(exec))
+    Ok(Opened::Gpu(Box::new(GpuExecutor::new(gpu, model, n_ctx, true)?)))
 }
 
 fn decode(a: &Args) -> anyhow::Result<()> {

@@ -1,0 +1,337 @@
+//! `strata bench decode`: the decode loop's speed on one executor, llama-bench style. Each
+//! measurement is a function over `&mut dyn Executor` and the step's op list (greedy pick), so
+//! the same code runs on the CPU executor in the tests and on the GPU executors on the H200:
+//!
+//! - [`tg`]: one-token steps from a depth (the first generated position),
+//! - [`windows`]: full verify windows of T tokens, every draft accepted (the ceiling of a window),
+//! - [`spec`]: [`generate`] with prompt-lookup speculation on a repetitive prompt,
+//! - [`prefill`]: a prompt in windows,
+//! - [`phases`]: the time per phase of one-token steps, where the executor measures it.
+//!
+//! Every function repeats its measurement `runs` times and returns one [`Run`] per repetition;
+//! [`Row`] and [`Spread`] turn them into medians and ranges. Wall-clock times: a step ends when
+//! its tokens are back on the host, so the GPU's work is inside the time.
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::generate::{generate, Request};
+use crate::step::{Executor, Op, Window, MAX_WINDOW, PHASES};
+
+/// The token pattern of the speculation and prefill prompts, repeated to their length.
+pub const PATTERN: [u32; 8] = [11, 12, 13, 14, 15, 16, 17, 18];
+
+/// Tokens of the speculation prompt ([`PATTERN`] 8 times).
+pub const SPEC_PROMPT: usize = 64;
+
+/// [`PATTERN`] repeated to `len` tokens.
+pub fn pattern(len: usize) -> Vec<u32> {
+    PATTERN.iter().copied().cycle().take(len).collect()
+}
+
+/// The context a bench needs: the deepest one-token run (`max depth + n`), the speculation
+/// prompt and its `n` tokens, the prefill prompt, plus a window of slack. Refuses one past the
+/// model's context (`n_ctx_train`).
+pub fn context_for(depths: &[usize], n: usize, prefill: usize, n_ctx_train: usize) -> Result<usize> {
+    let deepest = depths.iter().copied().max().unwrap_or(0);
+    let n_ctx = (deepest + n).max(SPEC_PROMPT + n + 1).max(prefill) + MAX_WINDOW;
+    if n_ctx > n_ctx_train {
+        return Err(Error::Request(format!(
+            "depth {deepest} + {n} generated tokens (+ {MAX_WINDOW}; prefill {prefill}) need a {n_ctx}-position context; the model's context is {n_ctx_train} positions (lower --depths, -n or --prefill)"
+        )));
+    }
+    Ok(n_ctx)
+}
+
+/// One repetition of a measurement.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Run {
+    /// Wall time of the timed steps, seconds.
+    pub secs: f64,
+    /// Tokens the timed steps produced (generated, or prompt tokens for prefill).
+    pub tokens: usize,
+    pub steps: usize,
+    /// Draft tokens the steps carried and how many of them the model confirmed.
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+/// Median and range of a figure over the runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    /// The median (the mean of the middle two for an even count), minimum and maximum of
+    /// `values` (at least one).
+    pub fn of(values: impl IntoIterator<Item = f64>) -> Spread {
+        let mut v: Vec<f64> = values.into_iter().collect();
+        assert!(!v.is_empty(), "a spread of no values");
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Spread { median, min: v[0], max: v[n - 1] }
+    }
+
+    /// `f` of each figure (`f` monotonic increasing).
+    pub fn map(self, f: impl Fn(f64) -> f64) -> Spread {
+        Spread { median: f(self.median), min: f(self.min), max: f(self.max) }
+    }
+}
+
+/// What a row measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// One-token steps ([`tg`]).
+    Tg,
+    /// Full verify windows ([`windows`]).
+    Window,
+    /// Prompt-lookup speculation ([`spec`]).
+    Spec,
+    /// Prompt prefill ([`prefill`]).
+    Prefill,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Tg => "tg",
+            Kind::Window => "window",
+            Kind::Spec => "spec",
+            Kind::Prefill => "prefill",
+        }
+    }
+}
+
+/// One measured test: its parameters and one [`Run`] per repetition.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub kind: Kind,
+    /// Tokens asked for (generated, or the prompt's length for prefill).
+    pub n: usize,
+    /// The first position of the timed steps.
+    pub depth: usize,
+    /// Tokens per step (at most, for speculation).
+    pub window: usize,
+    pub runs: Vec<Run>,
+}
+
+impl Row {
+    /// llama-bench style: `tg128`, `tg128 @ d8192`, `tg128 win4`, `tg128 spec4`, `pp512 win8`.
+    pub fn name(&self) -> String {
+        let depth = if self.depth > 0 { format!(" @ d{}", self.depth) } else { String::new() };
+        match self.kind {
+            Kind::Tg => format!("tg{}{depth}", self.n),
+            Kind::Window => format!("tg{} win{}{depth}", self.n, self.window),
+            Kind::Spec => format!("tg{} spec{}", self.n, self.window),
+            Kind::Prefill => format!("pp{} win{}", self.n, self.window),
+        }
+    }
+
+    /// Tokens per second of each run: tokens / time.
+    pub fn tok_s(&self) -> Spread {
+        Spread::of(self.runs.iter().map(|r| r.tokens as f64 / r.secs.max(1e-9)))
+    }
+
+    /// Milliseconds per step: time / steps.
+    pub fn ms_per_step(&self) -> Spread {
+        Spread::of(self.runs.iter().map(|r| 1e3 * r.secs / r.steps.max(1) as f64))
+    }
+
+    /// Tokens per step: tokens / steps.
+    pub fn tokens_per_step(&self) -> Spread {
+        Spread::of(self.runs.iter().map(|r| r.tokens as f64 / r.steps.max(1) as f64))
+    }
+
+    /// Accepted / drafted, for the rows whose steps carry drafts (0 where none was proposed).
+    pub fn acceptance(&self) -> Option<Spread> {
+        matches!(self.kind, Kind::Window | Kind::Spec)
+            .then(|| Spread::of(self.runs.iter().map(|r| if r.drafted == 0 { 0.0 } else { r.accepted as f64 / r.drafted as f64 })))
+    }
+
+    /// Whether [`Self::weights_gbps`] is an upper bound (steps of more than one token).
+    pub fn gbps_is_upper_bound(&self) -> bool {
+        self.kind != Kind::Tg
+    }
+
+    /// GB/s of weights read: `bytes_per_token` (a one-token step's, `step_weight_bytes`) x
+    /// tok/s. Exact for one-token steps; for windows an upper bound, as a window reads the
+    /// shared weights once for all its tokens (and an expert once for every token choosing it).
+    pub fn weights_gbps(&self, bytes_per_token: usize) -> Spread {
+        self.tok_s().map(|t| bytes_per_token as f64 * t / 1e9)
+    }
+}
+
+/// The time per phase of a step, where the executor measures it.
+#[derive(Clone, Debug)]
+pub struct PhaseRow {
+    pub phase: &'static str,
+    /// Microseconds per step, one figure per run.
+    pub us_per_step: Vec<f64>,
+}
+
+fn check_runs(runs: usize) -> Result<()> {
+    if runs == 0 {
+        return Err(Error::Request("at least one run".into()));
+    }
+    Ok(())
+}
+
+/// One generation step: `tokens` at `pos0..`, ending when the tokens it emits are back (the
+/// accepted drafts and the model's next token, as [`generate`] reads them).
+fn step(exec: &mut dyn Executor, ops: &[Op], tokens: &[u32], pos0: usize) -> Result<Vec<u32>> {
+    exec.set_tokens(tokens)?;
+    exec.run(ops, Window { tokens: tokens.len(), pos0 })?;
+    exec.accepted(tokens.len())
+}
+
+/// `n` one-token steps from position `depth`, each fed the previous step's token (the first
+/// `first`), calling `after` after each: the seconds they took and the tokens fed.
+fn one_token_steps(
+    exec: &mut dyn Executor,
+    ops: &[Op],
+    first: u32,
+    depth: usize,
+    n: usize,
+    mut after: impl FnMut(&mut dyn Executor),
+) -> Result<(f64, Vec<u32>)> {
+    let mut fed = Vec::with_capacity(n);
+    let mut next = first;
+    let start = Instant::now();
+    for i in 0..n {
+        fed.push(next);
+        next = step(exec, ops, &[next], depth + i)?[0];
+        after(exec);
+    }
+    Ok((start.elapsed().as_secs_f64(), fed))
+}
+
+/// One untimed step of every window size at position 0: first launches, caches and clocks
+/// out of the way of the first timed run.
+pub fn warm_up(exec: &mut dyn Executor, ops: &[Op], first: u32) -> Result<()> {
+    for t in 1..=MAX_WINDOW {
+        step(exec, ops, &vec![first; t], 0)?;
+    }
+    Ok(())
+}
+
+/// `tg n` at `depth`: `n` one-token steps at `Window { tokens: 1, pos0: depth + i }`, each fed
+/// the model's token from the step before (the first: `first`), timed from the first step's
+/// `set_tokens` to the last step's tokens coming back. The cache below `depth` is whatever
+/// earlier runs left there (zeros at first): the time does not depend on its contents.
+pub fn tg(exec: &mut dyn Executor, ops: &[Op], first: u32, depth: usize, n: usize, runs: usize) -> Result<Row> {
+    check_runs(runs)?;
+    let runs = (0..runs)
+        .map(|_| one_token_steps(exec, ops, first, depth, n, |_| ()).map(|(secs, _)| Run { secs, tokens: n, steps: n, ..Run::default() }))
+        .collect::<Result<_>>()?;
+    Ok(Row { kind: Kind::Tg, n, depth, window: 1, runs })
+}
+
+/// The `n` tokens a greedy decode from `first` at position 0 feeds its steps (`first`, then
+/// each step's choice): the input of [`windows`].
+pub fn greedy_tokens(exec: &mut dyn Executor, ops: &[Op], first: u32, n: usize) -> Result<Vec<u32>> {
+    Ok(one_token_steps(exec, ops, first, 0, n, |_| ())?.1)
+}
+
+/// Full verify windows: `seq` ([`greedy_tokens`]) in `seq.len() / t` steps of `t` tokens at
+/// consecutive positions from 0. Each window's drafts are the model's own choices, so all are
+/// accepted: the throughput ceiling of speculation with windows of `t`. Timed like [`tg`].
+pub fn windows(exec: &mut dyn Executor, ops: &[Op], seq: &[u32], t: usize, runs: usize) -> Result<Row> {
+    check_runs(runs)?;
+    if !(1..=MAX_WINDOW).contains(&t) {
+        return Err(Error::Request(format!("window {t}: 1..={MAX_WINDOW} tokens")));
+    }
+    let steps = seq.len() / t;
+    if steps == 0 {
+        return Err(Error::Request(format!("{} tokens make no window of {t}", seq.len())));
+    }
+    let mut out = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let mut accepted = 0;
+        let start = Instant::now();
+        for (s, w) in seq.chunks_exact(t).enumerate() {
+            accepted += step(exec, ops, w, s * t)?.len() - 1;
+        }
+        out.push(Run { secs: start.elapsed().as_secs_f64(), tokens: steps * t, steps, drafted: steps * (t - 1), accepted });
+    }
+    Ok(Row { kind: Kind::Window, n: seq.len(), depth: 0, window: t, runs: out })
+}
+
+/// Prompt-lookup speculation: [`generate`] of `n` tokens after `prompt` (prefilled in windows
+/// of 8, untimed), greedy, end-of-generation ignored, verify windows of up to `spec` tokens.
+/// Time: `Stats::decode` (the generation steps); tokens: the `n` generated after the
+/// prefill's own token; steps, drafts and accepted drafts from `Stats`.
+pub fn spec(exec: &mut dyn Executor, ops: &[Op], prompt: &[u32], n: usize, spec: usize, runs: usize) -> Result<Row> {
+    check_runs(runs)?;
+    let req = Request { prompt: prompt.to_vec(), n_predict: n + 1, window: MAX_WINDOW, spec, stop: Vec::new(), ignore_eos: true, want_logits: false };
+    let mut out = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let stats = generate(exec, ops, &req, |_, _| Ok(()))?;
+        out.push(Run {
+            secs: stats.decode.as_secs_f64(),
+            tokens: stats.generated.saturating_sub(1),
+            steps: stats.steps,
+            drafted: stats.drafted,
+            accepted: stats.accepted,
+        });
+    }
+    Ok(Row { kind: Kind::Spec, n, depth: 0, window: spec, runs: out })
+}
+
+/// Prefill: `prompt` in windows of `window` tokens from position 0, as [`generate`] prefills,
+/// timed from the first window's `set_tokens` to the last window's `next_ids`.
+pub fn prefill(exec: &mut dyn Executor, ops: &[Op], prompt: &[u32], window: usize, runs: usize) -> Result<Row> {
+    check_runs(runs)?;
+    if !(1..=MAX_WINDOW).contains(&window) || prompt.is_empty() {
+        return Err(Error::Request(format!("prefill of {} tokens in windows of {window} (1..={MAX_WINDOW})", prompt.len())));
+    }
+    let mut out = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let start = Instant::now();
+        for (i, chunk) in prompt.chunks(window).enumerate() {
+            exec.set_tokens(chunk)?;
+            exec.run(ops, Window { tokens: chunk.len(), pos0: i * window })?;
+            exec.next_ids(chunk.len())?;
+        }
+        out.push(Run { secs: start.elapsed().as_secs_f64(), tokens: prompt.len(), steps: prompt.len().div_ceil(window), ..Run::default() });
+    }
+    Ok(Row { kind: Kind::Prefill, n: prompt.len(), depth: 0, window, runs: out })
+}
+
+/// The time per phase of `n` one-token steps from position 0 (as [`tg`]), `runs` times, from
+/// [`Executor::phase_times`] after each step: microseconds per step, in [`PHASES`] order.
+/// `None` where the executor does not measure phases (cpu; a GPU executor with profiling off).
+pub fn phases(exec: &mut dyn Executor, ops: &[Op], first: u32, n: usize, runs: usize) -> Result<Option<Vec<PhaseRow>>> {
+    check_runs(runs)?;
+    let mut per_run: Vec<Vec<(&'static str, f64)>> = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let mut sums: Vec<(&'static str, f64)> = Vec::new();
+        let mut measured = true;
+        one_token_steps(exec, ops, first, 0, n, |e| match e.phase_times() {
+            Some(times) => {
+                for (p, ms) in times {
+                    match sums.iter_mut().find(|(q, _)| *q == p) {
+                        Some((_, t)) => *t += ms,
+                        None => sums.push((p, ms)),
+                    }
+                }
+            }
+            None => measured = false,
+        })?;
+        if !measured {
+            return Ok(None);
+        }
+        per_run.push(sums);
+    }
+    let rows = PHASES
+        .iter()
+        .filter(|p| per_run.iter().any(|r| r.iter().any(|(q, _)| q == *p)))
+        .map(|&phase| PhaseRow {
+            phase,
+            us_per_step: per_run.iter().map(|r| 1e3 * r.iter().find(|(q, _)| *q == phase).map_or(0.0, |x| x.1) / n as f64).collect(),
+        })
+        .collect();
+    Ok(Some(rows))
+}

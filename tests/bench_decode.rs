@@ -1,0 +1,244 @@
+//! `strata bench decode`: the measuring functions on the CPU executor (and, where there is a GPU,
+//! the profiled phases), and the CLI on the built-in model: every row, the JSON figures, and
+//! clear refusals. GPU cases skip without a GPU unless `STRATA_REQUIRE_GPU=1`.
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use strata::host::bench_decode::{self as bd, Kind, Row, Spread};
+use strata::host::generate::{generate, Request};
+use strata::host::gguf::GgufFile;
+use strata::host::model::synth::{build_in_memory, SynthSpec};
+use strata::host::model::Qwen3Moe;
+use strata::host::step::cpu::CpuExecutor;
+use strata::host::step::gpu::GpuExecutor;
+use strata::host::step::{Op, Pick};
+
+fn tiny() -> Arc<Qwen3Moe> {
+    let file = GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in model>").expect("the built-in model parses");
+    Arc::new(Qwen3Moe::load(Arc::new(file)).expect("the built-in model loads"))
+}
+
+/// The binary under test: cargo's, or `STRATA_BIN` where the tests run away from the build.
+fn strata(args: &[&str]) -> (i32, String, String) {
+    let bin = std::env::var("STRATA_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_strata").to_string());
+    let out = Command::new(&bin).args(args).env_remove("STRATA_REQUIRE_GPU").env_remove("STRATA_BENCH_MODEL").output().unwrap_or_else(|e| panic!("{bin}: {e}"));
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// The small, fast bench every CLI test runs, on `backend`.
+fn small(backend: &str) -> Vec<&str> {
+    vec!["bench", "decode", "--builtin", "--backend", backend, "-n", "16", "--depths", "0,300", "--windows", "2,4", "--spec", "4,8", "--prefill", "32", "--runs", "2"]
+}
+
+/// The number after `"key":` in a JSON line (`None` when the key is absent or null).
+fn figure(line: &str, key: &str) -> Option<f64> {
+    let at = line.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = &line[at..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+fn check_row(r: &Row, runs: usize, tokens: usize) {
+    assert_eq!(r.runs.len(), runs, "{}: one timing per run", r.name());
+    for run in &r.runs {
+        assert!(run.secs > 0.0, "{}: {run:?}", r.name());
+        assert_eq!(run.tokens, tokens, "{}: {run:?}", r.name());
+    }
+    assert!(r.tok_s().min > 0.0 && r.tok_s().min <= r.tok_s().median && r.tok_s().median <= r.tok_s().max, "{}: {:?}", r.name(), r.tok_s());
+}
+
+#[test]
+fn the_measurements_on_the_cpu_executor_time_every_run() {
+    let model = tiny();
+    let ops = model.step_ops(Op::Pick(Pick::Greedy));
+    let (n, runs) = (12, 3);
+    let n_ctx = bd::context_for(&[0, 200], n, 24, model.config.n_ctx_train).expect("fits the model");
+    let mut exec = CpuExecutor::new(model.clone(), n_ctx).expect("cpu executor");
+    let first = bd::PATTERN[0];
+    bd::warm_up(&mut exec, &ops, first).unwrap();
+    for depth in [0, 200] {
+        let r = bd::tg(&mut exec, &ops, first, depth, n, runs).unwrap();
+        assert_eq!((r.kind, r.depth, r.window), (Kind::Tg, depth, 1));
+        check_row(&r, runs, n);
+        assert!(r.runs.iter().all(|x| x.steps == n && x.drafted == 0));
+        assert_eq!(r.tokens_per_step(), Spread { median: 1.0, min: 1.0, max: 1.0 });
+    }
+    // The window inputs are the tokens a greedy decode chooses: generate's, after `first`.
+    let seq = bd::greedy_tokens(&mut exec, &ops, first, n).unwrap();
+    let mut chosen = Vec::new();
+    let req = Request { prompt: vec![first], n_predict: n - 1, window: 1, spec: 1, stop: Vec::new(), ignore_eos: true, want_logits: false };
+    generate(&mut exec, &ops, &req, |id, _| {
+        chosen.push(id);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seq[0], first);
+    assert_eq!(seq[1..], chosen[..]);
+    for t in [2, 4, 5] {
+        let r = bd::windows(&mut exec, &ops, &seq, t, runs).unwrap();
+        check_row(&r, runs, n / t * t);
+        // Every draft is the model's own choice: all accepted (window invariance).
+        for run in &r.runs {
+            assert_eq!((run.steps, run.drafted, run.accepted), (n / t, n / t * (t - 1), n / t * (t - 1)), "window {t}");
+        }
+        assert_eq!(r.acceptance().unwrap().min, 1.0);
+    }
+    let prompt = bd::pattern(bd::SPEC_PROMPT);
+    assert_eq!(&prompt[..9], &[11, 12, 13, 14, 15, 16, 17, 18, 11]);
+    for s in [1, 4, 8] {
+        let r = bd::spec(&mut exec, &ops, &prompt, n, s, runs).unwrap();
+        check_row(&r, runs, n);
+        let a = r.acceptance().unwrap();
+        assert!((0.0..=1.0).contains(&a.min) && (0.0..=1.0).contains(&a.max), "spec {s}: {a:?}");
+        let per = r.tokens_per_step();
+        assert!(per.min >= 1.0 && per.max <= s as f64, "spec {s}: {per:?}");
+        for run in &r.runs {
+            assert_eq!(run.steps + run.accepted, n, "spec {s}: each step emits its accepted drafts and one token: {run:?}");
+        }
+        if s == 1 {
+            assert_eq!(r.runs[0].drafted, 0);
+        }
+    }
+    let r = bd::prefill(&mut exec, &ops, &bd::pattern(24), 8, runs).unwrap();
+    check_row(&r, runs, 24);
+    assert!(r.runs.iter().all(|x| x.steps == 3));
+    assert!(bd::phases(&mut exec, &ops, first, n, runs).unwrap().is_none(), "the cpu executor has no phase timers");
+    // Refusals, not panics.
+    assert!(bd::tg(&mut exec, &ops, first, n_ctx, 1, 1).is_err());
+    assert!(bd::tg(&mut exec, &ops, first, 0, 1, 0).is_err());
+    assert!(bd::windows(&mut exec, &ops, &seq, 9, 1).is_err());
+    assert!(bd::windows(&mut exec, &ops, &seq[..1], 2, 1).is_err());
+}
+
+#[test]
+fn spreads_and_contexts() {
+    assert_eq!(Spread::of([3.0, 1.0, 2.0]), Spread { median: 2.0, min: 1.0, max: 3.0 });
+    assert_eq!(Spread::of([4.0, 1.0, 2.0, 10.0]), Spread { median: 3.0, min: 1.0, max: 10.0 });
+    assert_eq!(bd::context_for(&[0, 8192, 32768], 128, 512, 40960).unwrap(), 32768 + 128 + 8);
+    assert_eq!(bd::context_for(&[0], 16, 512, 4096).unwrap(), 512 + 8);
+    assert_eq!(bd::context_for(&[], 16, 0, 4096).unwrap(), bd::SPEC_PROMPT + 17 + 8);
+    let e = bd::context_for(&[0, 8192], 128, 512, 4096).unwrap_err().to_string();
+    assert!(e.contains("8328-position context") && e.contains("4096"), "{e}");
+}
+
+#[test]
+fn the_cli_prints_every_row() {
+    let (code, out, err) = strata(&small("cpu"));
+    assert_eq!(code, 0, "{out}\n{err}");
+    for want in [
+        "strata bench decode: <built-in model>: qwen3moe, 4 layers, 8 experts top-2",
+        "formats: embedding",
+        "backend: cpu",
+        "| test ",
+        "tok/s median",
+        "| tg16  ",
+        "| tg16 @ d300 ",
+        "| tg16 win2 ",
+        "| tg16 win4 ",
+        "| tg16 spec4 ",
+        "| tg16 spec8 ",
+        "| pp32 win8 ",
+        "per phase: n/a",
+    ] {
+        assert!(out.contains(want), "no `{want}` in:\n{out}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn the_cli_json_has_every_figure() {
+    let mut args = small("cpu");
+    args.push("--json");
+    let (code, out, err) = strata(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    let names = ["tg16", "tg16 @ d300", "tg16 win2", "tg16 win4", "tg16 spec4", "tg16 spec8", "pp32 win8", "tg16 phases"];
+    assert_eq!(lines.len(), names.len(), "{out}");
+    for (line, name) in lines.iter().zip(names) {
+        assert!(line.starts_with('{') && line.ends_with('}'), "{line}");
+        assert!(line.contains(&format!("\"test\":\"{name}\"")), "{line}");
+        assert!(line.contains("\"backend\":\"cpu\""), "{line}");
+        if name.ends_with("phases") {
+            assert!(line.contains("\"phases\":null"), "{line}");
+            continue;
+        }
+        for key in ["tok_s", "ms_per_step", "tokens_per_step", "gbps"] {
+            for k in [key.to_string(), format!("{key}_min"), format!("{key}_max")] {
+                let v = figure(line, &k).unwrap_or_else(|| panic!("no {k} in {line}"));
+                assert!(v > 0.0 && v.is_finite(), "{k} = {v} in {line}");
+            }
+        }
+        for k in ["n", "window", "runs", "tokens", "steps", "weight_bytes_per_token"] {
+            assert!(figure(line, k).is_some_and(|v| v > 0.0), "{k} in {line}");
+        }
+        assert!(line.contains("\"pct_copy\":null") && line.contains("\"copy_gbps\":null"), "{line}");
+        let (per, window) = (figure(line, "tokens_per_step").unwrap(), figure(line, "window").unwrap());
+        let kind = ["tg", "window", "spec", "prefill"].into_iter().find(|k| line.contains(&format!("\"kind\":\"{k}\""))).expect("a kind");
+        assert_eq!(line.contains("\"gbps_upper_bound\":true"), kind != "tg", "{line}");
+        match kind {
+            "spec" => {
+                let a = figure(line, "acceptance").unwrap_or_else(|| panic!("no acceptance in {line}"));
+                assert!((0.0..=1.0).contains(&a), "{line}");
+                assert!((1.0..=window).contains(&per), "{line}");
+            }
+            // Every draft of a full window is the model's own choice.
+            "window" => assert_eq!((per, figure(line, "acceptance")), (window, Some(1.0)), "{line}"),
+            _ => {
+                assert_eq!(per, window, "{line}");
+                assert!(line.contains("\"acceptance\":null"), "{line}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_cli_refuses_clearly() {
+    let mut deep = small("cpu");
+    let at = deep.iter().position(|a| *a == "--depths").unwrap() + 1;
+    deep[at] = "0,5000";
+    for (args, says) in [
+        (deep, "the model's context is 4096 positions"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--windows", "2,nine"], "bad --windows item (1..8 tokens) `nine`"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--spec", "4,9"], "bad --spec item (1..8 tokens) `9`"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--depths", "0,-1"], "bad --depths item `-1`"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cpu", "-n", "4", "--depths", "0", "--windows", "8"], "--windows 8: more tokens than the 4 of -n"),
+        (vec!["bench", "decode", "--builtin", "--backend", "tpu"], "invalid value 'tpu' for '--backend"),
+        (vec!["bench", "decode"], "strata synth --preset 30b-a3b --out F"),
+        (vec!["bench", "decode", "/nonexistent/strata-bench.gguf"], "/nonexistent/strata-bench.gguf"),
+    ] {
+        let (code, out, err) = strata(&args);
+        assert_eq!(code, 2, "{args:?}:\n{out}\n{err}");
+        assert!(err.contains(says), "{args:?}: no `{says}` in:\n{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn gpu_phases_and_copy_bandwidth() {
+    for name in ["cuda", "hip"] {
+        let Some(gpu) = common::open_gpu(name) else { continue };
+        let model = tiny();
+        let ops = model.step_ops(Op::Pick(Pick::Greedy));
+        let mut exec = GpuExecutor::new(gpu, model, 256, false).expect("the built-in model fits the GPU");
+        assert!(bd::phases(&mut exec, &ops, bd::PATTERN[0], 4, 2).unwrap().is_none(), "{name}: profiling is off");
+        exec.set_profiling(true);
+        let rows = bd::phases(&mut exec, &ops, bd::PATTERN[0], 4, 2).unwrap().expect("profiled phases");
+        exec.set_profiling(false);
+        for want in ["attention", "router", "experts", "head", "sampling", "other"] {
+            let row = rows.iter().find(|r| r.phase == want).unwrap_or_else(|| panic!("{name}: no phase {want}: {rows:?}"));
+            assert_eq!(row.us_per_step.len(), 2, "{name}: {row:?}");
+            assert!(row.us_per_step.iter().all(|&us| us > 0.0), "{name}: {row:?}");
+        }
+        let mut args = small(name);
+        args.push("--json");
+        let (code, out, err) = strata(&args);
+        assert_eq!(code, 0, "{out}\n{err}");
+        let rows: Vec<&str> = out.lines().collect();
+        assert!(rows.iter().all(|l| figure(l, "copy_gbps").is_some_and(|c| c > 0.0)), "{out}");
+        assert!(rows.iter().filter(|l| !l.contains("phases")).all(|l| figure(l, "pct_copy").is_some_and(|p| p > 0.0)), "{out}");
+        assert!(rows.iter().filter(|l| l.contains("\"phase\":")).count() >= 6, "{out}");
+        assert!(rows.iter().filter(|l| l.contains("\"phase\":")).all(|l| figure(l, "us_per_step").is_some_and(|u| u > 0.0)), "{out}");
+    }
+}
