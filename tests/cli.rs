@@ -199,8 +199,17 @@ fn decode_refuses_bad_input_clearly() {
         x.1 = vec![128];
         x.3.truncate(128 * 4);
     });
+    let zero_base = edited_model("base.gguf", |meta, _| {
+        for (k, v) in meta.iter_mut() {
+            if k == "qwen3moe.rope.freq_base" {
+                *v = Value::F32(0.0);
+            }
+        }
+    });
     let long_prompt: String = (0..40).map(|i| (i % 9).to_string()).collect::<Vec<_>>().join(",");
-    let cases: [(Vec<&str>, &str); 8] = [
+    let cases: [(Vec<&str>, &str); 10] = [
+        (vec!["--model", zero_base.path()], "key qwen3moe.rope.freq_base: 0 must be positive"),
+        (vec!["--chat"], "--chat wraps a text prompt"),
         (vec!["--prompt-ids", "99999"], "prompt token id 99999 is outside the vocabulary of 1248 tokens"),
         (vec!["--model", missing.path(), "--temp", "0.5", "--top-k", "0"], "top_k"),
         (vec!["--model", truncated.path()], "truncated"),

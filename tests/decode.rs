@@ -222,3 +222,102 @@ fn speculation_keeps_the_tokens_cuda() {
 fn speculation_keeps_the_tokens_hip() {
     speculation_keeps_the_tokens("hip");
 }
+
+/// The built-in model with its tensors rewritten by `edit` (name, dims, type, bytes), loaded.
+fn rewritten(edit: impl Fn(&mut Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>)) -> Arc<Qwen3Moe> {
+    use strata::host::gguf::GgufWriter;
+    let mut spec = SynthSpec::tiny();
+    spec.vocab = false;
+    let f = GgufFile::from_bytes(build_in_memory(&spec), "tiny").unwrap();
+    let mut tensors: Vec<_> = f.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty, f.data(t).to_vec())).collect();
+    edit(&mut tensors);
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata.iter().filter(|(k, _)| k != "general.alignment") {
+        w.meta(k, v.clone());
+    }
+    for (n, dims, ty, data) in tensors {
+        w.tensor(&n, &dims, ty, data).unwrap();
+    }
+    Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(w.to_bytes(), "rewritten").unwrap())).unwrap())
+}
+
+/// A fused `attn_qkv` (and `attn_qkv.bias`) means exactly the separate q, k, v tensors (and
+/// biases): the logits of both files are the same bits, and the biases do change them.
+#[test]
+fn fused_qkv_and_biases_mean_the_separate_tensors() {
+    let seed = common::seed("fused_qkv");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let c = SynthSpec::tiny().config;
+    let (q_dim, kv_dim) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+    let bias = |n: usize, rng: &mut SmallRng| -> Vec<u8> { (0..n).flat_map(|_| rng.random_range(-0.5f32..0.5).to_le_bytes()).collect() };
+    let biases: Vec<[Vec<u8>; 3]> = (0..c.n_layer).map(|_| [bias(q_dim, &mut rng), bias(kv_dim, &mut rng), bias(kv_dim, &mut rng)]).collect();
+    let separate = rewritten(|t| {
+        for (i, b) in biases.iter().enumerate() {
+            for (part, (name, n)) in b.iter().zip([("q", q_dim), ("k", kv_dim), ("v", kv_dim)]) {
+                t.push((format!("blk.{i}.attn_{name}.bias"), vec![n as u64], GgmlType::F32, part.clone()));
+            }
+        }
+    });
+    let fused = rewritten(|t| {
+        for (i, b) in biases.iter().enumerate() {
+            let mut data = Vec::new();
+            let mut ty = GgmlType::F32;
+            for name in ["q", "k", "v"] {
+                let at = t.iter().position(|x| x.0 == format!("blk.{i}.attn_{name}.weight")).unwrap();
+                let (_, _, tty, bytes) = t.remove(at);
+                ty = tty;
+                data.extend(bytes);
+            }
+            t.push((format!("blk.{i}.attn_qkv.weight"), vec![c.n_embd as u64, (q_dim + 2 * kv_dim) as u64], ty, data));
+            t.push((format!("blk.{i}.attn_qkv.bias"), vec![(q_dim + 2 * kv_dim) as u64], GgmlType::F32, b.concat()));
+        }
+    });
+    let plain = rewritten(|_| {});
+    let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
+    let logits = |m: &Arc<Qwen3Moe>| {
+        let mut exec = CpuExecutor::new(m.clone(), 64).unwrap();
+        forced_logits(&mut exec, &m.step_ops(Op::Pick(Pick::Greedy)), &seq, 8).unwrap()
+    };
+    let (a, b) = (logits(&separate), logits(&fused));
+    if let Some(d) = first_difference(&a, &b, c.n_vocab) {
+        panic!("fused attn_qkv differs from separate q/k/v (seed {seed}) at {d}");
+    }
+    assert!(first_difference(&a, &logits(&plain), c.n_vocab).is_some(), "the biases changed nothing");
+    // The fused matrix is not kept beside its slices: both models hold the same bytes.
+    assert_eq!(separate.weights.total_bytes(), fused.weights.total_bytes());
+}
+
+/// Greedy decoding refuses a position whose logits are all NaN instead of picking token 0: a NaN
+/// in token 7's embedding row stays in the residual stream (the q8_1 quantizer maps NaN to 0, so
+/// the matvecs on quantized weights do not spread it), and an F32 head reads the normed residual
+/// in float, so every logit of that position is NaN.
+fn greedy_refuses_all_nan_logits(backend: &str) {
+    let c = SynthSpec::tiny().config;
+    let m = rewritten(|t| {
+        let x = t.iter_mut().find(|x| x.0 == "token_embd.weight").unwrap();
+        let row = x.3.len() / c.n_vocab;
+        x.3[7 * row..7 * row + 2].copy_from_slice(&0x7e00u16.to_le_bytes()); // the first block's scale
+        let head = t.iter_mut().find(|x| x.0 == "output.weight").unwrap();
+        (head.2, head.3) = (GgmlType::F32, (0..c.n_embd * c.n_vocab).flat_map(|i| ((i % 7) as f32 * 0.01).to_le_bytes()).collect());
+    });
+    let Some(mut exec) = executor(backend, m.clone(), 64) else { return };
+    let ops = m.step_ops(Op::Pick(Pick::Greedy));
+    let req = Request { prompt: vec![3, 7], n_predict: 4, window: 8, spec: 1, stop: vec![], ignore_eos: true, want_logits: false };
+    let err = generate(exec.as_mut(), &ops, &req, |_, _| Ok(())).expect_err("all-NaN logits must not decode");
+    assert!(err.to_string().contains("position 1 are all NaN"), "{backend}: {err}");
+}
+
+#[test]
+fn greedy_refuses_all_nan_logits_cpu() {
+    greedy_refuses_all_nan_logits("cpu");
+}
+
+#[test]
+fn greedy_refuses_all_nan_logits_cuda() {
+    greedy_refuses_all_nan_logits("cuda");
+}
+
+#[test]
+fn greedy_refuses_all_nan_logits_hip() {
+    greedy_refuses_all_nan_logits("hip");
+}

@@ -33,7 +33,8 @@ pub fn pattern(len: usize) -> Vec<u32> {
 /// model's context (`n_ctx_train`).
 pub fn context_for(depths: &[usize], n: usize, prefill: usize, n_ctx_train: usize) -> Result<usize> {
     let deepest = depths.iter().copied().max().unwrap_or(0);
-    let n_ctx = (deepest + n).max(SPEC_PROMPT + n + 1).max(prefill) + MAX_WINDOW;
+    let need = deepest.checked_add(n).map(|d| d.max(SPEC_PROMPT.saturating_add(n).saturating_add(1)).max(prefill)).and_then(|d| d.checked_add(MAX_WINDOW));
+    let n_ctx = need.unwrap_or(usize::MAX);
     if n_ctx > n_ctx_train {
         return Err(Error::Request(format!(
             "depth {deepest} + {n} generated tokens (+ {MAX_WINDOW}; prefill {prefill}) need a {n_ctx}-position context; the model's context is {n_ctx_train} positions (lower --depths, -n or --prefill)"

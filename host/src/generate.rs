@@ -59,8 +59,8 @@ pub enum Stop {
 /// order, as soon as its step is done; it may stop the decode by returning an error.
 pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token: impl FnMut(u32, Option<&[f32]>) -> Result<()>) -> Result<Stats> {
     let n_ctx = exec.n_ctx();
-    if req.prompt.is_empty() {
-        return Err(Error::Request("the prompt is empty".into()));
+    if req.prompt.is_empty() || req.n_predict == 0 {
+        return Err(Error::Request(format!("a prompt of {} tokens, {} to generate: both must be at least 1", req.prompt.len(), req.n_predict)));
     }
     if req.prompt.len() >= n_ctx {
         return Err(Error::Request(format!("the prompt has {} tokens; the context holds {n_ctx} positions (raise --ctx)", req.prompt.len())));
@@ -78,6 +78,9 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
         exec.set_tokens(chunk)?;
         exec.run(ops, w)?;
         next = *exec.next_ids(w.tokens)?.last().expect("a window has a token");
+        if exec.nan_rows(w.tokens)?[w.tokens - 1] {
+            return Err(all_nan(w.pos0 + w.tokens - 1));
+        }
         if req.want_logits {
             let all = exec.logits(w.tokens)?;
             logits = Some(all[all.len() / w.tokens * (w.tokens - 1)..].to_vec());
@@ -114,6 +117,9 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
         exec.run(ops, w)?;
         stats.enqueue += issue.elapsed();
         let out = exec.accepted(w.tokens)?;
+        if let Some(i) = exec.nan_rows(w.tokens)?[..out.len()].iter().position(|&f| f) {
+            return Err(all_nan(pos + i));
+        }
         let rows = if req.want_logits { Some(exec.logits(w.tokens)?) } else { None };
         (stats.steps, stats.drafted, stats.accepted) = (stats.steps + 1, stats.drafted + w.tokens - 1, stats.accepted + out.len() - 1);
         if let Some(times) = exec.phase_times() {
@@ -143,6 +149,9 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
 /// tokens from position 0 (teacher forcing): what window invariance and the reference
 /// comparisons check.
 pub fn forced_logits(exec: &mut dyn Executor, ops: &[Op], seq: &[u32], window: usize) -> Result<Vec<f32>> {
+    if !(1..=MAX_WINDOW).contains(&window) {
+        return Err(Error::Request(format!("window {window} (1..={MAX_WINDOW})")));
+    }
     let mut all = Vec::new();
     for (i, chunk) in seq.chunks(window).enumerate() {
         let w = Window { tokens: chunk.len(), pos0: i * window };
@@ -152,4 +161,9 @@ pub fn forced_logits(exec: &mut dyn Executor, ops: &[Op], seq: &[u32], window: u
         all.extend(exec.logits(w.tokens)?);
     }
     Ok(all)
+}
+
+/// Greedy decoding met a row of NaN logits at `pos`: there is no token to pick.
+fn all_nan(pos: usize) -> Error {
+    Error::Request(format!("the model's logits at position {pos} are all NaN: greedy decoding has no token to pick"))
 }

@@ -447,6 +447,19 @@ impl GpuBackend {
     /// Queues a window's launches (without waiting): grouping, gate/up, down, combine, with the
     /// kernels and sizes the knobs plan for this shape and window.
     pub fn moe_queue(&self, l: &MoeLayer, w: &mut MoeBuffers, stages: MoeStages) -> Result<()> {
+        // The buffers must hold the window (the step's are sized for its largest one).
+        let sel = w.tokens * w.k;
+        if w.tokens == 0 || w.k == 0 || sel > 256 {
+            return Err(Error::Shape { kernel: "moe", detail: format!("{} tokens x {} slots (1..=256 selections supported)", w.tokens, w.k) });
+        }
+        let q8 = |values: usize| values / 32 * strata_gpu_shared::formats::q8_1::BYTES;
+        holds("moe", "ids", w.ids.len(), sel)?;
+        holds("moe", "weights", w.weights.len(), sel)?;
+        holds("moe", "xq", w.xq.len(), q8(w.tokens * l.n_embd))?;
+        holds("moe", "table", w.table.len(), moe::table_words(sel))?;
+        holds("moe", "hq", w.hq.len(), q8(sel * l.n_ff))?;
+        holds("moe", "y", w.y.len(), sel * l.n_embd)?;
+        holds("moe", "out", w.out.len(), w.tokens * l.n_embd)?;
         let (g, d) = l.formats;
         let n = (w.tokens * w.k) as u32;
         let (k, n_expert, tokens) = (w.k as u32, l.n_expert as u32, w.tokens as u32);

@@ -14,7 +14,8 @@ pub fn draft(history: &[u32], max: usize) -> Vec<u32> {
     }
     for n in (1..=MAX_NGRAM.min(history.len().saturating_sub(1))).rev() {
         let tail = &history[history.len() - n..];
-        // Candidate starts, latest first; the match must end before the tail itself starts.
+        // Candidate starts, latest first; a match may overlap the tail but not be the tail
+        // itself, so at least one token follows it.
         for start in (0..history.len() - n).rev() {
             if &history[start..start + n] == tail {
                 let from = start + n;

@@ -167,10 +167,14 @@ pub(crate) fn open(backend: Option<BackendName>, device: usize, model: Arc<Qwen3
 }
 
 fn decode(a: &Args) -> anyhow::Result<()> {
+    if a.chat && a.prompt.is_none() {
+        bail!("--chat wraps a text prompt: give it with --prompt");
+    }
     let pick = pick(a)?;
     let model = load_model(a)?;
     let c = model.config.clone();
-    let n_ctx = a.ctx.unwrap_or(c.n_ctx_train.min(4096));
+    // The file's training context, at most 4096 (4096 where the file's is unusable).
+    let n_ctx = a.ctx.unwrap_or(if c.n_ctx_train >= 2 { c.n_ctx_train.min(4096) } else { 4096 });
     if !(2..=1 << 30).contains(&n_ctx) {
         bail!("--ctx {n_ctx}: choose 2..={}", 1 << 30);
     }

@@ -113,6 +113,8 @@ pub struct Qwen3Moe {
 /// Reads keys and tensors, with errors that name the file and what is wrong.
 struct Loader<'a> {
     file: &'a GgufFile,
+    /// The file's tensors by name (one lookup per tensor, whatever the file's tensor count).
+    by_name: std::collections::HashMap<&'a str, &'a TensorInfo>,
     list: Vec<Weight>,
 }
 
@@ -154,7 +156,7 @@ impl Loader<'_> {
     }
 
     fn info(&self, name: &str) -> Option<&TensorInfo> {
-        self.file.tensors.iter().find(|t| t.name == name)
+        self.by_name.get(name).copied()
     }
 
     /// Tensor `name` with dims `want` (ggml order), as stored.
@@ -201,9 +203,15 @@ impl Loader<'_> {
         Ok(self.push(Weight { name: name.into(), ty: GgmlType::F32, rows: repeat, cols: n, n_expert: 1, data: Data::Owned(out) }))
     }
 
-    /// Rows `first..first + rows` of a matrix already in the list, as a weight of its own.
-    fn row_slice(&mut self, of: WeightId, name: &str, first: usize, rows: usize) -> WeightId {
-        let w = self.list[of.0].clone();
+    /// Removes the weight just pushed (a fused tensor only its slices are kept of).
+    fn take_last(&mut self, id: WeightId) -> Weight {
+        debug_assert_eq!(id.0 + 1, self.list.len());
+        self.list.pop().expect("just pushed")
+    }
+
+    /// Rows `first..first + rows` of a checked matrix, as a weight of its own.
+    fn row_slice(&mut self, w: &Weight, name: &str, first: usize, rows: usize) -> WeightId {
+        let w = w.clone();
         let row_bytes = w.bytes() / w.rows;
         let Data::File { offset, .. } = w.data else { unreachable!("matrices come from the file") };
         self.push(Weight { name: name.into(), rows, data: Data::File { offset: offset + first * row_bytes, len: rows * row_bytes }, ..w })
@@ -256,7 +264,7 @@ impl Qwen3Moe {
 
     /// Checks a parsed file and prepares its weights.
     pub fn load(file: Arc<GgufFile>) -> Result<Qwen3Moe> {
-        let mut l = Loader { file: &file, list: Vec::new() };
+        let mut l = Loader { file: &file, by_name: file.tensors.iter().map(|t| (t.name.as_str(), t)).collect(), list: Vec::new() };
         match file.get("general.architecture").and_then(Value::as_str) {
             Some(ARCH) => {}
             Some(other) => return Err(l.err("architecture", format!("`{other}` is not supported (Strata decodes {ARCH})"))),
@@ -304,6 +312,12 @@ impl Qwen3Moe {
         if n_embd == 0 || n_embd % 32 != 0 || n_ff_exp == 0 || n_ff_exp % 32 != 0 {
             return Err(cfg_err(&l, "shape", format!("n_embd {n_embd} and expert n_ff {n_ff_exp} must be positive multiples of 32")));
         }
+        if n_embd > strata_gpu_shared::launch::norm::NORM_MAX_N {
+            return Err(l.err(format!("key {ARCH}.embedding_length"), format!("{n_embd}: rows longer than {} are not supported", strata_gpu_shared::launch::norm::NORM_MAX_N)));
+        }
+        if !(config.rope_freq_base > 0.0) {
+            return Err(l.err(format!("key {ARCH}.rope.freq_base"), format!("{} must be positive", config.rope_freq_base)));
+        }
         if config.n_layer == 0 {
             return Err(l.err(format!("key {ARCH}.block_count"), "0 layers"));
         }
@@ -327,11 +341,13 @@ impl Qwen3Moe {
             let name = |t: &str| format!("blk.{i}.{t}");
             let attn_norm = l.vector(&name("attn_norm.weight"), n_embd, 1)?;
             let (q, k, v) = if l.info(&name("attn_qkv.weight")).is_some() {
+                // Only the three slices stay in the list: the fused matrix itself is not read.
                 let qkv = l.tensor(&name("attn_qkv.weight"), &[n_embd, q_dim + 2 * kv_dim], MATRIX)?;
+                let qkv = l.take_last(qkv);
                 (
-                    l.row_slice(qkv, &name("attn_qkv.weight[q]"), 0, q_dim),
-                    l.row_slice(qkv, &name("attn_qkv.weight[k]"), q_dim, kv_dim),
-                    l.row_slice(qkv, &name("attn_qkv.weight[v]"), q_dim + kv_dim, kv_dim),
+                    l.row_slice(&qkv, &name("attn_qkv.weight[q]"), 0, q_dim),
+                    l.row_slice(&qkv, &name("attn_qkv.weight[k]"), q_dim, kv_dim),
+                    l.row_slice(&qkv, &name("attn_qkv.weight[v]"), q_dim + kv_dim, kv_dim),
                 )
             } else {
                 (
@@ -343,7 +359,7 @@ impl Qwen3Moe {
             let mut qkv_bias = [None; 3];
             if l.info(&name("attn_qkv.bias")).is_some() {
                 let all = l.vector(&name("attn_qkv.bias"), q_dim + 2 * kv_dim, 1)?;
-                let all = l.list[all.0].clone();
+                let all = l.take_last(all);
                 let Data::Owned(bytes) = all.data else { unreachable!("vectors are prepared") };
                 for (slot, (first, n)) in [(0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)].into_iter().enumerate() {
                     let part = &bytes[4 * first..4 * (first + n)];

@@ -32,6 +32,9 @@ pub struct CpuExecutor {
     next: Vec<u32>,
     /// The accepted count, then the window's chosen ids (`spec_accept`).
     accept: Vec<u32>,
+    /// Greedy picking's all-NaN flag per row, and whether the last pick was greedy.
+    all_nan: Vec<u32>,
+    greedy: bool,
 }
 
 impl CpuExecutor {
@@ -65,6 +68,8 @@ impl CpuExecutor {
             route_w: vec![0.0; MAX_WINDOW * c.n_expert_used],
             next: vec![0; MAX_WINDOW],
             accept: vec![0; MAX_WINDOW + 1],
+            all_nan: vec![0; MAX_WINDOW],
+            greedy: false,
             model,
         })
     }
@@ -107,6 +112,7 @@ impl Executor for CpuExecutor {
     }
 
     fn op(&mut self, op: &Op, w: Window) -> Result<()> {
+        super::check_window(w, self.tokens.len())?;
         let model = self.model.clone();
         let (c, weights) = (&model.config, &model.weights);
         let t = w.tokens;
@@ -223,14 +229,13 @@ impl Executor for CpuExecutor {
                 let logits = &self.act[&Act::Logits][..t * c.n_vocab];
                 match pick {
                     Pick::Greedy => {
-                        let mut nan = vec![0u32; t];
-                        self.cpu.argmax_rows(logits, c.n_vocab, Variant::Fast, &mut self.next[..t], &mut nan)?;
-                        if nan.iter().any(|&f| f != 0) {
-                            return Err(Error::Request("the model produced logits that are all NaN".into()));
-                        }
-                        Ok(())
+                        self.greedy = true;
+                        self.cpu.argmax_rows(logits, c.n_vocab, Variant::Fast, &mut self.next[..t], &mut self.all_nan[..t])
                     }
-                    Pick::Sample(p) => self.cpu.sample_rows(logits, c.n_vocab, p, w.pos0, &mut self.next[..t]),
+                    Pick::Sample(p) => {
+                        self.greedy = false;
+                        self.cpu.sample_rows(logits, c.n_vocab, p, w.pos0, &mut self.next[..t])
+                    }
                 }
             }
             Op::Accept => self.cpu.spec_accept(&self.tokens[..t], &self.next[..t], &mut self.accept[..t + 1]),
@@ -243,6 +248,14 @@ impl Executor for CpuExecutor {
 
     fn logits(&mut self, tokens: usize) -> Result<Vec<f32>> {
         Ok(self.rows(Act::Logits, tokens).to_vec())
+    }
+
+    fn nan_rows(&mut self, tokens: usize) -> Result<Vec<bool>> {
+        Ok(self.all_nan[..tokens].iter().map(|&f| self.greedy && f != 0).collect())
+    }
+
+    fn loaded_tokens(&self) -> usize {
+        self.tokens.len()
     }
 
     fn accepted(&mut self, tokens: usize) -> Result<Vec<u32>> {

@@ -48,6 +48,10 @@ pub struct GpuExecutor {
     /// The accepted count, then the window's chosen ids (`spec_accept`).
     accept: CudaSlice<u32>,
     argmax: ArgmaxScratch,
+    /// Token ids loaded by `set_tokens`, and whether the last pick was greedy (its all-NaN
+    /// flags are then valid).
+    n_tokens: usize,
+    greedy: bool,
     /// With profiling on: an event at each phase change of the last step.
     marks: Option<Vec<(&'static str, CudaEvent)>>,
 }
@@ -142,6 +146,8 @@ impl GpuExecutor {
             accept: gpu.scratch("step buffers", MAX_WINDOW + 1)?,
             argmax: gpu.argmax_scratch(MAX_WINDOW, c.n_vocab)?,
             marks: None,
+            n_tokens: 0,
+            greedy: false,
             weights,
             experts,
             act,
@@ -219,14 +225,19 @@ impl Executor for GpuExecutor {
             m.clear();
         }
         let stream = self.gpu.stream().clone();
-        stream.memcpy_htod(ids, &mut self.tokens.slice_mut(..ids.len())).map_err(self.driver("copy of the token ids"))
+        stream.memcpy_htod(ids, &mut self.tokens.slice_mut(..ids.len())).map_err(self.driver("copy of the token ids"))?;
+        self.n_tokens = ids.len();
+        Ok(())
     }
 
     fn op(&mut self, op: &Op, w: Window) -> Result<()> {
         let model = self.model.clone();
         let (c, weights) = (&model.config, &model.weights);
+        super::check_window(w, self.n_tokens)?;
         let t = w.tokens;
-        self.mark(super::phase_of(op, weights))?;
+        if self.marks.is_some() {
+            self.mark(super::phase_of(op, weights))?;
+        }
         match *op {
             Op::Embed { table, out } => {
                 let tw = weights.get(table);
@@ -324,8 +335,14 @@ impl Executor for GpuExecutor {
                 self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, MoeStages::ALL)
             }
             Op::Pick(pick) => match pick {
-                Pick::Greedy => self.gpu.argmax_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, &mut self.argmax, &mut self.next, &mut self.all_nan),
-                Pick::Sample(p) => self.gpu.sample_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, p, w.pos0, &mut self.next),
+                Pick::Greedy => {
+                    self.greedy = true;
+                    self.gpu.argmax_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, &mut self.argmax, &mut self.next, &mut self.all_nan)
+                }
+                Pick::Sample(p) => {
+                    self.greedy = false;
+                    self.gpu.sample_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, p, w.pos0, &mut self.next)
+                }
             },
             Op::Accept => self.gpu.spec_accept_queue(&self.tokens, &self.next, t, &mut self.accept),
         }
@@ -346,6 +363,21 @@ impl Executor for GpuExecutor {
         stream.memcpy_dtoh(&self.act[&Act::Logits].slice(..v.len()), &mut v).map_err(self.driver("copy of the logits"))?;
         stream.synchronize().map_err(self.driver("copy of the logits"))?;
         Ok(v)
+    }
+
+    fn nan_rows(&mut self, tokens: usize) -> Result<Vec<bool>> {
+        if !self.greedy {
+            return Ok(vec![false; tokens]);
+        }
+        let mut flags = vec![0u32; tokens];
+        let stream = self.gpu.stream().clone();
+        stream.memcpy_dtoh(&self.all_nan.slice(..tokens), &mut flags).map_err(self.driver("copy of the all-NaN flags"))?;
+        stream.synchronize().map_err(self.driver("execution of the step"))?;
+        Ok(flags.into_iter().map(|f| f != 0).collect())
+    }
+
+    fn loaded_tokens(&self) -> usize {
+        self.n_tokens
     }
 
     fn accepted(&mut self, tokens: usize) -> Result<Vec<u32>> {

@@ -139,6 +139,11 @@ pub trait Executor {
     /// Waits for the step and returns the tokens a verify window of `tokens` rows emits: the
     /// model's choices for the accepted rows ([`Op::Accept`]).
     fn accepted(&mut self, tokens: usize) -> Result<Vec<u32>>;
+    /// Per row of the last step: whether greedy picking found its logits all NaN (false for
+    /// every row when the step sampled).
+    fn nan_rows(&mut self, tokens: usize) -> Result<Vec<bool>>;
+    /// How many token ids the last [`Self::set_tokens`] gave.
+    fn loaded_tokens(&self) -> usize;
     /// The timing of the last step by op kind, where the backend can measure it.
     fn phase_times(&mut self) -> Option<Vec<(&'static str, f64)>> {
         None
@@ -146,7 +151,8 @@ pub trait Executor {
 
     /// Runs the whole list for window `w`.
     fn run(&mut self, ops: &[Op], w: Window) -> Result<()> {
-        if w.pos0 + w.tokens > self.n_ctx() {
+        check_window(w, self.loaded_tokens())?;
+        if w.pos0.checked_add(w.tokens).is_none_or(|end| end > self.n_ctx()) {
             return Err(crate::Error::Request(format!(
                 "positions {}..{} do not fit the {}-position context (raise --ctx)",
                 w.pos0,
@@ -159,6 +165,15 @@ pub trait Executor {
         }
         Ok(())
     }
+}
+
+/// A window's size must be what was loaded with `set_tokens`, 1..=[`MAX_WINDOW`] (every
+/// buffer holds that many rows).
+pub fn check_window(w: Window, loaded: usize) -> Result<()> {
+    if w.tokens == 0 || w.tokens > MAX_WINDOW || w.tokens != loaded {
+        return Err(crate::Error::Request(format!("a window of {} tokens with {loaded} token ids loaded (1..={MAX_WINDOW}, equal)", w.tokens)));
+    }
+    Ok(())
 }
 
 /// The phases of the time split (`strata decode --profile`), in step order.
