@@ -3,7 +3,7 @@ mod common;
 
 use std::process::Command;
 
-use strata::host::gguf::{GgmlType, GgufFile, GgufWriter, Value};
+use strata::host::gguf::Value;
 use strata::host::model::synth::{build_in_memory, SynthSpec};
 
 /// The binary under test: cargo's, or `STRATA_BIN` where the tests run away from the build
@@ -135,24 +135,10 @@ impl Drop for Temp {
     }
 }
 
-/// The built-in model as a file, rewritten by `edit` (metadata, then tensors: name, dims, type, bytes).
-fn edited_model(name: &str, edit: impl Fn(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>)) -> Temp {
-    let bytes = build_in_memory(&SynthSpec::tiny());
-    let f = GgufFile::from_bytes(bytes, "tiny").expect("the built-in model parses");
-    let mut meta = f.metadata.clone();
-    let mut tensors: Vec<_> = f.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty, f.data(t).to_vec())).collect();
-    edit(&mut meta, &mut tensors);
-    let mut w = GgufWriter::new();
-    for (k, v) in meta {
-        if k != "general.alignment" {
-            w.meta(&k, v);
-        }
-    }
-    for (n, dims, ty, data) in tensors {
-        w.tensor(&n, &dims, ty, data).expect("a valid tensor");
-    }
+/// The built-in model as a file, rewritten by `edit` (metadata, then tensors).
+fn edited_model(name: &str, edit: impl Fn(&mut Vec<(String, Value)>, &mut Vec<common::TensorParts>)) -> Temp {
     let t = Temp::new(name);
-    std::fs::write(&t.0, w.to_bytes()).expect("write the model");
+    std::fs::write(&t.0, common::rewritten_tiny(true, edit)).expect("write the model");
     t
 }
 

@@ -223,22 +223,10 @@ fn speculation_keeps_the_tokens_hip() {
     speculation_keeps_the_tokens("hip");
 }
 
-/// The built-in model with its tensors rewritten by `edit` (name, dims, type, bytes), loaded.
-fn rewritten(edit: impl Fn(&mut Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>)) -> Arc<Qwen3Moe> {
-    use strata::host::gguf::GgufWriter;
-    let mut spec = SynthSpec::tiny();
-    spec.vocab = false;
-    let f = GgufFile::from_bytes(build_in_memory(&spec), "tiny").unwrap();
-    let mut tensors: Vec<_> = f.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty, f.data(t).to_vec())).collect();
-    edit(&mut tensors);
-    let mut w = GgufWriter::new();
-    for (k, v) in f.metadata.iter().filter(|(k, _)| k != "general.alignment") {
-        w.meta(k, v.clone());
-    }
-    for (n, dims, ty, data) in tensors {
-        w.tensor(&n, &dims, ty, data).unwrap();
-    }
-    Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(w.to_bytes(), "rewritten").unwrap())).unwrap())
+/// The built-in model without its vocabulary, its tensors rewritten by `edit`, loaded.
+fn rewritten(edit: impl Fn(&mut Vec<common::TensorParts>)) -> Arc<Qwen3Moe> {
+    let bytes = common::rewritten_tiny(false, |_, t| edit(t));
+    Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(bytes, "rewritten").unwrap())).unwrap())
 }
 
 /// A fused `attn_qkv` (and `attn_qkv.bias`) means exactly the separate q, k, v tensors (and

@@ -279,16 +279,7 @@ fn shape_and_parameter_errors_are_errors() {
 }
 
 
-fn gpu_against_cpu(name: &str) {
-    let Some(gpu) = common::open_gpu(name) else { return };
-    let seed = common::seed(&format!("{name}_vs_cpu"));
-    let mut rng = SmallRng::seed_from_u64(seed);
-    for _ in 0..3 {
-        common::check_all(parity_cases(&[&CpuBackend::new(), &gpu], rng.random()).unwrap());
-    }
-}
-
-crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
+crate::gpu_parity_suite!(cases: parity_cases);
 
 /// The typed launchers refuse device buffers shorter than the shape needs, and take longer ones.
 #[test]

@@ -101,16 +101,7 @@ fn shape_errors_are_errors() {
     assert!(is_shape(cpu.spec_accept(&v[..3], &v[..3], &mut out[..5])));
 }
 
-fn gpu_against_cpu(name: &str) {
-    let Some(gpu) = common::open_gpu(name) else { return };
-    let seed = common::seed(&format!("{name}_vs_cpu"));
-    let mut rng = SmallRng::seed_from_u64(seed);
-    for _ in 0..3 {
-        common::check_all(parity_cases(&[&CpuBackend::new(), &gpu], rng.random()).unwrap());
-    }
-}
-
-crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
+crate::gpu_parity_suite!(cases: parity_cases);
 
 /// The typed launcher refuses window sizes outside 1..=8 and device buffers shorter than the
 /// window, and takes longer ones (writing only `tokens + 1` words).

@@ -88,7 +88,8 @@ pub fn check_all(outs: Vec<strata::host::parity::Outcome>) {
 /// `cuda_vs_cpu` and `hip_vs_cpu` run `$against(backend)` (the family's own checks on that
 /// backend), and `padded_grids_change_nothing` runs the family's `parity_cases` with `grid_pad`
 /// on (extra warps and blocks must change nothing; the guard words past each output are checked
-/// on every call).
+/// on every call). `gpu_parity_suite!(cases: parity_cases)` takes the family's parity cases as
+/// its whole GPU check.
 #[macro_export]
 macro_rules! gpu_parity_suite {
     ($against:ident, $cases:path) => {
@@ -112,4 +113,40 @@ macro_rules! gpu_parity_suite {
             }
         }
     };
+    (cases: $cases:path) => {
+        /// The family's parity cases, three seeds, against the replica.
+        fn gpu_against_cpu(name: &str) {
+            use rand::{Rng, SeedableRng};
+            let Some(gpu) = common::open_gpu(name) else { return };
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(common::seed(&format!("{name}_vs_cpu")));
+            for _ in 0..3 {
+                common::check_all($cases(&[&strata::host::cpu::CpuBackend::new(), &gpu], rng.random()).unwrap());
+            }
+        }
+        $crate::gpu_parity_suite!(gpu_against_cpu, $cases);
+    };
+}
+
+/// A tensor of a GGUF file being rewritten: name, dims, type, bytes.
+pub type TensorParts = (String, Vec<u64>, strata::host::gguf::GgmlType, Vec<u8>);
+
+/// The built-in model (with or without its vocabulary) as GGUF bytes, its metadata and tensors
+/// rewritten by `edit` first: hostile and variant files for the loader and the step.
+pub fn rewritten_tiny(vocab: bool, edit: impl Fn(&mut Vec<(String, strata::host::gguf::Value)>, &mut Vec<TensorParts>)) -> Vec<u8> {
+    use strata::host::gguf::{GgufFile, GgufWriter};
+    use strata::host::model::synth::{build_in_memory, SynthSpec};
+    let mut spec = SynthSpec::tiny();
+    spec.vocab = vocab;
+    let f = GgufFile::from_bytes(build_in_memory(&spec), "tiny").expect("the built-in model parses");
+    let mut meta: Vec<_> = f.metadata.iter().filter(|(k, _)| k != "general.alignment").cloned().collect();
+    let mut tensors: Vec<TensorParts> = f.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty, f.data(t).to_vec())).collect();
+    edit(&mut meta, &mut tensors);
+    let mut w = GgufWriter::new();
+    for (k, v) in meta {
+        w.meta(&k, v);
+    }
+    for (n, dims, ty, data) in tensors {
+        w.tensor(&n, &dims, ty, data).expect("a valid tensor");
+    }
+    w.to_bytes()
 }

@@ -21,8 +21,8 @@ pub const ARCH: &str = "qwen3moe";
 pub enum Data {
     /// A byte range of the model file, as stored.
     File { offset: usize, len: usize },
-    /// Prepared at load time (norms widened to f32, repeated biases).
-    Owned(Vec<u8>),
+    /// A vector prepared at load time (norms widened to f32, repeated biases).
+    F32(Vec<f32>),
 }
 
 /// One weight of the step: `rows` x `cols` values of `ty` (ggml's ne1 x ne0; experts stack
@@ -41,7 +41,7 @@ impl Weight {
     pub fn bytes(&self) -> usize {
         match &self.data {
             Data::File { len, .. } => *len,
-            Data::Owned(v) => v.len(),
+            Data::F32(v) => 4 * v.len(),
         }
     }
 }
@@ -85,17 +85,20 @@ impl Weights {
         &self.list[id.0]
     }
 
-    /// The bytes of a weight.
+    /// The bytes of a matrix, as the file stores them.
     pub fn data(&self, id: WeightId) -> &[u8] {
         match &self.list[id.0].data {
             Data::File { offset, len } => &self.file.bytes()[*offset..*offset + *len],
-            Data::Owned(v) => v,
+            Data::F32(_) => unreachable!("{} is a prepared vector, not a matrix", self.list[id.0].name),
         }
     }
 
-    /// A norm weight (always prepared as f32).
-    pub fn f32s(&self, id: WeightId) -> Vec<f32> {
-        self.data(id).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    /// A prepared vector (a norm or a repeated bias).
+    pub fn f32s(&self, id: WeightId) -> &[f32] {
+        match &self.list[id.0].data {
+            Data::F32(v) => v,
+            Data::File { .. } => unreachable!("{} is a matrix, not a prepared vector", self.list[id.0].name),
+        }
     }
 
     /// Bytes of all weights.
@@ -186,21 +189,15 @@ impl Loader<'_> {
     /// A norm (or bias) vector of `n` values, widened to f32 and repeated `repeat` times.
     fn vector(&mut self, name: &str, n: usize, repeat: usize) -> Result<WeightId> {
         let id = self.tensor(name, &[n], &[Kind::Float])?;
-        let w = self.list.pop().expect("just pushed");
-        debug_assert_eq!(id.0, self.list.len());
+        let w = self.take_last(id);
         let Data::File { offset, len } = w.data else { unreachable!("tensors come from the file") };
         let bytes = &self.file.bytes()[offset..offset + len];
         let format = float_format(w.ty).expect("Kind::Float admits float types only");
-        let mut out = Vec::with_capacity(4 * n * repeat);
-        for _ in 0..repeat {
-            for j in 0..n {
-                out.extend_from_slice(&format.get(bytes, j).to_le_bytes());
-            }
-        }
-        if out.chunks_exact(4).any(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()) {
+        let values: Vec<f32> = (0..n).map(|j| format.get(bytes, j)).collect();
+        if values.iter().any(|v| !v.is_finite()) {
             return Err(self.err(format!("tensor {name}"), "holds a non-finite value"));
         }
-        Ok(self.push(Weight { name: name.into(), ty: GgmlType::F32, rows: repeat, cols: n, n_expert: 1, data: Data::Owned(out) }))
+        Ok(self.push(Weight { name: name.into(), ty: GgmlType::F32, rows: repeat, cols: n, n_expert: 1, data: Data::F32(values.repeat(repeat)) }))
     }
 
     /// Removes the weight just pushed (a fused tensor only its slices are kept of).
@@ -292,7 +289,6 @@ impl Qwen3Moe {
         }
         let n_ff_dense = l.uint("feed_forward_length", Some(0))?;
         let n_ff_exp = l.uint("expert_feed_forward_length", (n_ff_dense > 0).then(|| (n_ff_dense / n_expert_used) as u64))?;
-        let cfg_err = |l: &Loader, what: &str, detail: String| l.err(what, detail);
         let emb = l.info("token_embd.weight").ok_or_else(|| l.err("tensor token_embd.weight", "missing"))?;
         let n_vocab = *emb.dims.get(1).ok_or_else(|| l.err("tensor token_embd.weight", "is not a matrix"))? as usize;
         let config = Qwen3MoeConfig {
@@ -310,7 +306,7 @@ impl Qwen3Moe {
             rms_eps: l.float("attention.layer_norm_rms_epsilon", None)?,
         };
         if n_embd == 0 || n_embd % 32 != 0 || n_ff_exp == 0 || n_ff_exp % 32 != 0 {
-            return Err(cfg_err(&l, "shape", format!("n_embd {n_embd} and expert n_ff {n_ff_exp} must be positive multiples of 32")));
+            return Err(l.err("shape", format!("n_embd {n_embd} and expert n_ff {n_ff_exp} must be positive multiples of 32")));
         }
         if n_embd > strata_gpu_shared::launch::norm::NORM_MAX_N {
             return Err(l.err(format!("key {ARCH}.embedding_length"), format!("{n_embd}: rows longer than {} are not supported", strata_gpu_shared::launch::norm::NORM_MAX_N)));
@@ -360,11 +356,11 @@ impl Qwen3Moe {
             if l.info(&name("attn_qkv.bias")).is_some() {
                 let all = l.vector(&name("attn_qkv.bias"), q_dim + 2 * kv_dim, 1)?;
                 let all = l.take_last(all);
-                let Data::Owned(bytes) = all.data else { unreachable!("vectors are prepared") };
+                let Data::F32(values) = all.data else { unreachable!("vectors are prepared") };
                 for (slot, (first, n)) in [(0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)].into_iter().enumerate() {
-                    let part = &bytes[4 * first..4 * (first + n)];
+                    let part = &values[first..first + n];
                     let data = part.repeat(MAX_WINDOW);
-                    qkv_bias[slot] = Some(l.push(Weight { name: format!("{}[{slot}]", all.name), ty: GgmlType::F32, rows: MAX_WINDOW, cols: n, n_expert: 1, data: Data::Owned(data) }));
+                    qkv_bias[slot] = Some(l.push(Weight { name: format!("{}[{slot}]", all.name), ty: GgmlType::F32, rows: MAX_WINDOW, cols: n, n_expert: 1, data: Data::F32(data) }));
                 }
             } else {
                 for (slot, (t, n)) in [("attn_q.bias", q_dim), ("attn_k.bias", kv_dim), ("attn_v.bias", kv_dim)].into_iter().enumerate() {

@@ -128,7 +128,7 @@ impl Executor for CpuExecutor {
             Op::RmsNorm { x, w: nw, out } => {
                 let mut o = self.take(out);
                 let n = act_len(c, x);
-                let r = self.cpu.rms_norm(self.rows(x, t), &weights.f32s(nw), n, c.rms_eps, &mut o[..t * n]);
+                let r = self.cpu.rms_norm(self.rows(x, t), weights.f32s(nw), n, c.rms_eps, &mut o[..t * n]);
                 self.put(out, o);
                 r
             }
@@ -182,8 +182,8 @@ impl Executor for CpuExecutor {
                     self.rows(Act::Q, t),
                     self.rows(Act::K, t),
                     self.rows(Act::V, t),
-                    &weights.f32s(q_norm),
-                    &weights.f32s(k_norm),
+                    weights.f32s(q_norm),
+                    weights.f32s(k_norm),
                     &self.rope,
                     shape,
                     w.pos0,
@@ -201,7 +201,7 @@ impl Executor for CpuExecutor {
                 let mut o = self.take(Act::Attn);
                 let n = t * act_len(c, Act::Attn);
                 let (kc, vc) = &self.cache[layer];
-                let r = self.cpu.attention(self.rows(Act::Qr, t), kc, vc, shape, w.pos0, attn_scale(c.head_dim), &mut o[..n]);
+                let r = self.cpu.attention(self.rows(Act::Qr, t), kc, vc, shape, w.pos0, super::attn_scale(c.head_dim), &mut o[..n]);
                 self.put(Act::Attn, o);
                 r
             }
@@ -269,9 +269,4 @@ fn available_memory() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kib| kib * 1024)
-}
-
-/// The attention scale `1 / sqrt(head_dim)`, computed once in f64 and rounded.
-pub fn attn_scale(head_dim: usize) -> f32 {
-    (1.0 / (head_dim as f64).sqrt()) as f32
 }

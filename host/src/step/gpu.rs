@@ -8,8 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaSlice};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::cpu::attn_scale;
-use super::{act_len, qx_len, Act, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
+use super::{act_len, attn_scale, qx_len, Act, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
 use crate::backend::ExpertTensor;
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
@@ -113,7 +112,7 @@ impl GpuExecutor {
                 continue;
             }
             let dev = match &weight.data {
-                Data::Owned(_) => DevWeight::F32(gpu.upload(&weight.name, &w.f32s(id))?),
+                Data::F32(v) => DevWeight::F32(gpu.upload(&weight.name, v)?),
                 Data::File { .. } => DevWeight::Bytes(gpu.upload(&weight.name, w.data(id))?),
             };
             weights.insert(id, dev);

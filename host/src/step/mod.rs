@@ -167,6 +167,11 @@ pub trait Executor {
     }
 }
 
+/// The attention scale `1 / sqrt(head_dim)`, computed once in f64 and rounded.
+pub fn attn_scale(head_dim: usize) -> f32 {
+    (1.0 / (head_dim as f64).sqrt()) as f32
+}
+
 /// A window's size must be what was loaded with `set_tokens`, 1..=[`MAX_WINDOW`] (every
 /// buffer holds that many rows).
 pub fn check_window(w: Window, loaded: usize) -> Result<()> {
