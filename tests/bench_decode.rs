@@ -237,6 +237,8 @@ fn gpu_phases_and_copy_bandwidth() {
         assert_eq!(code, 0, "{out}\n{err}");
         let rows: Vec<&str> = out.lines().collect();
         assert!(rows.iter().all(|l| figure(l, "copy_gbps").is_some_and(|c| c > 0.0)), "{out}");
+        // Graphs by default, and the same one-token steps launched eagerly beside them.
+        assert!(rows.iter().any(|l| l.contains("\"test\":\"tg16 eager\"")), "{name}: no eager row in {out}");
         assert!(rows.iter().filter(|l| !l.contains("phases")).all(|l| figure(l, "pct_copy").is_some_and(|p| p > 0.0)), "{out}");
         assert!(rows.iter().filter(|l| l.contains("\"phase\":")).count() >= 6, "{out}");
         assert!(rows.iter().filter(|l| l.contains("\"phase\":")).all(|l| figure(l, "us_per_step").is_some_and(|u| u > 0.0)), "{out}");

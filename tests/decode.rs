@@ -1,6 +1,7 @@
 //! The whole decode step on random models: window invariance (a position's logits are the same
-//! bits whatever window it is decoded in) on every backend, and cuda = hip = cpu bit for bit at
-//! every position of a decode. GPU cases skip without a GPU unless `STRATA_REQUIRE_GPU=1`.
+//! bits whatever window it is decoded in) on every backend, graph replay = eager launches,
+//! cuda = hip = cpu bit for bit at every position of a decode, and speculation keeping the
+//! tokens. GPU cases skip without a GPU unless `STRATA_REQUIRE_GPU=1`.
 mod common;
 
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::generate::{forced_logits, generate, Request};
+use strata::host::generate::{forced_logits, generate, Request, Stop};
 use strata::host::gguf::{GgmlType, GgufFile};
 use strata::host::model::synth::{build_in_memory, SynthSpec};
 use strata::host::model::Qwen3Moe;
@@ -40,8 +41,16 @@ fn models(seed: u64) -> Vec<Arc<Qwen3Moe>> {
 }
 
 fn gpu_executor(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize) -> Option<Box<dyn Executor>> {
+    gpu_executor_graphs(name, m, n_ctx, true)
+}
+
+/// A GPU executor replaying captured graphs (`graphs`) or launching eagerly (`--no-graph`).
+fn gpu_executor_graphs(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize, graphs: bool) -> Option<Box<dyn Executor>> {
     let g = common::open_gpu(name)?;
-    Some(Box::new(GpuExecutor::new(g, m, n_ctx, false).expect("the model fits the GPU")))
+    let mut exec = GpuExecutor::new(g, m, n_ctx, false).expect("the model fits the GPU");
+    exec.set_graphs(graphs);
+    assert_eq!(exec.graphs_on(), graphs);
+    Some(Box::new(exec))
 }
 
 fn executor(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize) -> Option<Box<dyn Executor>> {
@@ -51,13 +60,26 @@ fn executor(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize) -> Option<Box<dyn Execut
     }
 }
 
+/// The executors a backend's same-results tests run on: the CPU's one, or a GPU's with graphs
+/// and without (labelled).
+fn executors(name: &str, m: &Arc<Qwen3Moe>, n_ctx: usize) -> Vec<(String, Box<dyn Executor>)> {
+    match name {
+        "cpu" => vec![("cpu".into(), executor("cpu", m.clone(), n_ctx).expect("cpu executor"))],
+        gpu => [true, false]
+            .into_iter()
+            .filter_map(|graphs| Some((format!("{gpu} {}", if graphs { "graphs" } else { "eager" }), gpu_executor_graphs(gpu, m.clone(), n_ctx, graphs)?)))
+            .collect(),
+    }
+}
+
 fn first_difference(a: &[f32], b: &[f32], n_vocab: usize) -> Option<String> {
     let i = a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits())?;
     Some(format!("position {} logit {}: {:e} vs {:e}", i / n_vocab, i % n_vocab, a[i], b[i]))
 }
 
 /// Logits of a 600-position sequence (three 256-key attention chunks) fed in windows of 1, 2,
-/// 3, 5 and 8 tokens: identical bits at every position.
+/// 3, 5 and 8 tokens: identical bits at every position; on a GPU, with the step replayed from
+/// its captured graphs and launched eagerly, all against the first.
 fn window_invariance(backend: &str) {
     let seed = common::seed(&format!("window_invariance_{backend}"));
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -65,13 +87,21 @@ fn window_invariance(backend: &str) {
         let n_vocab = m.config.n_vocab;
         let seq: Vec<u32> = (0..600).map(|_| rng.random_range(0..n_vocab as u32)).collect();
         let ops = m.step_ops(Op::Pick(Pick::Greedy));
-        let Some(mut exec) = executor(backend, m.clone(), 640) else { return };
-        let alone = forced_logits(exec.as_mut(), &ops, &seq, 1).expect("decode");
-        assert!(alone.iter().all(|v| v.is_finite()), "{backend}: non-finite logits");
-        for window in [2, 3, 5, 8] {
-            let got = forced_logits(exec.as_mut(), &ops, &seq, window).expect("decode");
-            if let Some(d) = first_difference(&alone, &got, n_vocab) {
-                panic!("{backend}, seed {seed}, window {window} differs from window 1 at {d}");
+        let mut alone: Option<Vec<f32>> = None;
+        for (label, mut exec) in executors(backend, &m, 640) {
+            for window in [1, 2, 3, 5, 8] {
+                let got = forced_logits(exec.as_mut(), &ops, &seq, window).expect("decode");
+                match &alone {
+                    None => {
+                        assert!(got.iter().all(|v| v.is_finite()), "{label}: non-finite logits");
+                        alone = Some(got);
+                    }
+                    Some(want) => {
+                        if let Some(d) = first_difference(want, &got, n_vocab) {
+                            panic!("{label}, seed {seed}, window {window} differs from the first run (window 1) at {d}");
+                        }
+                    }
+                }
             }
         }
     }
@@ -164,10 +194,13 @@ fn sampled_tokens_depend_on_seed_and_position_only() {
 
 /// Speculation changes the number of steps, never the tokens: `spec` 1, 2, 4 and 8 give the same
 /// 256 tokens (and the same logits for each), greedy and sampled with three seeds, on the
-/// built-in model from a repetitive prompt (so that prompt lookup finds drafts and some are
-/// accepted).
+/// built-in model (4 layers) from a repetitive prompt (so that prompt lookup finds drafts and
+/// some are accepted). `spec` 1 runs twice: with the logits read after each step, and as the
+/// decode loop runs it without them (each step continued on the device, one queued ahead). On
+/// a GPU every run is made with the captured graphs and with eager launches (`--no-graph`).
 fn speculation_keeps_the_tokens(backend: &str) {
     let m = Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap());
+    assert_eq!(m.config.n_layer, 4);
     let prompt: Vec<u32> = [17u32, 300, 45, 9, 17, 300, 45].repeat(3);
     let picks = [
         Pick::Greedy,
@@ -175,37 +208,94 @@ fn speculation_keeps_the_tokens(backend: &str) {
         Pick::Sample(SampleParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 2 }),
         Pick::Sample(SampleParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 3 }),
     ];
-    // One executor for every run: each decode prefills from position 0, and a position's cache
-    // entries are written before any token reads them.
-    let Some(mut exec) = executor(backend, m.clone(), 512) else { return };
+    // One executor per mode for every run: each decode prefills from position 0, and a
+    // position's cache entries are written before any token reads them.
+    let mut execs = executors(backend, &m, 512);
+    if execs.is_empty() {
+        return;
+    }
     for pick in picks {
         let ops = m.step_ops(Op::Pick(pick));
         let mut base: Option<(Vec<u32>, Vec<f32>)> = None;
-        for spec in [1, 2, 4, 8] {
-            let req = Request { prompt: prompt.clone(), n_predict: 256, window: 8, spec, stop: vec![], ignore_eos: true, want_logits: true };
-            let (mut ids, mut logits) = (Vec::new(), Vec::new());
-            let stats = generate(exec.as_mut(), &ops, &req, |id, l| {
-                ids.push(id);
-                logits.extend_from_slice(l.expect("logits asked for"));
-                Ok(())
-            })
-            .expect("decode");
-            assert_eq!(ids.len(), 256);
-            eprintln!("{backend} {pick:?} spec {spec}: {} steps, {} of {} drafts accepted", stats.steps, stats.accepted, stats.drafted);
-            if spec > 1 && pick == Pick::Greedy {
-                assert!(stats.accepted > 0, "{backend} spec {spec}: no draft was ever accepted, so nothing was tested");
-            }
-            match &base {
-                None => base = Some((ids, logits)),
-                Some((want_ids, want)) => {
-                    assert_eq!(&ids, want_ids, "{backend} {pick:?}: spec {spec} changed the tokens");
-                    if let Some(d) = first_difference(want, &logits, m.config.n_vocab) {
-                        panic!("{backend} {pick:?}: spec {spec} changed the logits at {d}");
+        for (label, exec) in execs.iter_mut() {
+            for (spec, want_logits) in [(1, true), (1, false), (2, true), (4, true), (8, true)] {
+                let req = Request { prompt: prompt.clone(), n_predict: 256, window: 8, spec, stop: vec![], ignore_eos: true, want_logits };
+                let (mut ids, mut logits) = (Vec::new(), Vec::new());
+                let stats = generate(exec.as_mut(), &ops, &req, |id, l| {
+                    ids.push(id);
+                    assert_eq!(l.is_some(), want_logits);
+                    logits.extend_from_slice(l.unwrap_or_default());
+                    Ok(())
+                })
+                .expect("decode");
+                assert_eq!(ids.len(), 256);
+                eprintln!("{label} {pick:?} spec {spec}: {} steps, {} of {} drafts accepted", stats.steps, stats.accepted, stats.drafted);
+                if spec > 1 && pick == Pick::Greedy {
+                    assert!(stats.accepted > 0, "{label} spec {spec}: no draft was ever accepted, so nothing was tested");
+                }
+                match &base {
+                    None => base = Some((ids, logits)),
+                    Some((want_ids, want)) => {
+                        assert_eq!(&ids, want_ids, "{label} {pick:?}: spec {spec} changed the tokens");
+                        if want_logits {
+                            if let Some(d) = first_difference(want, &logits, m.config.n_vocab) {
+                                panic!("{label} {pick:?}: spec {spec} changed the logits at {d}");
+                            }
+                        }
                     }
                 }
             }
         }
     }
+}
+
+/// The decode loop without speculation (steps continued on the device, one queued ahead of the
+/// token read) stops where the step-by-step loop does: at an end-of-generation token (which it
+/// emits, and nothing after it, although the step after it was already queued) and at the end
+/// of the context; the executor is then ready for the next decode.
+fn chained_decode_stops_in_time(backend: &str) {
+    let m = Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap());
+    let ops = m.step_ops(Op::Pick(Pick::Sample(SampleParams { temperature: 1.0, top_k: 40, top_p: 0.95, seed: 7 })));
+    let prompt = vec![3u32, 1, 4, 1, 5];
+    for (label, mut exec) in executors(backend, &m, 64) {
+        let mut decode = |n_predict: usize, stop: Vec<u32>, want_logits: bool| {
+            let req = Request { prompt: prompt.clone(), n_predict, window: 8, spec: 1, stop, ignore_eos: false, want_logits };
+            let mut ids = Vec::new();
+            let stats = generate(exec.as_mut(), &ops, &req, |id, _| {
+                ids.push(id);
+                Ok(())
+            })
+            .expect("decode");
+            (ids, stats)
+        };
+        let (all, stats) = decode(40, vec![], true);
+        assert_eq!((all.len(), stats.stopped), (40, Stop::Length), "{label}");
+        // A stop token whose first occurrence is well inside the 40.
+        let at = (10..40).find(|&i| !all[..i].contains(&all[i])).expect("a token new after position 10");
+        let (ids, stats) = decode(40, vec![all[at]], false);
+        assert_eq!((&ids[..], stats.stopped), (&all[..=at], Stop::Eos), "{label}: stop token {} at {at}", all[at]);
+        // 64 positions, 5 of them the prompt's: 60 tokens (the last one's position is not needed).
+        let (ids, stats) = decode(100, vec![], false);
+        assert_eq!((ids.len(), stats.stopped), (60, Stop::Context), "{label}");
+        assert_eq!(ids[..40], all[..], "{label}");
+        let (again, _) = decode(40, vec![], false);
+        assert_eq!(again, all, "{label}: the decode after a stopped one");
+    }
+}
+
+#[test]
+fn chained_decode_stops_in_time_cpu() {
+    chained_decode_stops_in_time("cpu");
+}
+
+#[test]
+fn chained_decode_stops_in_time_cuda() {
+    chained_decode_stops_in_time("cuda");
+}
+
+#[test]
+fn chained_decode_stops_in_time_hip() {
+    chained_decode_stops_in_time("hip");
 }
 
 #[test]

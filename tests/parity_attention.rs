@@ -167,6 +167,32 @@ fn gpu_against_cpu(name: &str) {
 
 crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
 
+/// The attention grid is sized for a context bound (the step's graphs are captured per bound),
+/// and every bound gives the replica's bits: one block walking all 37 chunks of a token, blocks
+/// walking several, and one block a chunk.
+#[test]
+fn every_grid_gives_the_same_bits() {
+    for name in ["cuda", "hip"] {
+        let Some(gpu) = common::open_gpu(name) else { continue };
+        let seed = common::seed("every_grid_gives_the_same_bits");
+        let c = AttnCase::random(&mut SmallRng::seed_from_u64(seed), 3, 36 * 256 + 100);
+        let s = c.shape;
+        let mut want = vec![0f32; s.q_len()];
+        CpuBackend::new().attention(&c.q, &c.k_cache, &c.v_cache, s, c.pos0, c.scale, &mut want).unwrap();
+        let (dq, dkc, dvc) = (gpu.upload("attention", &c.q).unwrap(), gpu.upload("attention", &c.k_cache).unwrap(), gpu.upload("attention", &c.v_cache).unwrap());
+        let dpos = gpu.upload("attention", &[c.pos0 as u32]).unwrap();
+        for bound in [1, 256, 3000, 9000, c.pos0 + s.tokens, s.n_ctx] {
+            let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
+            let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
+            gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, c.scale, &mut part, &mut out).unwrap();
+            let mut got = vec![0f32; s.q_len()];
+            gpu.download("attention", &out, &mut got).unwrap();
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{name}, seed {seed}: context bound {bound} of {}", c.pos0 + s.tokens);
+        }
+    }
+}
+
 /// The typed launchers refuse device buffers shorter than the shape needs and take longer ones
 /// (the step's buffers are sized for its largest window), with the host-slice results.
 #[test]
@@ -183,17 +209,36 @@ fn launchers_check_device_buffers() {
     let mut dkc = gpu.upload("attention", &c.k_cache).unwrap();
     let mut dvc = gpu.upload("attention", &c.v_cache).unwrap();
     let mut short = gpu.upload("attention", &vec![0f32; s.q_len() - 1]).unwrap();
-    let prep = |q_out: &mut _, kc: &mut _, vc: &mut _, s: AttnShape| gpu.attn_prep_queue(&dq, &dk, &dv, &dqn, &dkn, &drope, s, c.pos0, c.eps, q_out, kc, vc);
-    assert!(is_shape(prep(&mut short, &mut dkc, &mut dvc, s)));
-    assert!(is_shape(prep(&mut dq_out, &mut dkc, &mut dvc, AttnShape { tokens: 3000, ..s })));
-    prep(&mut dq_out, &mut dkc, &mut dvc, s).unwrap();
+    let dpos = gpu.upload("attention", &[c.pos0 as u32]).unwrap();
+    let prep = |q_out: &mut _, kc: &mut _, vc: &mut _, s: AttnShape, pos: &_| gpu.attn_prep_queue(&dq, &dk, &dv, &dqn, &dkn, &drope, s, pos, c.eps, q_out, kc, vc);
+    assert!(is_shape(prep(&mut short, &mut dkc, &mut dvc, s, &dpos)));
+    assert!(is_shape(prep(&mut dq_out, &mut dkc, &mut dvc, AttnShape { tokens: 3000, ..s }, &dpos)));
+
+    // A window reaching past the cache (the device position is the host's to keep right): the
+    // rows that fit are written, the others nowhere.
+    let last = gpu.upload("attention", &[s.n_ctx as u32 - 1]).unwrap();
+    let poison = vec![f32::NAN; s.q_len() + 7];
+    let mut edge_q = gpu.upload("attention", &poison).unwrap();
+    let (mut edge_k, mut edge_v) = (gpu.upload("attention", &c.k_cache).unwrap(), gpu.upload("attention", &c.v_cache).unwrap());
+    prep(&mut edge_q, &mut edge_k, &mut edge_v, s, &last).unwrap();
+    let mut got_q = vec![0f32; s.q_len() + 7];
+    gpu.download("attention", &edge_q, &mut got_q).unwrap();
+    let row = s.n_q * s.hd;
+    assert!(got_q[..row].iter().all(|v| !v.is_nan()) && got_q[row..].iter().all(|v| v.is_nan()), "rows past the cache were written");
+    let mut got_k = vec![0u16; c.k_cache.len()];
+    gpu.download("attention", &edge_k, &mut got_k).unwrap();
+    let kv_row = s.n_kv * s.hd;
+    assert_eq!(got_k[..got_k.len() - kv_row], c.k_cache[..c.k_cache.len() - kv_row], "positions before the last were written");
+
+    prep(&mut dq_out, &mut dkc, &mut dvc, s, &dpos).unwrap();
 
     let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
     let mut small_part = gpu.upload("attention", &vec![0f32; 10]).unwrap();
     let mut out = gpu.upload("attention", &vec![0f32; s.q_len() + 3]).unwrap();
-    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, c.pos0, c.scale, &mut small_part, &mut out)));
-    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, c.pos0, c.scale, &mut part, &mut short)));
-    gpu.attention_queue(&dq_out, &dkc, &dvc, s, c.pos0, c.scale, &mut part, &mut out).unwrap();
+    let bound = c.pos0 + s.tokens;
+    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, &mut small_part, &mut out)));
+    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, &mut part, &mut short)));
+    gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, &mut part, &mut out).unwrap();
     let mut got = vec![0f32; s.q_len() + 3];
     gpu.download("attention", &out, &mut got).unwrap();
 

@@ -315,11 +315,12 @@ fn launchers_check_device_buffers() {
     assert_eq!(got[..rows], want);
 
     let mut sid = gpu.upload("sample_rows", &[0u32; 2]).unwrap();
-    assert!(is_shape(gpu.sample_rows_queue(&dx, rows, n, params(1.0, 10, 0.9, 3), 0, &mut sid)));
-    assert!(is_shape(gpu.sample_rows_queue(&dx, 2, n, params(1.0, 300, 0.9, 3), 0, &mut sid)));
+    let (zero, at77) = (gpu.upload("sample_rows", &[0u32]).unwrap(), gpu.upload("sample_rows", &[77u32]).unwrap());
+    assert!(is_shape(gpu.sample_rows_queue(&dx, rows, n, params(1.0, 10, 0.9, 3), &zero, &mut sid)));
+    assert!(is_shape(gpu.sample_rows_queue(&dx, 2, n, params(1.0, 300, 0.9, 3), &zero, &mut sid)));
     let mut sid = gpu.upload("sample_rows", &[0u32; 5]).unwrap();
     let p = params(0.8, 50, 0.9, rng.random());
-    gpu.sample_rows_queue(&dx, rows, n, p, 77, &mut sid).unwrap();
+    gpu.sample_rows_queue(&dx, rows, n, p, &at77, &mut sid).unwrap();
     let mut got = [0u32; 5];
     gpu.download("sample_rows", &sid, &mut got).unwrap();
     assert_eq!(got[..rows], sample(&CpuBackend::new(), &x, n, p, 77));

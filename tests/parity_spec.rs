@@ -22,12 +22,16 @@ fn count(window: &[u32], next: &[u32]) -> usize {
     a
 }
 
-/// The CPU backend's output for a window, checked against [`count`] and `next`.
+/// The CPU backend's output for a window at position 1000, checked against [`count`] and
+/// `next`, and the sequence moved on: row 0 the last emitted token, the position `want` later,
+/// the drafts untouched.
 fn check_cpu(window: &[u32], next: &[u32], want: usize) {
-    let mut out = vec![u32::MAX; window.len() + 1];
-    CpuBackend::new().spec_accept(window, next, &mut out).unwrap();
+    let (mut out, mut moved, mut pos) = (vec![u32::MAX; window.len() + 1], window.to_vec(), 1000);
+    CpuBackend::new().spec_accept(&mut moved, next, &mut out, &mut pos).unwrap();
     assert_eq!(out[0] as usize, want, "window {window:?} next {next:?}");
     assert_eq!(out[1..], *next);
+    assert_eq!((moved[0], pos as usize), (next[want - 1], 1000 + want), "window {window:?} next {next:?}");
+    assert_eq!(moved[1..], window[1..]);
 }
 
 #[test]
@@ -90,15 +94,15 @@ fn cpu_parity_cases_write_everything() {
 fn shape_errors_are_errors() {
     let cpu = CpuBackend::new();
     let is_shape = |r: strata::host::Result<()>| matches!(r, Err(Error::Shape { .. }));
-    let v = [1u32; 9];
-    let mut out = [0u32; 10];
-    assert!(cpu.spec_accept(&v[..8], &v[..8], &mut out[..9]).is_ok());
-    assert!(is_shape(cpu.spec_accept(&[], &[], &mut out[..1])));
-    assert!(is_shape(cpu.spec_accept(&v, &v, &mut out)));
-    assert!(is_shape(cpu.spec_accept(&v[..3], &v[..2], &mut out[..4])));
-    assert!(is_shape(cpu.spec_accept(&v[..3], &v[..4], &mut out[..4])));
-    assert!(is_shape(cpu.spec_accept(&v[..3], &v[..3], &mut out[..3])));
-    assert!(is_shape(cpu.spec_accept(&v[..3], &v[..3], &mut out[..5])));
+    let (v, mut w) = ([1u32; 9], [1u32; 9]);
+    let (mut out, mut pos) = ([0u32; 10], 0u32);
+    assert!(cpu.spec_accept(&mut w[..8], &v[..8], &mut out[..9], &mut pos).is_ok());
+    assert!(is_shape(cpu.spec_accept(&mut [], &[], &mut out[..1], &mut pos)));
+    assert!(is_shape(cpu.spec_accept(&mut w, &v, &mut out, &mut pos)));
+    assert!(is_shape(cpu.spec_accept(&mut w[..3], &v[..2], &mut out[..4], &mut pos)));
+    assert!(is_shape(cpu.spec_accept(&mut w[..3], &v[..4], &mut out[..4], &mut pos)));
+    assert!(is_shape(cpu.spec_accept(&mut w[..3], &v[..3], &mut out[..3], &mut pos)));
+    assert!(is_shape(cpu.spec_accept(&mut w[..3], &v[..3], &mut out[..5], &mut pos)));
 }
 
 crate::gpu_parity_suite!(cases: parity_cases);
@@ -112,19 +116,24 @@ fn launcher_checks_device_buffers() {
     let mut rng = SmallRng::seed_from_u64(common::seed("launcher_checks_device_buffers"));
     let (window, next) = window_with_accepted(&mut rng, 5, 3);
     let long = |v: &[u32]| [v, &[0; 4]].concat();
-    let (dw, dn) = (gpu.upload("spec_accept", &long(&window)).unwrap(), gpu.upload("spec_accept", &long(&next)).unwrap());
+    let (mut dw, dn) = (gpu.upload("spec_accept", &long(&window)).unwrap(), gpu.upload("spec_accept", &long(&next)).unwrap());
     let mut out = gpu.upload("spec_accept", &[u32::MAX; 12]).unwrap();
     let mut short = gpu.upload("spec_accept", &[0u32; 5]).unwrap();
-    assert!(is_shape(gpu.spec_accept_queue(&dw, &dn, 5, &mut short)));
-    assert!(is_shape(gpu.spec_accept_queue(&dw, &dn, 0, &mut out)));
-    assert!(is_shape(gpu.spec_accept_queue(&dw, &dn, 9, &mut out)));
-    let dshort = gpu.upload("spec_accept", &window[..4]).unwrap();
-    assert!(is_shape(gpu.spec_accept_queue(&dshort, &dn, 5, &mut out)));
-    assert!(is_shape(gpu.spec_accept_queue(&dw, &dshort, 5, &mut out)));
-    gpu.spec_accept_queue(&dw, &dn, 5, &mut out).unwrap();
-    let mut got = [0u32; 12];
+    let mut pos = gpu.upload("spec_accept", &[40u32]).unwrap();
+    assert!(is_shape(gpu.spec_accept_queue(&mut dw, &dn, 5, &mut short, &mut pos)));
+    assert!(is_shape(gpu.spec_accept_queue(&mut dw, &dn, 0, &mut out, &mut pos)));
+    assert!(is_shape(gpu.spec_accept_queue(&mut dw, &dn, 9, &mut out, &mut pos)));
+    let mut dshort = gpu.upload("spec_accept", &window[..4]).unwrap();
+    assert!(is_shape(gpu.spec_accept_queue(&mut dshort, &dn, 5, &mut out, &mut pos)));
+    assert!(is_shape(gpu.spec_accept_queue(&mut dw, &dshort, 5, &mut out, &mut pos)));
+    gpu.spec_accept_queue(&mut dw, &dn, 5, &mut out, &mut pos).unwrap();
+    let (mut got, mut moved, mut at) = ([0u32; 12], [0u32; 9], [0u32]);
     gpu.download("spec_accept", &out, &mut got).unwrap();
+    gpu.download("spec_accept", &dw, &mut moved).unwrap();
+    gpu.download("spec_accept", &pos, &mut at).unwrap();
     assert_eq!(got[0], 3);
     assert_eq!(got[1..6], next);
     assert!(got[6..].iter().all(|&w| w == u32::MAX), "{got:?}");
+    assert_eq!((moved[0], at[0]), (next[2], 43));
+    assert_eq!(moved[1..], long(&window)[1..]);
 }

@@ -1,12 +1,15 @@
 // Attention of the decode step: attn_prep (per-head RMSNorm + RoPE, KV append as fp16),
-// attn_chunk (one block per token, query head and STRATA_ATTN_CHUNK key positions) and
-// attn_merge (the chunks combined). Twin of device/src/kernels/attention.rs; spec in
-// gpu-shared/src/replica/attention.rs. Every name here is attn_-prefixed: all .hip sources
+// attn_chunk (blocks per token and query head walking STRATA_ATTN_CHUNK-key chunks) and
+// attn_merge (the chunks combined). The window's first position is read from *pos. Twin of
+// device/src/kernels/attention.rs; spec in gpu-shared/src/replica/attention.rs. Every name here
+// is attn_-prefixed: all .hip sources
 // share one translation unit.
 #include "strata_hip.h"
 
 #define ATTN_WARPS (STRATA_ATTN_THREADS / 32)
 #define ATTN_PER_LANE (STRATA_ATTN_MAX_HD / 32)
+// Loads in flight per lane in the per-head norm: a 128-value head is one memory latency.
+#define ATTN_NORM_AHEAD 4
 
 STRATA_FN float attn_ld_f32(const float* p, uint64_t i) { return __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(p + i))); }
 STRATA_FN float attn_ld_f16(const uint16_t* p, uint64_t i) { return f16_to_f32(ld_nc_u16((const uint8_t*)(p + i))); }
@@ -40,55 +43,57 @@ struct AttnNormed {
 // The row's RMSNorm scale (warp_rms_scale of norm.hip, the norm family's spec). Every lane of
 // the warp must call it.
 STRATA_FN AttnNormed attn_normed(const float* x, const float* w, uint32_t hd, float eps) {
-  return AttnNormed{x, w, warp_rms_scale(x, hd, eps)};
+  return AttnNormed{x, w, warp_rms_scale<ATTN_NORM_AHEAD>(x, hd, eps)};
 }
 
 STRATA_KERNEL(attn_prep)(const float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const float* rope,
-                         uint32_t tokens, uint32_t n_q, uint32_t n_kv, uint32_t hd, uint32_t n_rot, uint32_t pos0, float eps, float* q_out,
+                         uint32_t tokens, uint32_t n_q, uint32_t n_kv, uint32_t hd, uint32_t n_rot, const uint32_t* pos, uint32_t n_ctx, float eps, float* q_out,
                          uint16_t* k_cache, uint16_t* v_cache) {
   uint32_t heads = n_q + 2 * n_kv;
   uint32_t r = block_idx() * STRATA_ATTN_PREP_WARPS + warp_in_block();
   if (r >= tokens * heads) return;  // the whole warp (the kernel has no block barrier)
   uint32_t t = r / heads, h = r % heads;
-  uint64_t pos = pos0 + t;
+  uint64_t at = (uint64_t)ld_nc_u32((const uint8_t*)pos) + t;
+  if (at >= n_ctx) return;  // the whole warp: no room in the cache (the host never asks for this)
   if (h >= n_q + n_kv) {
     uint64_t g = h - n_q - n_kv;
     const float* src = v + ((uint64_t)t * n_kv + g) * hd;
-    uint16_t* dst = v_cache + (pos * n_kv + g) * hd;
+    uint16_t* dst = v_cache + (at * n_kv + g) * hd;
     for (uint32_t d = lane(); d < hd; d += 32) dst[d] = f32_to_f16(attn_ld_f32(src, d));
     return;
   }
-  const float* pos_rope = rope + pos * n_rot;
+  const float* pos_rope = rope + at * n_rot;
   if (h < n_q) {
-    uint64_t at = ((uint64_t)t * n_q + h) * hd;
-    AttnNormed row = attn_normed(q + at, q_norm, hd, eps);
-    for (uint32_t d = lane(); d < hd; d += 32) q_out[at + d] = row.roped(pos_rope, n_rot, d);
+    uint64_t row_at = ((uint64_t)t * n_q + h) * hd;
+    AttnNormed row = attn_normed(q + row_at, q_norm, hd, eps);
+    for (uint32_t d = lane(); d < hd; d += 32) q_out[row_at + d] = row.roped(pos_rope, n_rot, d);
   } else {
     uint64_t g = h - n_q;
     AttnNormed row = attn_normed(k + ((uint64_t)t * n_kv + g) * hd, k_norm, hd, eps);
-    uint16_t* dst = k_cache + (pos * n_kv + g) * hd;
+    uint16_t* dst = k_cache + (at * n_kv + g) * hd;
     for (uint32_t d = lane(); d < hd; d += 32) dst[d] = f32_to_f16(row.roped(pos_rope, n_rot, d));
   }
 }
 
-// Block (t, h, c) = (t * n_q + h) * n_chunks + c. Warp w scores keys w, w + 8, ... of the chunk
-// into shared memory; the maximum from the warps' running maxima; thread i turns score i into
-// its softmax term; thread d < hd sums p_j * v_j[d] and p_j in key order.
-STRATA_KERNEL(attn_chunk)(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q, uint32_t n_kv,
-                          uint32_t hd, uint32_t pos0, float scale, uint32_t n_chunks, float* part) {
-  uint32_t b = block_idx();
-  if (b >= tokens * n_q * n_chunks) return;  // the whole block
-  uint32_t th = b / n_chunks, c = b % n_chunks;
-  uint32_t t = th / n_q, h = th % n_q;
-  uint32_t len = pos0 + t + 1, start = c * STRATA_ATTN_CHUNK;
-  if (start >= len) return;  // the whole block: this token sees fewer chunks
+// The keys token t of the window at *pos attends to, *pos + t + 1, at most the caches' n_ctx
+// positions.
+STRATA_FN uint32_t attn_context_len(const uint32_t* pos, uint32_t t, uint32_t n_ctx) {
+  uint64_t len = (uint64_t)ld_nc_u32((const uint8_t*)pos) + t + 1;
+  return (uint32_t)(len < n_ctx ? len : n_ctx);
+}
+
+STRATA_FN uint32_t attn_n_chunks(uint32_t n_ctx) { return (n_ctx + STRATA_ATTN_CHUNK - 1) / STRATA_ATTN_CHUNK; }
+
+// Chunk c of a token's len keys for the query values qr of KV group g: the chunk's max, softmax
+// sum and weighted values into out (hd + 2 floats). Warp w scores keys w, w + 8, ... into
+// shared memory; the maximum from the warps' running maxima; thread i turns score i into its
+// softmax term; thread d < hd sums p_j * v_j[d] and p_j in key order. The whole block calls it.
+STRATA_FN void attn_one_chunk(const float* qr, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t n_kv, uint32_t hd, uint64_t g,
+                              uint32_t len, uint32_t c, float scale, float* out) {
+  uint32_t start = c * STRATA_ATTN_CHUNK;
   uint32_t n = len - start < STRATA_ATTN_CHUNK ? len - start : STRATA_ATTN_CHUNK;
-  uint64_t g = h / (n_q / n_kv), stride = (uint64_t)n_kv * hd;
+  uint64_t stride = (uint64_t)n_kv * hd;
   uint32_t l = lane(), w = warp_in_block(), tid = thread_idx(), per_lane = hd / 32;
-  const float* qh = q + (uint64_t)th * hd;
-  float qr[ATTN_PER_LANE];
-#pragma unroll
-  for (uint32_t i = 0; i < ATTN_PER_LANE; i++) qr[i] = i < per_lane ? attn_ld_f32(qh, l + 32 * i) : 0.0f;
   const uint16_t* keys = k_cache + start * stride + g * hd;
   float warp_max = attn_neg_inf();
   for (uint32_t j = w; j < n; j += ATTN_WARPS) {
@@ -115,7 +120,6 @@ STRATA_KERNEL(attn_chunk)(const float* q, const uint16_t* k_cache, const uint16_
       lsum = lsum + p;
       o = o + p * attn_ld_f16(values, j * stride);
     }
-    float* out = part + (uint64_t)b * (hd + 2);
     out[2 + tid] = o;
     if (tid == 0) {
       out[0] = m;
@@ -124,12 +128,34 @@ STRATA_KERNEL(attn_chunk)(const float* q, const uint16_t* k_cache, const uint16_
   }
 }
 
-// Block (t, h), thread d < hd: the token's ceil((pos0 + t + 1) / STRATA_ATTN_CHUNK) parts
+// split blocks per (t, h): block (t * n_q + h) * split + s computes chunks s, s + split, ... of
+// the token's context, each into part (t * n_q + h) * n_chunks + c, n_chunks = ceil(n_ctx /
+// STRATA_ATTN_CHUNK).
+STRATA_KERNEL(attn_chunk)(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q, uint32_t n_kv,
+                          uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split, float* part) {
+  uint32_t b = block_idx();
+  if (b >= tokens * n_q * split) return;  // the whole block
+  uint32_t th = b / split, first = b % split;
+  uint32_t t = th / n_q, h = th % n_q;
+  uint32_t len = attn_context_len(pos, t, n_ctx), n_chunks = attn_n_chunks(n_ctx);
+  uint64_t g = h / (n_q / n_kv);
+  uint32_t l = lane(), per_lane = hd / 32;
+  const float* qh = q + (uint64_t)th * hd;
+  float qr[ATTN_PER_LANE];
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_PER_LANE; i++) qr[i] = i < per_lane ? attn_ld_f32(qh, l + 32 * i) : 0.0f;
+  for (uint32_t c = first; c * STRATA_ATTN_CHUNK < len; c += split) {
+    attn_one_chunk(qr, k_cache, v_cache, n_kv, hd, g, len, c, scale, part + ((uint64_t)th * n_chunks + c) * (hd + 2));
+    sync_threads();  // the next chunk reuses the shared words
+  }
+}
+
+// Block (t, h), thread d < hd: the token's ceil((*pos + t + 1) / STRATA_ATTN_CHUNK) parts
 // combined; every thread folds the maxima and L alike.
-STRATA_KERNEL(attn_merge)(const float* part, uint32_t tokens, uint32_t n_q, uint32_t hd, uint32_t pos0, uint32_t n_chunks, float* out) {
+STRATA_KERNEL(attn_merge)(const float* part, uint32_t tokens, uint32_t n_q, uint32_t hd, const uint32_t* pos, uint32_t n_ctx, float* out) {
   uint32_t th = block_idx(), d = thread_idx();
   if (th >= tokens * n_q || d >= hd) return;  // no barrier below
-  uint32_t nc = (pos0 + th / n_q + 1 + STRATA_ATTN_CHUNK - 1) / STRATA_ATTN_CHUNK;
+  uint32_t nc = attn_n_chunks(attn_context_len(pos, th / n_q, n_ctx)), n_chunks = attn_n_chunks(n_ctx);
   uint64_t stride = (uint64_t)hd + 2;
   const float* parts = part + (uint64_t)th * n_chunks * stride;
   float big_m = attn_neg_inf();

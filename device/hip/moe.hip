@@ -14,41 +14,79 @@
 
 STRATA_FN uint32_t ld_u32w(const uint32_t* p, uint64_t i) { return ld_nc_u32((const uint8_t*)(p + i)); }
 
-// moe::group: groups in increasing expert id, entries in increasing selection index.
+// moe::group (groups in increasing expert id, entries in increasing selection index), built by
+// one warp, lane l for the selections e = l + 32 i (at most STRATA_MOE_MAX_SELECTIONS): (1)
+// whether e is its id's first selection, kept in count[e] as scratch; (2) for a valid id: the
+// valid selections of smaller ids (the group's start), the firsts among them (the group's
+// index), the earlier selections of id (e's place in the group) and all of them (the count);
+// (3) after a barrier, each lane writes its entries and, for a first selection, its group.
+// Every word has one writer.
 STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uint32_t* table) {
-  if (block_idx() != 0 || thread_idx() != 0) return;
-  uint32_t groups = 0, errors = 0, filled = 0;
-  bool have_prev = false;
-  uint32_t prev = 0;
-  for (;;) {
-    bool found = false;
-    uint32_t next = 0;
-    for (uint32_t i = 0; i < n; i++) {
-      uint32_t id = ids[i];
-      if (id < n_expert && (!have_prev || id > prev) && (!found || id < next)) {
-        next = id;
-        found = true;
+  if (block_idx() != 0) return;  // the whole block
+  uint32_t l = lane();
+  uint32_t* flags = table + MOE_COUNT(n);
+  for (uint32_t e = l; e < n; e += 32) {
+    uint32_t id = ld_u32w(ids, e), first = 1;
+    for (uint32_t f = 0; f < e; f++) first &= ld_u32w(ids, f) != id ? 1u : 0u;
+    flags[e] = first;
+  }
+  sync_threads();
+  constexpr uint32_t SLOTS = STRATA_MOE_MAX_SELECTIONS / 32;
+  uint32_t place[SLOTS], group[SLOTS], start[SLOTS], count[SLOTS];
+  int32_t groups = 0, filled = 0, errors = 0;
+#pragma unroll
+  for (uint32_t i = 0; i < SLOTS; i++) {
+    place[i] = group[i] = 0xffffffffu;
+    start[i] = count[i] = 0;
+    uint32_t e = l + 32 * i;
+    if (e >= n) continue;
+    uint32_t id = ld_u32w(ids, e);
+    if (id >= n_expert) {
+      errors++;
+      continue;
+    }
+    uint32_t below = 0, distinct_below = 0, before = 0, same = 0;
+    for (uint32_t f = 0; f < n; f++) {
+      uint32_t other = ld_u32w(ids, f);
+      if (other < id) {
+        below++;
+        distinct_below += flags[f];
+      } else if (other == id) {
+        same++;
+        before += f < e ? 1u : 0u;
       }
     }
-    if (!found) break;
-    table[MOE_EXPERT(n) + groups] = next;
-    table[MOE_START(n) + groups] = filled;
-    for (uint32_t e = 0; e < n; e++)
-      if (ids[e] == next) table[MOE_ENTRIES(n) + filled++] = e;
-    table[MOE_COUNT(n) + groups] = filled - table[MOE_START(n) + groups];
-    groups++;
-    prev = next;
-    have_prev = true;
+    place[i] = below + before;
+    filled++;
+    if (before == 0) {
+      group[i] = distinct_below;
+      start[i] = below;
+      count[i] = same;
+      groups++;
+    }
   }
-  for (uint32_t i = 0; i < n; i++) errors += ids[i] >= n_expert ? 1u : 0u;
-  for (uint32_t g = groups; g < n; g++) {
+  sync_threads();  // every flag is read
+#pragma unroll
+  for (uint32_t i = 0; i < SLOTS; i++) {
+    uint32_t e = l + 32 * i;
+    if (place[i] != 0xffffffffu) table[MOE_ENTRIES(n) + place[i]] = e;
+    if (group[i] != 0xffffffffu) {
+      table[MOE_EXPERT(n) + group[i]] = ld_u32w(ids, e);
+      table[MOE_START(n) + group[i]] = start[i];
+      table[MOE_COUNT(n) + group[i]] = count[i];
+    }
+  }
+  uint32_t g_total = (uint32_t)warp_sum_i32(groups), f_total = (uint32_t)warp_sum_i32(filled), e_total = (uint32_t)warp_sum_i32(errors);
+  for (uint32_t g = g_total + l; g < n; g += 32) {
     table[MOE_EXPERT(n) + g] = 0;
-    table[MOE_START(n) + g] = filled;
+    table[MOE_START(n) + g] = f_total;
     table[MOE_COUNT(n) + g] = 0;
   }
-  for (uint32_t e = filled; e < n; e++) table[MOE_ENTRIES(n) + e] = 0;
-  table[0] = groups;
-  table[1] = errors;
+  for (uint32_t e = f_total + l; e < n; e += 32) table[MOE_ENTRIES(n) + e] = 0;
+  if (l == 0) {
+    table[0] = g_total;
+    table[1] = e_total;
+  }
 }
 
 // Group g of the table: false past the groups, else its expert, first entry and entry count.

@@ -7,16 +7,17 @@
 // x[j] * x[j] for j = p, p + 32, ... left to right from +0.0, the warp butterfly adds the
 // partials, then mean = total / n. The whole warp calls it, converged; every lane returns the
 // same bits. Plain (coherent) loads: the caller may have written x earlier in the same launch.
+template <uint32_t AHEAD>
 STRATA_FN float warp_rms_scale(const float* x, uint32_t n, float eps) {
   float partial = 0.0f;
-  // STRATA_NORM_AHEAD loads in flight before their squares are added, in order.
+  // AHEAD loads in flight before their squares are added, in order.
   uint32_t j = lane();
-  for (; j + 32 * (STRATA_NORM_AHEAD - 1) < n; j += 32 * STRATA_NORM_AHEAD) {
-    float v[STRATA_NORM_AHEAD];
+  for (; j + 32 * (AHEAD - 1) < n; j += 32 * AHEAD) {
+    float v[AHEAD];
 #pragma unroll
-    for (int i = 0; i < STRATA_NORM_AHEAD; i++) v[i] = x[j + 32 * i];
+    for (uint32_t i = 0; i < AHEAD; i++) v[i] = x[j + 32 * i];
 #pragma unroll
-    for (int i = 0; i < STRATA_NORM_AHEAD; i++) partial = partial + v[i] * v[i];
+    for (uint32_t i = 0; i < AHEAD; i++) partial = partial + v[i] * v[i];
   }
   for (; j < n; j += 32) {
     float v = x[j];
@@ -32,7 +33,7 @@ STRATA_KERNEL(rms_norm)(const float* x, const float* w, float* out, uint32_t row
   if (row >= rows) return;  // whole warp
   const float* xr = x + (uint64_t)row * n;
   float* outr = out + (uint64_t)row * n;
-  float scale = warp_rms_scale(xr, n, eps);
+  float scale = warp_rms_scale<STRATA_NORM_AHEAD>(xr, n, eps);
   uint32_t j = lane();
   for (; j + 32 * (STRATA_NORM_AHEAD - 1) < n; j += 32 * STRATA_NORM_AHEAD) {
     float xv[STRATA_NORM_AHEAD], wv[STRATA_NORM_AHEAD];

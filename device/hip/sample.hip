@@ -15,7 +15,7 @@ STRATA_FN float sample_uniform(uint64_t seed, uint64_t pos) {
 STRATA_FN float sample_smem_f32(uint32_t word) { return __builtin_bit_cast(float, strata_smem[word]); }
 
 STRATA_KERNEL(sample_rows)(const float* logits, uint32_t rows, uint32_t n, uint32_t top_k, float top_p, float inv_temp,
-                           uint32_t seed_lo, uint32_t seed_hi, uint32_t pos0, uint32_t* ids) {
+                           uint32_t seed_lo, uint32_t seed_hi, const uint32_t* pos, uint32_t* ids) {
   uint32_t row = block_idx();
   if (row >= rows) return;  // padded grid: the whole block
   const float* x = logits + (uint64_t)row * n;
@@ -51,7 +51,7 @@ STRATA_KERNEL(sample_rows)(const float* logits, uint32_t rows, uint32_t n, uint3
     uint32_t keep = 1;
     while (keep < kk && !(sample_smem_f32(STRATA_SAMPLE_CAND_VAL + keep - 1) >= threshold)) keep++;
     uint64_t seed = (uint64_t)seed_hi << 32 | seed_lo;
-    float target = sample_uniform(seed, (uint64_t)pos0 + row) * sample_smem_f32(STRATA_SAMPLE_CAND_VAL + keep - 1);
+    float target = sample_uniform(seed, (uint64_t)ld_nc_u32((const uint8_t*)pos) + row) * sample_smem_f32(STRATA_SAMPLE_CAND_VAL + keep - 1);
     uint32_t rank = 0;
     while (rank < keep - 1 && !(sample_smem_f32(STRATA_SAMPLE_CAND_VAL + rank) > target)) rank++;
     ids[row] = strata_smem[STRATA_SAMPLE_CAND_IDX + rank];

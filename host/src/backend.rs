@@ -5,7 +5,7 @@
 //! elements the kernel wrote), launches, and downloads the output.
 use crate::error::{Error, Result};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::MMVQ_MAX_ROWS;
+use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS};
 
 /// A quantized weight matrix: `m` rows of `k` values in `format`, row-major blocks.
 #[derive(Clone, Copy, Debug)]
@@ -227,8 +227,8 @@ pub fn check_moe(w: &MoeWindow, o: &MoeOut) -> Result<(usize, usize)> {
     let kname = "moe";
     let err = |d: String| Err(shape_err(kname, d));
     let (n_embd, n_ff) = (w.gate.cols, w.gate.rows);
-    if w.tokens == 0 || w.k == 0 || w.tokens * w.k > 256 {
-        return err(format!("{} tokens x {} slots (1..=256 selections supported)", w.tokens, w.k));
+    if w.tokens == 0 || w.k == 0 || w.tokens * w.k > MOE_MAX_SELECTIONS {
+        return err(format!("{} tokens x {} slots (1..={MOE_MAX_SELECTIONS} selections supported)", w.tokens, w.k));
     }
     if w.up.format != w.gate.format {
         return err(format!("gate is {} and up {}: one format for both", w.gate.format.name(), w.up.format.name()));

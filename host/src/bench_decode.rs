@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::generate::{generate, Request};
+use crate::generate::{chain, generate, Request};
 use crate::step::{Executor, Op, Window, MAX_WINDOW, PHASES};
 
 /// The token pattern of the speculation and prefill prompts, repeated to their length.
@@ -106,9 +106,19 @@ impl Kind {
     }
 }
 
+/// How a row's steps were launched, where it is not the executor's default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Launch {
+    #[default]
+    Default,
+    /// A GPU executor launching every kernel from the host (`--no-graph`), for comparison.
+    Eager,
+}
+
 /// One measured test: its parameters and one [`Run`] per repetition.
 #[derive(Clone, Debug)]
 pub struct Row {
+    pub launch: Launch,
     pub kind: Kind,
     /// Tokens asked for (generated, or the prompt's length for prefill).
     pub n: usize,
@@ -120,14 +130,19 @@ pub struct Row {
 }
 
 impl Row {
-    /// llama-bench style: `tg128`, `tg128 @ d8192`, `tg128 win4`, `tg128 spec4`, `pp512 win8`.
+    /// llama-bench style: `tg128`, `tg128 @ d8192`, `tg128 win4`, `tg128 spec4`, `pp512 win8`;
+    /// `tg128 eager` for eager launches.
     pub fn name(&self) -> String {
         let depth = if self.depth > 0 { format!(" @ d{}", self.depth) } else { String::new() };
-        match self.kind {
+        let name = match self.kind {
             Kind::Tg => format!("tg{}{depth}", self.n),
             Kind::Window => format!("tg{} win{}{depth}", self.n, self.window),
             Kind::Spec => format!("tg{} spec{}", self.n, self.window),
             Kind::Prefill => format!("pp{} win{}", self.n, self.window),
+        };
+        match self.launch {
+            Launch::Default => name,
+            Launch::Eager => format!("{name} eager"),
         }
     }
 
@@ -185,11 +200,30 @@ fn check_runs(runs: usize) -> Result<()> {
 fn step(exec: &mut dyn Executor, ops: &[Op], tokens: &[u32], pos0: usize) -> Result<Vec<u32>> {
     exec.set_tokens(tokens)?;
     exec.run(ops, Window { tokens: tokens.len(), pos0 })?;
-    exec.accepted(tokens.len())
+    Ok(exec.emitted()?.ids)
+}
+
+/// `n` one-token steps from position `depth` as the decode loop runs them ([`chain`]: each
+/// continues the previous one on the device, one queued ahead): the seconds they took and the
+/// tokens fed (`first`, then each step's choice but the last).
+fn chained_steps(exec: &mut dyn Executor, ops: &[Op], first: u32, depth: usize, n: usize) -> Result<(f64, Vec<u32>)> {
+    let mut fed = vec![first];
+    let start = Instant::now();
+    let (steps, _) = chain(exec, ops, first, depth, n, |id| {
+        fed.push(id);
+        Ok(true)
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    if steps != n {
+        return Err(Error::Request(format!("{steps} of {n} one-token steps ran")));
+    }
+    fed.truncate(n);
+    Ok((secs, fed))
 }
 
 /// `n` one-token steps from position `depth`, each fed the previous step's token (the first
-/// `first`), calling `after` after each: the seconds they took and the tokens fed.
+/// `first`) by the host and waited for, calling `after` after each (the phase times of one
+/// step at a time).
 fn one_token_steps(
     exec: &mut dyn Executor,
     ops: &[Op],
@@ -219,21 +253,21 @@ pub fn warm_up(exec: &mut dyn Executor, ops: &[Op], first: u32) -> Result<()> {
 }
 
 /// `tg n` at `depth`: `n` one-token steps at `Window { tokens: 1, pos0: depth + i }`, each fed
-/// the model's token from the step before (the first: `first`), timed from the first step's
-/// `set_tokens` to the last step's tokens coming back. The cache below `depth` is whatever
+/// the model's token from the step before (the first: `first`) as the decode loop feeds them
+/// ([`chain`]), timed from the first step's `set_tokens` to the last step's token coming back. The cache below `depth` is whatever
 /// earlier runs left there (zeros at first): the time does not depend on its contents.
 pub fn tg(exec: &mut dyn Executor, ops: &[Op], first: u32, depth: usize, n: usize, runs: usize) -> Result<Row> {
     check_runs(runs)?;
     let runs = (0..runs)
-        .map(|_| one_token_steps(exec, ops, first, depth, n, |_| ()).map(|(secs, _)| Run { secs, tokens: n, steps: n, ..Run::default() }))
+        .map(|_| chained_steps(exec, ops, first, depth, n).map(|(secs, _)| Run { secs, tokens: n, steps: n, ..Run::default() }))
         .collect::<Result<_>>()?;
-    Ok(Row { kind: Kind::Tg, n, depth, window: 1, runs })
+    Ok(Row { launch: Launch::Default, kind: Kind::Tg, n, depth, window: 1, runs })
 }
 
 /// The `n` tokens a greedy decode from `first` at position 0 feeds its steps (`first`, then
 /// each step's choice): the input of [`windows`].
 pub fn greedy_tokens(exec: &mut dyn Executor, ops: &[Op], first: u32, n: usize) -> Result<Vec<u32>> {
-    Ok(one_token_steps(exec, ops, first, 0, n, |_| ())?.1)
+    Ok(chained_steps(exec, ops, first, 0, n)?.1)
 }
 
 /// Full verify windows: `seq` ([`greedy_tokens`]) in `seq.len() / t` steps of `t` tokens at
@@ -257,7 +291,7 @@ pub fn windows(exec: &mut dyn Executor, ops: &[Op], seq: &[u32], t: usize, runs:
         }
         out.push(Run { secs: start.elapsed().as_secs_f64(), tokens: steps * t, steps, drafted: steps * (t - 1), accepted });
     }
-    Ok(Row { kind: Kind::Window, n: seq.len(), depth: 0, window: t, runs: out })
+    Ok(Row { launch: Launch::Default, kind: Kind::Window, n: seq.len(), depth: 0, window: t, runs: out })
 }
 
 /// Prompt-lookup speculation: [`generate`] of `n` tokens after `prompt` (prefilled in windows
@@ -278,7 +312,7 @@ pub fn spec(exec: &mut dyn Executor, ops: &[Op], prompt: &[u32], n: usize, spec:
             accepted: stats.accepted,
         });
     }
-    Ok(Row { kind: Kind::Spec, n, depth: 0, window: spec, runs: out })
+    Ok(Row { launch: Launch::Default, kind: Kind::Spec, n, depth: 0, window: spec, runs: out })
 }
 
 /// Prefill: `prompt` in windows of `window` tokens from position 0, as [`generate`] prefills,
@@ -298,7 +332,7 @@ pub fn prefill(exec: &mut dyn Executor, ops: &[Op], prompt: &[u32], window: usiz
         }
         out.push(Run { secs: start.elapsed().as_secs_f64(), tokens: prompt.len(), steps: prompt.len().div_ceil(window), ..Run::default() });
     }
-    Ok(Row { kind: Kind::Prefill, n: prompt.len(), depth: 0, window, runs: out })
+    Ok(Row { launch: Launch::Default, kind: Kind::Prefill, n: prompt.len(), depth: 0, window, runs: out })
 }
 
 /// The time per phase of `n` one-token steps from position 0 (as [`tg`]), `runs` times, from

@@ -1,7 +1,8 @@
 //! The decode loop: prefill the prompt in windows, then generate in verify windows (the last
-//! token and up to `spec - 1` prompt-lookup drafts; one token a step without speculation),
-//! handing each token (and, when asked, the logits it was chosen from) to the caller as it
-//! arrives. The model's choice at a position does not depend on the window it is computed in
+//! token and up to `spec - 1` prompt-lookup drafts, built on the host from the tokens so far),
+//! or without speculation in one-token steps that follow each other on the device ([`chain`]:
+//! the host keeps one step queued ahead and never writes a step's input), handing each token
+//! (and, when asked, the logits it was chosen from) to the caller as it arrives. The model's choice at a position does not depend on the window it is computed in
 //! (window invariance, and sampling's random number from (seed, position)), so speculation
 //! changes how many steps the tokens take, never the tokens.
 use std::time::{Duration, Instant};
@@ -69,6 +70,7 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
         return Err(Error::Request(format!("window {} and speculation window {} (each 1..={MAX_WINDOW})", req.window, req.spec)));
     }
     let mut stats = Stats { prompt_tokens: req.prompt.len(), ..Stats::default() };
+    exec.drain()?;
     let start = Instant::now();
     let mut pos = 0;
     let mut next = 0;
@@ -102,6 +104,16 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
     };
     let mut go = emit(next, logits.as_deref(), &mut stats)?;
     history.push(next);
+    if go && req.spec == 1 && !req.want_logits {
+        let max = (n_ctx - pos).min(req.n_predict - stats.generated);
+        let (steps, enqueue) = chain(exec, ops, next, pos, max, |id| emit(id, None, &mut stats))?;
+        (stats.steps, stats.enqueue) = (steps, enqueue);
+        if steps == max && stats.generated < req.n_predict && stats.stopped != Stop::Eos {
+            stats.stopped = Stop::Context;
+        }
+        stats.decode = start.elapsed();
+        return Ok(stats);
+    }
     while go {
         if pos >= n_ctx {
             stats.stopped = Stop::Context;
@@ -116,12 +128,12 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
         let issue = Instant::now();
         exec.run(ops, w)?;
         stats.enqueue += issue.elapsed();
-        let out = exec.accepted(w.tokens)?;
-        if let Some(i) = exec.nan_rows(w.tokens)?[..out.len()].iter().position(|&f| f) {
+        let out = exec.emitted()?;
+        if let Some(i) = out.all_nan.iter().position(|&f| f) {
             return Err(all_nan(pos + i));
         }
         let rows = if req.want_logits { Some(exec.logits(w.tokens)?) } else { None };
-        (stats.steps, stats.drafted, stats.accepted) = (stats.steps + 1, stats.drafted + w.tokens - 1, stats.accepted + out.len() - 1);
+        (stats.steps, stats.drafted, stats.accepted) = (stats.steps + 1, stats.drafted + w.tokens - 1, stats.accepted + out.ids.len() - 1);
         if let Some(times) = exec.phase_times() {
             for (p, ms) in times {
                 match stats.phases.iter_mut().find(|(q, _)| *q == p) {
@@ -131,18 +143,53 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
             }
         }
         let n_vocab = rows.as_ref().map_or(0, |r| r.len() / w.tokens);
-        for (i, &id) in out.iter().enumerate() {
+        for (i, &id) in out.ids.iter().enumerate() {
             go = emit(id, rows.as_ref().map(|r| &r[i * n_vocab..(i + 1) * n_vocab]), &mut stats)?;
             history.push(id);
             if !go {
                 break;
             }
         }
-        pos += out.len();
-        next = *out.last().expect("a window emits at least one token");
+        pos += out.ids.len();
+        next = *out.ids.last().expect("a window emits at least one token");
     }
     stats.decode = start.elapsed();
     Ok(stats)
+}
+
+/// Up to `max` one-token steps from position `pos`, the first fed `first` and each later one
+/// the token the step before chose: from the second step on the window is continued on the
+/// device ([`Executor::run_continued`]), and the host keeps one step queued ahead of the one
+/// whose token it reads. `on_token(id)` sees each token as soon as its step is done and says
+/// whether to go on (a step queued past the last one read is left to finish and forgotten).
+/// Returns the steps read and the host time spent queueing them.
+pub fn chain(exec: &mut dyn Executor, ops: &[Op], first: u32, pos: usize, max: usize, mut on_token: impl FnMut(u32) -> Result<bool>) -> Result<(usize, Duration)> {
+    if max == 0 {
+        return Ok((0, Duration::ZERO));
+    }
+    let issue = Instant::now();
+    exec.set_tokens(&[first])?;
+    exec.run(ops, Window { tokens: 1, pos0: pos })?;
+    let mut enqueue = issue.elapsed();
+    let (mut queued, mut read) = (1, 0);
+    loop {
+        if queued < max {
+            let issue = Instant::now();
+            exec.run_continued(ops, pos + queued)?;
+            enqueue += issue.elapsed();
+            queued += 1;
+        }
+        let out = exec.emitted()?;
+        read += 1;
+        if out.all_nan[0] {
+            return Err(all_nan(pos + read - 1));
+        }
+        if !on_token(out.ids[0])? || read == max {
+            break;
+        }
+    }
+    exec.drain()?;
+    Ok((read, enqueue))
 }
 
 /// The logits of every position of `seq` (`n_vocab` per position), fed in windows of `window`

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::knobs::{ExpertKnobs, Launch};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{bounds, Bounds, BOUNDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, Bounds, BOUNDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -167,9 +167,10 @@ pub fn open_device(backend: &'static str, ordinal: usize) -> Result<(Arc<CudaCon
     let setup = |what: &str, e: DriverError| Error::Setup { backend, what: what.into(), detail: e.to_string() };
     let ctx = CudaContext::new(ordinal).map_err(|e| setup("opening the device", e))?;
     // SAFETY: cudarc's per-buffer event tracking only matters across streams. A backend issues
-    // all its work on one stream, and the one other stream (the bench's graph-capture stream)
-    // is used only after an explicit synchronize; and recording tracking events inside a
-    // capture is what a capture refuses. So tracking is off, for buffers created from here on.
+    // all its work on its one stream (which the decode step captures into graphs), and the one
+    // other stream (the bench's graph-capture stream) is used only after an explicit
+    // synchronize; and recording tracking events inside a capture is what a capture refuses.
+    // So tracking is off, for buffers created from here on.
     unsafe { ctx.disable_event_tracking() };
     let info = DeviceInfo {
         ordinal,
@@ -225,7 +226,9 @@ impl GpuBackend {
         let arch = format!("sm_{}{}", info.compute_capability.0, info.compute_capability.1);
         let pad = grid_pad_wanted(&arch).then(|| info.wave_slots());
         let experts = ExpertKnobs::process().map_err(|detail| Error::Setup { backend: name, what: "expert knobs".into(), detail })?;
-        Ok(GpuBackend { name, stream: ctx.default_stream(), functions, info, ptx_arch, pad, experts, _module: module })
+        // A stream of its own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(|e| Error::Setup { backend: name, what: "creating a stream".into(), detail: e.to_string() })?;
+        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, _module: module })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -446,11 +449,27 @@ impl GpuBackend {
 
     /// Queues a window's launches (without waiting): grouping, gate/up, down, combine, with the
     /// kernels and sizes the knobs plan for this shape and window.
+    /// Queues `moe_group`: the group table (`moe::group`) of the `n` selections `ids` into
+    /// `table` (buffers may be longer than needed).
+    pub fn moe_group_queue(&self, ids: &CudaSlice<u32>, n: usize, n_expert: usize, table: &mut CudaSlice<u32>) -> Result<()> {
+        if n == 0 || n > MOE_MAX_SELECTIONS || n_expert > u32::MAX as usize {
+            return Err(Error::Shape { kernel: "moe_group", detail: format!("{n} selections of {n_expert} experts (1..={MOE_MAX_SELECTIONS} selections)") });
+        }
+        holds("moe_group", "ids", ids.len(), n)?;
+        holds("moe_group", "table", table.len(), moe::table_words(n))?;
+        let (n, n_expert) = (n as u32, n_expert as u32);
+        let mut a = self.builder("moe_group");
+        a.arg(ids).arg(&n).arg(&n_expert).arg(table);
+        // SAFETY: the kernel's parameters in order over the buffers checked above; one block of
+        // the kernel's 32 threads.
+        unsafe { self.launch_async("moe_group", 1, a) }
+    }
+
     pub fn moe_queue(&self, l: &MoeLayer, w: &mut MoeBuffers, stages: MoeStages) -> Result<()> {
         // The buffers must hold the window (the step's are sized for its largest one).
         let sel = w.tokens * w.k;
-        if w.tokens == 0 || w.k == 0 || sel > 256 {
-            return Err(Error::Shape { kernel: "moe", detail: format!("{} tokens x {} slots (1..=256 selections supported)", w.tokens, w.k) });
+        if w.tokens == 0 || w.k == 0 || sel > MOE_MAX_SELECTIONS {
+            return Err(Error::Shape { kernel: "moe", detail: format!("{} tokens x {} slots (1..={MOE_MAX_SELECTIONS} selections supported)", w.tokens, w.k) });
         }
         let q8 = |values: usize| values / 32 * strata_gpu_shared::formats::q8_1::BYTES;
         holds("moe", "ids", w.ids.len(), sel)?;
@@ -462,7 +481,7 @@ impl GpuBackend {
         holds("moe", "out", w.out.len(), w.tokens * l.n_embd)?;
         let (g, d) = l.formats;
         let n = (w.tokens * w.k) as u32;
-        let (k, n_expert, tokens) = (w.k as u32, l.n_expert as u32, w.tokens as u32);
+        let (k, tokens) = (w.k as u32, w.tokens as u32);
         let (embd_groups, ff_groups, n_embd, n_ff) = ((l.n_embd / 32) as u32, (l.n_ff / 32) as u32, l.n_embd as u32, l.n_ff as u32);
         let gu_bytes = (l.n_ff * g.row_bytes(l.n_embd)) as u64;
         let down_bytes = (l.n_embd * d.row_bytes(l.n_ff)) as u64;
@@ -476,9 +495,7 @@ impl GpuBackend {
         // computed for this shape; kernels return at once in blocks past the real groups, rows
         // or values, so padded and worst-case grids are covered.
         if stages.group {
-            let mut a = self.builder("moe_group");
-            a.arg(&w.ids).arg(&n).arg(&n_expert).arg(&mut w.table);
-            unsafe { self.launch_async("moe_group", 1, a) }?;
+            self.moe_group_queue(&w.ids, sel, l.n_expert, &mut w.table)?;
         }
         if stages.gate_up {
             let gu = plan.gu;

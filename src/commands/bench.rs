@@ -13,7 +13,7 @@ use super::decode::{BackendName, Opened};
 use crate::backends::Available;
 use strata_gpu_shared::formats::WeightFormat;
 use strata_host::bench::{self, MmvqRow};
-use strata_host::bench_decode::{self as bd, Row, Spread};
+use strata_host::bench_decode::{self as bd, Launch, Row, Spread};
 use strata_host::gguf::GgufFile;
 use strata_host::model::synth::{build_in_memory, SynthSpec};
 use strata_host::model::Qwen3Moe;
@@ -82,7 +82,7 @@ pub struct DecodeArgs {
     pub windows: String,
     /// Prompt-lookup speculation: the largest verify window (1..8), comma-separated; empty for
     /// none.
-    #[arg(long, default_value = "4,8")]
+    #[arg(long, default_value = "2,3,4,8")]
     pub spec: String,
     /// Tokens of the prefill prompt (windows of 8); 0 skips it.
     #[arg(long, default_value_t = 512)]
@@ -93,6 +93,10 @@ pub struct DecodeArgs {
     /// Print JSON (one object per row, every figure) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// GPU: launch every kernel from the host instead of replaying captured graphs (then no
+    /// `eager` comparison row is added).
+    #[arg(long)]
+    pub no_graph: bool,
 }
 
 #[derive(clap::Args)]
@@ -224,6 +228,9 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     }
     let n_ctx = bd::context_for(&depths, a.n, a.prefill, c.n_ctx_train)?;
     let mut opened = super::decode::open(a.backend, a.device, model.clone(), n_ctx)?;
+    if let Opened::Gpu(g) = &mut opened {
+        g.set_graphs(!a.no_graph);
+    }
     let (gpu, copy) = match &opened {
         Opened::Gpu(g) => (Some(g.backend().info().name.clone()), Some(bench::copy_bandwidth(g.backend(), 1 << 30, 5)?)),
         Opened::Cpu(_) => (None, None),
@@ -281,6 +288,17 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         spinner.set_message(format!("tg{} @ d{d}, {runs} runs", a.n));
         show(&bd::tg(exec, &ops, first, d, a.n, runs)?);
     }
+    // The same one-token steps launched kernel by kernel: what the graphs save.
+    if let Opened::Gpu(g) = &mut opened {
+        if g.graphs_on() {
+            spinner.set_message(format!("tg{} launched eagerly, {runs} runs", a.n));
+            g.set_graphs(false);
+            let row = bd::tg(g.as_mut(), &ops, first, 0, a.n, runs).map(|r| Row { launch: Launch::Eager, ..r });
+            g.set_graphs(true);
+            show(&row?);
+        }
+    }
+    let exec = opened.executor();
     if !windows.is_empty() {
         spinner.set_message("the greedy tokens the windows take");
         let seq = bd::greedy_tokens(exec, &ops, first, a.n)?;
@@ -301,6 +319,7 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     spinner.set_message(format!("tg{} per phase (profiled), {runs} runs", a.n));
     let phases = match &mut opened {
         Opened::Gpu(g) => {
+            // Events between the phases need eager launches.
             g.set_profiling(true);
             let p = bd::phases(g.as_mut(), &ops, first, a.n, runs);
             g.set_profiling(false);

@@ -28,6 +28,9 @@ pub enum BackendName {
     Cpu,
 }
 
+/// `--spec` when not given: chosen by `strata decode` and `strata bench decode` on the H200.
+const DEFAULT_SPEC: u8 = 3;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// A qwen3moe GGUF file. Without it, a small random-weight model is built in memory (its
@@ -68,9 +71,10 @@ pub struct Args {
     #[arg(long, default_value_t = MAX_WINDOW as u8, value_parser = clap::value_parser!(u8).range(1..=MAX_WINDOW as i64))]
     pub window: u8,
     /// Speculative verify windows while generating: the last token plus up to N-1 prompt-lookup
-    /// drafts per step (1 = off, up to 8). The tokens are the same for every N; only the number
-    /// of steps changes.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=MAX_WINDOW as i64))]
+    /// drafts per step (1 = off: one-token steps chained on the device; up to 8). The tokens are
+    /// the same for every N; only the number of steps changes. The default, 3, was the fastest
+    /// of 1, 2, 3, 4 and 8 on the H200 (docs/decode.md).
+    #[arg(long, default_value_t = DEFAULT_SPEC, value_parser = clap::value_parser!(u8).range(1..=MAX_WINDOW as i64))]
     pub spec: u8,
     /// Do not stop at the end-of-generation token: always generate -n tokens.
     #[arg(long)]
@@ -86,9 +90,15 @@ pub struct Args {
     #[arg(long)]
     pub chat: bool,
     /// Time each phase of the step on the GPU (attention, router, experts, head, sampling,
-    /// other) and print the split at the end.
+    /// other) and print the split at the end. Profiled steps launch their kernels one by one
+    /// (as --no-graph), so they are slower than unprofiled ones.
     #[arg(long)]
     pub profile: bool,
+    /// GPU: launch every kernel of every step from the host instead of replaying the step's
+    /// captured CUDA graph (one per window size). Same tokens and logits; for profiling and
+    /// comparison.
+    #[arg(long)]
+    pub no_graph: bool,
     /// Print the generated token ids instead of text.
     #[arg(long)]
     pub print_ids: bool,
@@ -134,6 +144,7 @@ fn open_executor(a: &Args, model: Arc<Qwen3Moe>, n_ctx: usize) -> anyhow::Result
         Opened::Cpu(exec) => exec,
         Opened::Gpu(mut exec) => {
             exec.set_profiling(a.profile);
+            exec.set_graphs(!a.no_graph);
             exec
         }
     })

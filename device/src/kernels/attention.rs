@@ -1,4 +1,5 @@
-//! Attention of the decode step over a window of tokens at absolute positions `pos0 ..`:
+//! Attention of the decode step over a window of tokens at absolute positions `pos0 ..`, where
+//! `pos0` is read from device memory (`*pos`) so that a captured launch serves every step:
 //! `attn_prep` (per-head RMSNorm + RoPE of q and k, k and v appended to the fp16 cache),
 //! `attn_chunk` (one block per token, query head and `ATTN_CHUNK` key positions: the chunk's
 //! max, softmax sum and weighted values) and `attn_merge` (one block per token and query head:
@@ -11,6 +12,8 @@ use strata_gpu_shared::launch::attention::{ATTN_CHUNK, ATTN_PREP_WARPS, ATTN_THR
 use strata_gpu_shared::math::exp_neg;
 
 const WARPS: u32 = ATTN_THREADS / 32;
+/// Loads in flight per lane in the per-head norm: a 128-value head is one memory latency.
+const ATTN_NORM_AHEAD: usize = 4;
 
 #[inline(always)]
 unsafe fn ld_f32(p: *const f32, i: usize) -> f32 {
@@ -35,7 +38,7 @@ impl Normed {
     /// the warp must call it.
     #[inline(always)]
     unsafe fn new(x: *const f32, w: *const f32, hd: u32, eps: f32) -> Normed {
-        Normed { x, w, scale: super::norm::warp_rms_scale(x, hd, eps) }
+        Normed { x, w, scale: super::norm::warp_rms_scale::<ATTN_NORM_AHEAD>(x, hd, eps) }
     }
 
     /// `y[j]`: recomputed wherever a lane needs it (its own value and its RoPE partner), the
@@ -66,13 +69,12 @@ impl Normed {
 /// One warp per head row `r` of the window: `t = r / (n_q + 2 n_kv)`; of each token's rows the
 /// first `n_q` are query heads (normed, roped, into `q_out`), the next `n_kv` key heads (normed,
 /// roped, fp16 into `k_cache` at position `pos0 + t`), the last `n_kv` value heads (fp16 into
-/// `v_cache`).
+/// `v_cache`). `pos0 = *pos`; rows whose position is at or past `n_ctx` write nothing.
 ///
 /// # Safety
 /// `q`, `q_out`: `tokens * n_q * hd` f32; `k`, `v`: `tokens * n_kv * hd` f32; `q_norm`,
-/// `k_norm`: `hd` f32; `rope`: `(pos0 + tokens) * n_rot` f32; the caches: `(pos0 + tokens) *
-/// n_kv * hd` u16; `hd` a multiple of 32, `n_rot` even and at most `hd`; outputs do not overlap
-/// inputs.
+/// `k_norm`: `hd` f32; `rope`: `n_ctx * n_rot` f32; the caches: `n_ctx * n_kv * hd` u16; `pos`:
+/// one u32; `hd` a multiple of 32, `n_rot` even and at most `hd`; outputs do not overlap inputs.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn attn_prep(
@@ -87,7 +89,8 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
     n_kv: u32,
     hd: u32,
     n_rot: u32,
-    pos0: u32,
+    pos: *const u32,
+    n_ctx: u32,
     eps: f32,
     q_out: *mut f32,
     k_cache: *mut u16,
@@ -99,7 +102,11 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
         return; // the whole warp (the kernel has no block barrier)
     }
     let (t, h) = (r / heads, r % heads);
-    let pos = (pos0 + t) as usize;
+    let at_pos = mem::ld_nc_u32(pos as *const u8) as u64 + t as u64;
+    if at_pos >= n_ctx as u64 {
+        return; // the whole warp: no room in the cache (the host never asks for this)
+    }
+    let pos = at_pos as usize;
     let (hdu, lane) = (hd as usize, index::lane());
     if h >= n_q + n_kv {
         let g = (h - n_q - n_kv) as usize;
@@ -132,18 +139,21 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
     }
 }
 
-/// One block per (token `t`, query head `h`, chunk `c`), block index `(t * n_q + h) * n_chunks
-/// + c`. Warp `w` scores keys `w, w + 8, ...` of the chunk (lane `p` keeps the query values
+/// `split` blocks per (token `t`, query head `h`), block index `(t * n_q + h) * split + s`;
+/// block `s` computes chunks `s, s + split, ...` of the token's context, each into part
+/// `(t * n_q + h) * n_chunks + c` (which block computes a chunk does not change its bits).
+/// Per chunk: warp `w` scores keys `w, w + 8, ...` of the chunk (lane `p` keeps the query values
 /// `p, p + 32, ...` in registers; the butterfly sums the 32 partials) into shared memory; the
 /// maximum from the warps' running maxima; thread `i` turns score `i` into its softmax term;
 /// then thread `d < hd` sums `p_j * v_j[d]` and `p_j` over the chunk's keys in order (every
 /// such thread sums `l` alike; thread 0 writes it with `m`).
 ///
 /// # Safety
-/// `q`: `tokens * n_q * hd` f32; the caches hold positions `0 ..= pos0 + tokens - 1` (`n_kv *
-/// hd` u16 each); `part`: `tokens * n_q * n_chunks * (hd + 2)` f32; `n_chunks >= ceil((pos0 +
-/// tokens) / ATTN_CHUNK)`; `hd` a multiple of 32, at most `ATTN_MAX_HD`; `n_q` a multiple of
-/// `n_kv`; `ATTN_CHUNK_SMEM_WORDS` words of shared memory.
+/// `q`: `tokens * n_q * hd` f32; the caches hold `n_ctx` positions (`n_kv * hd` u16 each),
+/// those before `*pos + tokens` written; `part`: `tokens * n_q * n_chunks * (hd + 2)` f32 with
+/// `n_chunks = ceil(n_ctx / ATTN_CHUNK)`; `split >= 1`; `hd` a multiple of 32, at most
+/// `ATTN_MAX_HD`; `n_q` a multiple of `n_kv`; `ATTN_CHUNK_SMEM_WORDS` words of shared memory.
+/// Keys past the caches' positions are never read: a token's context is clamped to them.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn attn_chunk(
@@ -154,25 +164,21 @@ pub unsafe extern "ptx-kernel" fn attn_chunk(
     n_q: u32,
     n_kv: u32,
     hd: u32,
-    pos0: u32,
+    pos: *const u32,
     scale: f32,
-    n_chunks: u32,
+    n_ctx: u32,
+    split: u32,
     part: *mut f32,
 ) {
     let b = index::block_idx();
-    if b >= tokens * n_q * n_chunks {
+    if b >= tokens * n_q * split {
         return; // the whole block
     }
-    let (th, c) = (b / n_chunks, b % n_chunks);
+    let (th, first) = (b / split, b % split);
     let (t, h) = (th / n_q, th % n_q);
-    let (len, start) = (pos0 + t + 1, c * ATTN_CHUNK as u32);
-    if start >= len {
-        return; // the whole block: this token sees fewer chunks
-    }
-    let n = (len - start).min(ATTN_CHUNK as u32);
+    let (len, n_chunks) = (context_len(pos, t, n_ctx), n_ctx.div_ceil(ATTN_CHUNK as u32));
     let g = (h / (n_q / n_kv)) as usize;
-    let (hdu, stride) = (hd as usize, n_kv as usize * hd as usize);
-    let (lane, w, tid) = (index::lane(), index::warp_in_block(), index::thread_idx());
+    let (hdu, lane) = (hd as usize, index::lane());
     let per_lane = hd / 32;
     let qh = q.add(th as usize * hdu);
     let mut qr = [0.0f32; 8];
@@ -181,6 +187,34 @@ pub unsafe extern "ptx-kernel" fn attn_chunk(
             qr[i] = ld_f32(qh, lane as usize + 32 * i);
         }
     });
+    let mut c = first;
+    while c * (ATTN_CHUNK as u32) < len {
+        let out = part.add((th as usize * n_chunks as usize + c as usize) * (hdu + 2));
+        chunk(&qr, k_cache, v_cache, n_kv, hd, g, len, c, scale, out);
+        c += split;
+        sync::sync_threads(); // the next chunk reuses the shared words
+    }
+}
+
+/// The keys token `t` of the window at `*pos` attends to, `*pos + t + 1`, at most the caches'
+/// `n_ctx` positions.
+#[inline(always)]
+unsafe fn context_len(pos: *const u32, t: u32, n_ctx: u32) -> u32 {
+    let len = mem::ld_nc_u32(pos as *const u8) as u64 + t as u64 + 1;
+    len.min(n_ctx as u64) as u32
+}
+
+/// One chunk `c` of a token's `len` keys for the query values `qr` of KV group `g`: the
+/// chunk's max, softmax sum and weighted values into `out` (`hd + 2` f32). The whole block
+/// calls it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn chunk(qr: &[f32; 8], k_cache: *const u16, v_cache: *const u16, n_kv: u32, hd: u32, g: usize, len: u32, c: u32, scale: f32, out: *mut f32) {
+    let start = c * ATTN_CHUNK as u32;
+    let n = (len - start).min(ATTN_CHUNK as u32);
+    let (hdu, stride) = (hd as usize, n_kv as usize * hd as usize);
+    let (lane, w, tid) = (index::lane(), index::warp_in_block(), index::thread_idx());
+    let per_lane = hd / 32;
     let smem = Smem::dynamic();
     let keys = k_cache.add(start as usize * stride + g * hdu);
     let mut warp_max = f32::NEG_INFINITY;
@@ -220,7 +254,6 @@ pub unsafe extern "ptx-kernel" fn attn_chunk(
             l += p;
             o += p * ld_f16(values, j as usize * stride);
         }
-        let out = part.add(b as usize * (hdu + 2));
         mem::st_f32(out.add(2 + tid as usize), o);
         if tid == 0 {
             mem::st_f32(out, m);
@@ -230,20 +263,21 @@ pub unsafe extern "ptx-kernel" fn attn_chunk(
 }
 
 /// One block per (token `t`, query head `h`), thread `d < hd`: the token's
-/// `ceil((pos0 + t + 1) / ATTN_CHUNK)` parts combined (every thread folds the maxima and `L`
+/// `ceil((*pos + t + 1) / ATTN_CHUNK)` parts combined (every thread folds the maxima and `L`
 /// alike), `out[t][h * hd + d] = O / L`.
 ///
 /// # Safety
-/// `part` as `attn_chunk` wrote it for the same `tokens, n_q, hd, pos0, n_chunks`; `out`:
+/// `part` as `attn_chunk` wrote it for the same `tokens, n_q, hd, pos, n_ctx`; `out`:
 /// `tokens * n_q * hd` f32; `hd <= ATTN_THREADS`.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q: u32, hd: u32, pos0: u32, n_chunks: u32, out: *mut f32) {
+pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q: u32, hd: u32, pos: *const u32, n_ctx: u32, out: *mut f32) {
     let th = index::block_idx();
     let d = index::thread_idx();
     if th >= tokens * n_q || d >= hd {
         return; // no barrier below: threads leave one by one
     }
-    let nc = (pos0 + th / n_q + 1).div_ceil(ATTN_CHUNK as u32);
+    let nc = context_len(pos, th / n_q, n_ctx).div_ceil(ATTN_CHUNK as u32);
+    let n_chunks = n_ctx.div_ceil(ATTN_CHUNK as u32);
     let stride = hd as usize + 2;
     let parts = part.add(th as usize * n_chunks as usize * stride);
     let mut big_m = f32::NEG_INFINITY;

@@ -11,7 +11,7 @@ use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
 use crate::arch::{index, mem, sync, warp};
 use strata_gpu_shared::formats::{q8_1, GROUP};
-use strata_gpu_shared::launch::{MMVQ_WARPS, MOE_ENTRY_PASS, MOE_GU_ROWS, MOE_GU_WARPS};
+use strata_gpu_shared::launch::{MMVQ_WARPS, MOE_ENTRY_PASS, MOE_GU_ROWS, MOE_GU_WARPS, MOE_MAX_SELECTIONS};
 use strata_gpu_shared::moe;
 
 #[inline(always)]
@@ -19,16 +19,95 @@ pub(super) unsafe fn ld(p: *const u32, i: usize) -> u32 {
     mem::ld_nc_u32(p.add(i) as *const u8)
 }
 
-/// One block of 32 threads; thread 0 builds the table (`moe::group`).
+/// One warp builds the table `moe::group` specifies, lane `l` for the selections `e = l + 32 i`
+/// (at most `MOE_MAX_SELECTIONS`, 8 a lane), in three phases:
+/// 1. whether `e` is its id's first selection, kept in `count[e]` (scratch until phase 3);
+/// 2. for a valid `id = ids[e]`: the valid selections of smaller ids (where `id`'s group starts
+///    in `entries`), the firsts among them (the group's index: distinct valid ids below), the
+///    earlier selections of `id` (`e`'s place in its group) and all of them (the group's count);
+/// 3. after a barrier, each lane writes its entries and, for a first selection, its group; the
+///    unused groups and entries, and the header, as the spec fills them.
+///
+/// Every word has one writer, and the words are those of the one-thread spec whatever the lane
+/// order: `O(n^2 / 32)` loads a lane instead of `O(n * groups)` in one thread.
 ///
 /// # Safety
-/// `ids`: `n` u32; `table`: `moe::table_words(n)` u32.
+/// `ids`: `n <= MOE_MAX_SELECTIONS` u32; `table`: `moe::table_words(n)` u32; one block of 32
+/// threads.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn moe_group(ids: *const u32, n: u32, n_expert: u32, table: *mut u32) {
-    if index::block_idx() == 0 && index::thread_idx() == 0 {
-        let ids = core::slice::from_raw_parts(ids, n as usize);
-        let table = core::slice::from_raw_parts_mut(table, moe::table_words(n as usize));
-        moe::group(ids, n_expert, table);
+    if index::block_idx() != 0 {
+        return; // the whole block
+    }
+    let (lane, nu) = (index::lane(), n as usize);
+    let flags = table.add(moe::count(nu));
+    let mut e = lane;
+    while e < n {
+        let id = ld(ids, e as usize);
+        *flags.add(e as usize) = (0..e).all(|f| ld(ids, f as usize) != id) as u32;
+        e += 32;
+    }
+    sync::sync_threads();
+    const SLOTS: usize = MOE_MAX_SELECTIONS / 32;
+    let (mut place, mut group, mut start, mut count) = ([u32::MAX; SLOTS], [u32::MAX; SLOTS], [0u32; SLOTS], [0u32; SLOTS]);
+    let (mut groups, mut filled, mut errors) = (0i32, 0i32, 0i32);
+    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+        let e = lane + 32 * i as u32;
+        if e < n {
+            let id = ld(ids, e as usize);
+            if id >= n_expert {
+                errors += 1;
+            } else {
+                let (mut below, mut distinct_below, mut before, mut same) = (0u32, 0u32, 0u32, 0u32);
+                for f in 0..n {
+                    let other = ld(ids, f as usize);
+                    if other < id {
+                        below += 1;
+                        distinct_below += mem::ld_u32(flags.add(f as usize) as *const u8);
+                    } else if other == id {
+                        same += 1;
+                        before += (f < e) as u32;
+                    }
+                }
+                place[i] = below + before;
+                filled += 1;
+                if before == 0 {
+                    (group[i], start[i], count[i]) = (distinct_below, below, same);
+                    groups += 1;
+                }
+            }
+        }
+    });
+    sync::sync_threads(); // every flag is read
+    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+        let e = lane + 32 * i as u32;
+        if place[i] != u32::MAX {
+            *table.add(moe::entries(nu) + place[i] as usize) = e;
+        }
+        if group[i] != u32::MAX {
+            let g = group[i] as usize;
+            *table.add(moe::EXPERT + g) = ld(ids, e as usize);
+            *table.add(moe::start(nu) + g) = start[i];
+            *table.add(moe::count(nu) + g) = count[i];
+        }
+    });
+    let (groups, filled) = (warp::warp_sum_i32(groups) as u32, warp::warp_sum_i32(filled) as u32);
+    let errors = warp::warp_sum_i32(errors) as u32;
+    let mut g = groups + lane;
+    while g < n {
+        *table.add(moe::EXPERT + g as usize) = 0;
+        *table.add(moe::start(nu) + g as usize) = filled;
+        *table.add(moe::count(nu) + g as usize) = 0;
+        g += 32;
+    }
+    let mut e = filled + lane;
+    while e < n {
+        *table.add(moe::entries(nu) + e as usize) = 0;
+        e += 32;
+    }
+    if lane == 0 {
+        *table.add(moe::N_GROUPS) = groups;
+        *table.add(moe::ERRORS) = errors;
     }
 }
 

@@ -16,7 +16,9 @@ unsafe fn ld(x: *const f32, j: u32) -> f32 {
     f32::from_bits(mem::ld_u32(x.add(j as usize) as *const u8))
 }
 
-/// The RMSNorm scale `1 / sqrt(mean(x^2) + eps)` of the `n` values at `x`, in the replica's order
+/// The RMSNorm scale `1 / sqrt(mean(x^2) + eps)` of the `n` values at `x`, loading `AHEAD`
+/// values per lane before adding them (a choice of the caller's: it changes no bits), in the
+/// replica's order
 /// (`replica::norm::rms_scale`): lane `p` sums `x[j] * x[j]` for `j = p, p + 32, ...` left to
 /// right from +0.0, the warp butterfly adds the partials, then `mean = total / n` and
 /// `1 / sqrt_rn(mean + eps)`. Every lane returns the same bits.
@@ -25,19 +27,19 @@ unsafe fn ld(x: *const f32, j: u32) -> f32 {
 /// The whole warp calls it, converged, with the same arguments; `x` points at `n` f32 in device
 /// memory, 4-byte aligned, which no thread writes during the call.
 #[inline(always)]
-pub unsafe fn warp_rms_scale(x: *const f32, n: u32, eps: f32) -> f32 {
+pub unsafe fn warp_rms_scale<const AHEAD: usize>(x: *const f32, n: u32, eps: f32) -> f32 {
     let mut partial = 0.0f32;
-    // `NORM_AHEAD` loads in flight before their squares are added, in order.
-    let mut j = index::lane();
-    while j + 32 * (NORM_AHEAD - 1) < n {
-        let mut v = [0.0f32; NORM_AHEAD as usize];
+    // `AHEAD` loads in flight before their squares are added, in order.
+    let (mut j, ahead) = (index::lane(), AHEAD as u32);
+    while j + 32 * (ahead - 1) < n {
+        let mut v = [0.0f32; AHEAD];
         for (i, v) in v.iter_mut().enumerate() {
             *v = ld(x, j + 32 * i as u32);
         }
         for v in v {
             partial += v * v;
         }
-        j += 32 * NORM_AHEAD;
+        j += 32 * ahead;
     }
     while j < n {
         let v = ld(x, j);
@@ -61,7 +63,7 @@ pub unsafe extern "ptx-kernel" fn rms_norm(x: *const f32, w: *const f32, out: *m
     }
     let at = row as usize * n as usize;
     let (xr, outr) = (x.add(at), out.add(at));
-    let scale = warp_rms_scale(xr, n, eps);
+    let scale = warp_rms_scale::<{ NORM_AHEAD as usize }>(xr, n, eps);
     let wj = |j: u32| f32::from_bits(mem::ld_nc_u32(w.add(j as usize) as *const u8));
     let mut j = index::lane();
     while j + 32 * (NORM_AHEAD - 1) < n {

@@ -22,10 +22,10 @@ unsafe fn ld_smem_f32(smem: Smem, word: u32) -> f32 {
 }
 
 /// One block per row (blocks past `rows`, from a padded grid, return at once); row `t` draws
-/// with the uniform number of position `pos0 + t`.
+/// with the uniform number of position `*pos + t`.
 ///
 /// # Safety
-/// `logits`: `rows * n` f32 (`n >= 1`); `ids`: `rows` u32; `1 <= top_k <= SAMPLE_MAX_K`;
+/// `logits`: `rows * n` f32 (`n >= 1`); `pos`: one u32; `ids`: `rows` u32; `1 <= top_k <= SAMPLE_MAX_K`;
 /// `SAMPLE_SMEM_WORDS` words of dynamic shared memory.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
@@ -38,7 +38,7 @@ pub unsafe extern "ptx-kernel" fn sample_rows(
     inv_temp: f32,
     seed_lo: u32,
     seed_hi: u32,
-    pos0: u32,
+    pos: *const u32,
     ids: *mut u32,
 ) {
     let row = index::block_idx();
@@ -88,7 +88,7 @@ pub unsafe extern "ptx-kernel" fn sample_rows(
             keep += 1;
         }
         let seed = (seed_hi as u64) << 32 | seed_lo as u64;
-        let target = uniform(seed, pos0 as u64 + row as u64) * ld_smem_f32(smem, VAL + keep - 1);
+        let target = uniform(seed, crate::arch::mem::ld_nc_u32(pos as *const u8) as u64 + row as u64) * ld_smem_f32(smem, VAL + keep - 1);
         let mut rank = 0;
         while rank < keep - 1 && !(ld_smem_f32(smem, VAL + rank) > target) {
             rank += 1;

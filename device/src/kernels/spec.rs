@@ -2,15 +2,17 @@
 //! tokens. Spec: `strata_gpu_shared::replica::spec`.
 //!
 //! At most 8 rows of integers: thread 0 of block 0 walks them in order, keeping a flag that
-//! turns off at the first rejected draft; every other thread returns at once.
+//! turns off at the first rejected draft; every other thread returns at once. It then moves the
+//! sequence on, on the device: the next window starts at `*pos + accepted` with the last
+//! emitted token as its row 0, so a following step can run without the host.
 use super::moe::ld;
 use crate::arch::index;
 
 /// # Safety
-/// `window`, `next`: `tokens` u32 with `1 <= tokens`; `out`: `tokens + 1` u32, not overlapping
-/// the inputs.
+/// `window`, `next`: `tokens` u32 with `1 <= tokens`; `out`: `tokens + 1` u32; `pos`: one u32;
+/// none overlapping another.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn spec_accept(window: *const u32, next: *const u32, tokens: u32, out: *mut u32) {
+pub unsafe extern "ptx-kernel" fn spec_accept(window: *mut u32, next: *const u32, tokens: u32, out: *mut u32, pos: *mut u32) {
     if index::block_idx() != 0 || index::thread_idx() != 0 {
         return;
     }
@@ -24,4 +26,6 @@ pub unsafe extern "ptx-kernel" fn spec_accept(window: *const u32, next: *const u
         *out.add(1 + i) = prev;
     }
     *out = accepted;
+    *window = *out.add(accepted as usize);
+    *pos += accepted;
 }

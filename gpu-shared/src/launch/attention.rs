@@ -6,6 +6,24 @@ use super::Bounds;
 /// `[c * ATTN_CHUNK, (c + 1) * ATTN_CHUNK)`, whatever the window: that is what makes a token's
 /// result independent of the other tokens of its window.
 pub const ATTN_CHUNK: usize = 256;
+/// The most `attn_chunk` blocks per (token, query head). Block `s` of a (token, head) computes
+/// chunks `s, s + split, ...` of the token's context, so any split gives the same bits and a
+/// grid serves every position up to its size; [`attn_split`] sizes it for a context.
+pub const ATTN_MAX_SPLIT: usize = 256;
+
+/// Blocks per (token, query head) for contexts of up to `len` keys: the power of two at or above
+/// their chunk count (so each block computes one chunk, and a captured grid serves until the
+/// context doubles), at most [`ATTN_MAX_SPLIT`].
+pub const fn attn_split(len: usize) -> usize {
+    let chunks = attn_chunks(len);
+    let pow2 = if chunks <= 1 { 1 } else { chunks.next_power_of_two() };
+    if pow2 < ATTN_MAX_SPLIT {
+        pow2
+    } else {
+        ATTN_MAX_SPLIT
+    }
+}
+
 /// Threads of an `attn_chunk` and an `attn_merge` block (8 warps).
 pub const ATTN_THREADS: u32 = 256;
 /// Warps (one head row each) per `attn_prep` block.

@@ -29,6 +29,9 @@ pub const HEAD_CHUNK: usize = 4096;
 pub const MOE_GU_WARPS: u32 = 8;
 /// `n_ff` rows per `moe_gu_*` block: one q8_1 group of the SwiGLU output.
 pub const MOE_GU_ROWS: u32 = 32;
+/// The most (token, slot) selections of one routed-expert window (8 tokens x up to 32 slots):
+/// `moe_group`'s warp keeps 8 a lane.
+pub const MOE_MAX_SELECTIONS: usize = 256;
 /// Entries of a group one pass of the expert kernels takes (its activation rows per weight
 /// decode); larger groups take several passes.
 pub const MOE_ENTRY_PASS: u32 = MMVQ_MAX_ROWS as u32;
@@ -103,8 +106,9 @@ pub const COPY_CHUNK: usize = 4096;
 /// first block.
 pub const COPY_SEGMENT_WORDS: usize = 4;
 /// Elements per lane the float `matvec` loads before adding them (in order), to keep loads in
-/// flight on long rows.
-pub const MATVEC_AHEAD: u32 = 4;
+/// flight: each `32 * MATVEC_AHEAD` elements of a row cost one memory latency (the 2,048-wide
+/// F32 router row eight; at 4 it was sixteen, 14 us a launch under ncu on the H200).
+pub const MATVEC_AHEAD: u32 = 8;
 /// Activation rows one `mmvq` launch multiplies.
 pub const MMVQ_MAX_ROWS: usize = 8;
 

@@ -7,7 +7,9 @@
 //! of leading `i` in `1..tokens` with `window[i] == next[i - 1]`, stopping at the first
 //! mismatch (a later match does not count; `window[0]` is not read). The emitted tokens are
 //! `next[0..a]`: the accepted drafts, then the model's own token after the last of them.
-//! Integers only, so there is no order to state.
+//! The kernel then moves the sequence on: `window[0]` becomes `next[a - 1]` (the next window's
+//! row 0, the last emitted token) and the position `pos += a`, so that a following step reads
+//! its input from the device. Integers only, so there is no order to state.
 
 /// The accepted count `a` in `1..=window.len()`; `next.len() >= window.len() - 1`.
 pub fn accept(window: &[u32], next: &[u32]) -> usize {
@@ -15,10 +17,14 @@ pub fn accept(window: &[u32], next: &[u32]) -> usize {
 }
 
 /// The kernel's output: `out[0] = a`, `out[1 + i] = next[i]` for every `i < tokens`
-/// (`tokens = window.len() == next.len()`, `out.len() == tokens + 1`).
-pub fn spec_accept(window: &[u32], next: &[u32], out: &mut [u32]) {
-    out[0] = accept(window, next) as u32;
+/// (`tokens = window.len() == next.len()`, `out.len() == tokens + 1`); then `window[0] =
+/// next[a - 1]` and `pos += a` (wrapping, as the kernel's u32 add).
+pub fn spec_accept(window: &mut [u32], next: &[u32], out: &mut [u32], pos: &mut u32) {
+    let a = accept(window, next);
+    out[0] = a as u32;
     out[1..].copy_from_slice(next);
+    window[0] = next[a - 1];
+    *pos = pos.wrapping_add(a as u32);
 }
 
 #[cfg(test)]
@@ -31,8 +37,9 @@ mod tests {
         assert_eq!(accept(&[9, 4, 5, 6], &[4, 5, 6, 7]), 4);
         assert_eq!(accept(&[9, 3, 5, 6], &[4, 5, 6, 7]), 1);
         assert_eq!(accept(&[9, 4, 0, 6], &[4, 5, 6, 7]), 2);
-        let mut out = [0u32; 4];
-        spec_accept(&[9, 4, 0], &[4, 5, 6], &mut out);
+        let (mut out, mut window, mut pos) = ([0u32; 4], [9, 4, 0], 10);
+        spec_accept(&mut window, &[4, 5, 6], &mut out, &mut pos);
         assert_eq!(out, [2, 4, 5, 6]);
+        assert_eq!((window, pos), ([5, 4, 0], 12));
     }
 }

@@ -12,7 +12,7 @@ use crate::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
-use strata_gpu_shared::launch::attention::{attn_chunks, ATTN_MAX_HD, ATTN_PREP_WARPS};
+use strata_gpu_shared::launch::attention::{attn_chunks, attn_split, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
 use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
 
 const PREP: &str = "attn_prep";
@@ -230,8 +230,9 @@ impl AttentionOps for CpuBackend {
 
 
 impl GpuBackend {
-    /// Queues `attn_prep` for the window at `pos0` (see [`AttentionOps::attn_prep`]); buffers
-    /// may be longer than the shape needs.
+    /// Queues `attn_prep` for the window at the position `pos[0]` holds when the kernel runs
+    /// (see [`AttentionOps::attn_prep`]; rows past the cache write nothing); buffers may be
+    /// longer than the shape needs.
     #[allow(clippy::too_many_arguments)]
     pub fn attn_prep_queue(
         &self,
@@ -242,29 +243,34 @@ impl GpuBackend {
         k_norm: &CudaSlice<f32>,
         rope: &CudaSlice<f32>,
         shape: AttnShape,
-        pos0: usize,
+        pos: &CudaSlice<u32>,
         eps: f32,
         q_out: &mut CudaSlice<f32>,
         k_cache: &mut CudaSlice<u16>,
         v_cache: &mut CudaSlice<u16>,
     ) -> Result<()> {
         let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), q_out.len(), k_cache.len(), v_cache.len()];
-        check_prep(shape, pos0, lens, false)?;
+        check_prep(shape, 0, lens, false)?;
+        check_lens(PREP, &[("pos", pos.len(), 1)], false)?;
         let s = shape;
-        let (tokens, n_q, n_kv, hd, n_rot, pos0) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_rot as u32, pos0 as u32);
+        let (tokens, n_q, n_kv, hd, n_rot, n_ctx) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_rot as u32, s.n_ctx as u32);
         let rows = s.tokens * (s.n_q + 2 * s.n_kv);
         let mut a = self.builder(PREP);
         a.arg(q).arg(k).arg(v).arg(q_norm).arg(k_norm).arg(rope);
-        a.arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(&n_rot).arg(&pos0).arg(&eps);
+        a.arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(&n_rot).arg(pos).arg(&n_ctx).arg(&eps);
         a.arg(q_out).arg(k_cache).arg(v_cache);
-        // SAFETY: the kernel's parameters in order over the buffers checked above; warps past
-        // the window's head rows return at once, so a padded grid is covered.
+        // SAFETY: the kernel's parameters in order over the buffers checked above (the rope
+        // table and caches hold `n_ctx` positions, and rows at or past `n_ctx` return); warps
+        // past the window's head rows return at once, so a padded grid is covered.
         unsafe { self.launch_async(PREP, self.padded_grid(PREP, rows.div_ceil(ATTN_PREP_WARPS as usize) as u32), a) }
     }
 
-    /// Queues the window's attention (see [`AttentionOps::attention`]): `attn_chunk` into
-    /// `part` (at least [`attn_part_len`] of the shape), then `attn_merge` into `out`; buffers
-    /// may be longer than the shape needs.
+    /// Queues the window's attention at the position `pos[0]` holds when the kernels run (see
+    /// [`AttentionOps::attention`]): `attn_chunk` into `part` (at least [`attn_part_len`] of the
+    /// shape), then `attn_merge` into `out`; buffers may be longer than the shape needs. The grid
+    /// is sized for contexts of up to `ctx_bound` keys ([`attn_split`]): every position gives
+    /// the same bits whatever `ctx_bound` is, a shorter bound only makes each block walk more
+    /// chunks.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_queue(
         &self,
@@ -272,29 +278,29 @@ impl GpuBackend {
         k_cache: &CudaSlice<u16>,
         v_cache: &CudaSlice<u16>,
         shape: AttnShape,
-        pos0: usize,
+        pos: &CudaSlice<u32>,
+        ctx_bound: usize,
         scale: f32,
         part: &mut CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        check_attention(shape, pos0, [q.len(), k_cache.len(), v_cache.len(), out.len()], false)?;
+        check_attention(shape, 0, [q.len(), k_cache.len(), v_cache.len(), out.len()], false)?;
         let s = shape;
-        let chunks = attn_chunks(pos0 + s.tokens);
-        check_lens(CHUNK, &[("part", part.len(), s.tokens * s.n_q * chunks * (s.hd + 2))], false)?;
-        let (tokens, n_q, n_kv, hd, pos0, n_chunks) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, pos0 as u32, chunks as u32);
+        check_lens(CHUNK, &[("part", part.len(), attn_part_len(s)), ("pos", pos.len(), 1)], false)?;
+        let split = attn_split(ctx_bound.min(s.n_ctx));
+        let (tokens, n_q, n_kv, hd, n_ctx, split_u) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_ctx as u32, split as u32);
         let mut a = self.builder(CHUNK);
-        a.arg(q).arg(k_cache).arg(v_cache).arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(&pos0).arg(&scale).arg(&n_chunks);
+        a.arg(q).arg(k_cache).arg(v_cache).arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(pos).arg(&scale).arg(&n_ctx).arg(&split_u);
         a.arg(&mut *part);
         // SAFETY (both): each kernel's parameters in order over the buffers checked above, the
-        // chunk kernel's shared memory from BOUNDS; blocks past the window's (token, head,
-        // chunk) triples or (token, head) pairs, and chunks past a token's context, return at
-        // once, so padded grids are covered.
-        unsafe { self.launch_async(CHUNK, self.padded_grid(CHUNK, (s.tokens * s.n_q * chunks) as u32), a) }?;
+        // chunk kernel's shared memory from BOUNDS; contexts are clamped to the caches'
+        // `n_ctx` positions; blocks past the window's (token, head, split) triples or (token,
+        // head) pairs return at once, so padded grids are covered.
+        unsafe { self.launch_async(CHUNK, self.padded_grid(CHUNK, (s.tokens * s.n_q * split) as u32), a) }?;
         let mut a = self.builder(MERGE);
-        a.arg(&*part).arg(&tokens).arg(&n_q).arg(&hd).arg(&pos0).arg(&n_chunks).arg(out);
+        a.arg(&*part).arg(&tokens).arg(&n_q).arg(&hd).arg(pos).arg(&n_ctx).arg(out);
         unsafe { self.launch_async(MERGE, self.padded_grid(MERGE, (s.tokens * s.n_q) as u32), a) }
     }
-
 }
 
 impl AttentionOps for GpuBackend {
@@ -323,7 +329,8 @@ impl AttentionOps for GpuBackend {
         let (dq, dk, dv, dqn, dkn, drope) = (up(q)?, up(k)?, up(v)?, up(q_norm)?, up(k_norm)?, up(rope)?);
         let mut dq_out = self.upload_out(PREP, q_out)?;
         let (mut dkc, mut dvc) = (self.upload_out(PREP, k_cache)?, self.upload_out(PREP, v_cache)?);
-        self.attn_prep_queue(&dq, &dk, &dv, &dqn, &dkn, &drope, shape, pos0, eps, &mut dq_out, &mut dkc, &mut dvc)?;
+        let dpos = self.upload(PREP, &[pos0 as u32])?;
+        self.attn_prep_queue(&dq, &dk, &dv, &dqn, &dkn, &drope, shape, &dpos, eps, &mut dq_out, &mut dkc, &mut dvc)?;
         self.synchronize(PREP)?;
         self.download_out(PREP, &dq_out, q_out)?;
         self.download_out(PREP, &dkc, k_cache)?;
@@ -336,7 +343,8 @@ impl AttentionOps for GpuBackend {
         // Poisoned, so that a part `attn_merge` reads but `attn_chunk` never wrote shows.
         let mut part = self.upload(CHUNK, &vec![f32::from_bits(POISON_F32); attn_part_len(shape)])?;
         let mut dout = self.upload_out(MERGE, out)?;
-        self.attention_queue(&dq, &dkc, &dvc, shape, pos0, scale, &mut part, &mut dout)?;
+        let dpos = self.upload(CHUNK, &[pos0 as u32])?;
+        self.attention_queue(&dq, &dkc, &dvc, shape, &dpos, pos0 + shape.tokens, scale, &mut part, &mut dout)?;
         self.synchronize(MERGE)?;
         self.download_out(MERGE, &dout, out)
     }
@@ -366,6 +374,10 @@ pub struct AttnCase {
 /// Windows `(tokens, pos0)` at the chunk boundaries: a context of 1, exactly 256, 257 and 512
 /// keys, and windows whose contexts cross or end on a boundary.
 pub const BOUNDARY_WINDOWS: [(usize, usize); 6] = [(1, 0), (1, 255), (1, 256), (1, 511), (8, 250), (8, 504)];
+
+/// Windows whose contexts pass 16 and 32 chunks (the GPU's grids double there), one key past
+/// the boundary and a window crossing it.
+pub const LONG_WINDOWS: [(usize, usize); 2] = [(1, 16 * ATTN_CHUNK), (8, 32 * ATTN_CHUNK - 3)];
 
 impl AttnCase {
     /// A random case of `tokens` tokens at `pos0`; the head counts, head size and `n_rot` drawn
@@ -618,7 +630,7 @@ pub fn window_case(b: &dyn AttentionOps, seed: u64) -> Result<Outcome> {
 /// contexts span up to six chunks), random head shapes. `backends[0]` is the reference.
 pub fn parity_cases(backends: &[&dyn AttentionOps], seed: u64) -> Result<Vec<Outcome>> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut windows = BOUNDARY_WINDOWS.to_vec();
+    let mut windows = [BOUNDARY_WINDOWS.as_slice(), LONG_WINDOWS.as_slice()].concat();
     windows.extend((0..8).map(|_| (rng.random_range(1..=8), rng.random_range(0..=1500))));
     let mut out = Vec::new();
     for (tokens, pos0) in windows {

@@ -179,15 +179,17 @@ impl GpuBackend {
         unsafe { self.launch_async(ROUTER, self.padded_grid(ROUTER, t.div_ceil(ROUTER_WARPS)), a) }
     }
 
-    /// Queues `sample_rows` over `rows` rows of `n` logits, row `t` at position `pos0 + t`.
-    pub fn sample_rows_queue(&self, logits: &CudaSlice<f32>, rows: usize, n: usize, p: SampleParams, pos0: usize, ids: &mut CudaSlice<u32>) -> Result<()> {
-        check_sample(rows, n, p, pos0)?;
+    /// Queues `sample_rows` over `rows` rows of `n` logits, row `t` at position `pos[0] + t`
+    /// (read on the device when the kernel runs).
+    pub fn sample_rows_queue(&self, logits: &CudaSlice<f32>, rows: usize, n: usize, p: SampleParams, pos: &CudaSlice<u32>, ids: &mut CudaSlice<u32>) -> Result<()> {
+        check_sample(rows, n, p, 0)?;
         holds(SAMPLE, "logits", logits.len(), rows * n)?;
         holds(SAMPLE, "ids", ids.len(), rows)?;
-        let (r, n, top_k, inv_temp, pos0) = (rows as u32, n as u32, p.top_k as u32, p.inv_temp(), pos0 as u32);
+        holds(SAMPLE, "pos", pos.len(), 1)?;
+        let (r, n, top_k, inv_temp) = (rows as u32, n as u32, p.top_k as u32, p.inv_temp());
         let (seed_lo, seed_hi) = (p.seed as u32, (p.seed >> 32) as u32);
         let mut a = self.builder(SAMPLE);
-        a.arg(logits).arg(&r).arg(&n).arg(&top_k).arg(&p.top_p).arg(&inv_temp).arg(&seed_lo).arg(&seed_hi).arg(&pos0).arg(ids);
+        a.arg(logits).arg(&r).arg(&n).arg(&top_k).arg(&p.top_p).arg(&inv_temp).arg(&seed_lo).arg(&seed_hi).arg(pos).arg(ids);
         // SAFETY: the kernel's parameters in order, buffers and `top_k` checked above, its
         // shared memory from BOUNDS; blocks past `rows` return at once.
         unsafe { self.launch_async(SAMPLE, self.padded_grid(SAMPLE, r), a) }
@@ -245,9 +247,9 @@ impl RouteOps for GpuBackend {
 
     fn sample_rows(&self, logits: &[f32], n: usize, p: SampleParams, pos0: usize, ids: &mut [u32]) -> Result<()> {
         let rows = sample_count(logits, n, p, pos0, ids)?;
-        let dl = self.upload(SAMPLE, logits)?;
+        let (dl, dpos) = (self.upload(SAMPLE, logits)?, self.upload(SAMPLE, &[pos0 as u32])?);
         let mut di = self.upload_out(SAMPLE, ids)?;
-        self.sample_rows_queue(&dl, rows, n, p, pos0, &mut di)?;
+        self.sample_rows_queue(&dl, rows, n, p, &dpos, &mut di)?;
         self.synchronize(SAMPLE)?;
         self.download_out(SAMPLE, &di, ids)
     }

@@ -21,9 +21,9 @@ pub trait SpecOps {
     fn name(&self) -> &'static str;
 
     /// For a window of `tokens = window.len() == next.len()` rows (`1..=SPEC_MAX_TOKENS`):
-    /// `out[0]` = the accepted count, `out[1 + i] = next[i]` (`replica::spec`);
-    /// `out.len() == tokens + 1`.
-    fn spec_accept(&self, window: &[u32], next: &[u32], out: &mut [u32]) -> Result<()>;
+    /// `out[0]` = the accepted count `a`, `out[1 + i] = next[i]`; then `window[0] = next[a -
+    /// 1]` and `pos += a` (`replica::spec`); `out.len() == tokens + 1`.
+    fn spec_accept(&self, window: &mut [u32], next: &[u32], out: &mut [u32], pos: &mut u32) -> Result<()>;
 }
 
 fn check_tokens(tokens: usize) -> Result<()> {
@@ -47,24 +47,26 @@ impl SpecOps for CpuBackend {
         "cpu"
     }
 
-    fn spec_accept(&self, window: &[u32], next: &[u32], out: &mut [u32]) -> Result<()> {
+    fn spec_accept(&self, window: &mut [u32], next: &[u32], out: &mut [u32], pos: &mut u32) -> Result<()> {
         window_rows(window, next, out)?;
-        replica::spec::spec_accept(window, next, out);
+        replica::spec::spec_accept(window, next, out, pos);
         Ok(())
     }
 }
 
 impl GpuBackend {
     /// Queues `spec_accept` over a window of `tokens` rows: `out[0]` the accepted count,
-    /// `out[1..=tokens]` the rows' next tokens (buffers may be longer than needed).
-    pub fn spec_accept_queue(&self, window: &CudaSlice<u32>, next: &CudaSlice<u32>, tokens: usize, out: &mut CudaSlice<u32>) -> Result<()> {
+    /// `out[1..=tokens]` the rows' next tokens, then the window's row 0 and `pos[0]` moved on
+    /// (see [`SpecOps::spec_accept`]; buffers may be longer than needed).
+    pub fn spec_accept_queue(&self, window: &mut CudaSlice<u32>, next: &CudaSlice<u32>, tokens: usize, out: &mut CudaSlice<u32>, pos: &mut CudaSlice<u32>) -> Result<()> {
         check_tokens(tokens)?;
         holds(SPEC, "window", window.len(), tokens)?;
         holds(SPEC, "next", next.len(), tokens)?;
         holds(SPEC, "out", out.len(), tokens + 1)?;
+        holds(SPEC, "pos", pos.len(), 1)?;
         let t = tokens as u32;
         let mut a = self.builder(SPEC);
-        a.arg(window).arg(next).arg(&t).arg(out);
+        a.arg(window).arg(next).arg(&t).arg(out).arg(pos);
         // SAFETY: the kernel's parameters in order, buffers checked above; blocks past 0
         // return at once, so a padded grid is covered.
         unsafe { self.launch_async(SPEC, self.padded_grid(SPEC, 1), a) }
@@ -76,13 +78,18 @@ impl SpecOps for GpuBackend {
         self.name_static()
     }
 
-    fn spec_accept(&self, window: &[u32], next: &[u32], out: &mut [u32]) -> Result<()> {
+    fn spec_accept(&self, window: &mut [u32], next: &[u32], out: &mut [u32], pos: &mut u32) -> Result<()> {
         let tokens = window_rows(window, next, out)?;
-        let (dw, dn) = (self.upload(SPEC, window)?, self.upload(SPEC, next)?);
+        let (mut dw, dn, mut dpos) = (self.upload(SPEC, window)?, self.upload(SPEC, next)?, self.upload(SPEC, &[*pos])?);
         let mut dout = self.upload_out(SPEC, out)?;
-        self.spec_accept_queue(&dw, &dn, tokens, &mut dout)?;
+        self.spec_accept_queue(&mut dw, &dn, tokens, &mut dout, &mut dpos)?;
         self.synchronize(SPEC)?;
-        self.download_out(SPEC, &dout, out)
+        self.download_out(SPEC, &dout, out)?;
+        self.download(SPEC, &dw, window)?;
+        let mut p = [0u32];
+        self.download(SPEC, &dpos, &mut p)?;
+        *pos = p[0];
+        Ok(())
     }
 }
 
@@ -107,8 +114,9 @@ pub fn window_with_accepted(rng: &mut SmallRng, tokens: usize, accepted: usize) 
 }
 
 /// `spec_accept` on every backend for windows of `tokens` rows, one per accepted count
-/// `1..=tokens` and two with random drafts: outputs poisoned, compared bit for bit, every
-/// element written.
+/// `1..=tokens` and two with random drafts, each at a random position (some near `u32::MAX`,
+/// where the add wraps): outputs poisoned, compared bit for bit with the moved-on row 0 and
+/// position, every element written.
 fn accept_case(backends: &[&dyn SpecOps], tokens: usize, seed: u64) -> Result<Outcome> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut windows: Vec<_> = (1..=tokens).map(|a| window_with_accepted(&mut rng, tokens, a)).collect();
@@ -116,20 +124,25 @@ fn accept_case(backends: &[&dyn SpecOps], tokens: usize, seed: u64) -> Result<Ou
         let accepted = rng.random_range(1..=tokens);
         windows.push(window_with_accepted(&mut rng, tokens, accepted));
     }
+    let positions: Vec<u32> = windows.iter().map(|_| if rng.random_bool(0.2) { u32::MAX - rng.random_range(0..8) } else { rng.random() }).collect();
     let (mut outs, mut unwritten) = (Vec::new(), Vec::new());
     for &b in backends {
-        let mut words = Vec::new();
-        for (window, next) in &windows {
-            let mut out = vec![POISON; tokens + 1];
-            b.spec_accept(window, next, &mut out)?;
+        let (mut words, mut poisoned) = (Vec::new(), Vec::new());
+        for ((window, next), &pos) in windows.iter().zip(&positions) {
+            let (mut out, mut window, mut pos) = (vec![POISON; tokens + 1], window.clone(), pos);
+            b.spec_accept(&mut window, next, &mut out, &mut pos)?;
+            poisoned.extend(out.iter().map(|&w| w == POISON));
             words.extend(out);
+            words.extend([window[0], pos]);
         }
-        note_unwritten(&mut unwritten, b.name(), words.iter().map(|&w| w == POISON));
+        note_unwritten(&mut unwritten, b.name(), poisoned.into_iter());
         outs.push((b.name().to_string(), words));
     }
-    let mismatch = compare_bits(&outs, |i, v| match i % (tokens + 1) {
-        0 => format!("accepted {v} (window {})", i / (tokens + 1)),
-        j => format!("next {v} (window {}, row {})", i / (tokens + 1), j - 1),
+    let mismatch = compare_bits(&outs, |i, v| match i % (tokens + 3) {
+        0 => format!("accepted {v} (window {})", i / (tokens + 3)),
+        j if j == tokens + 1 => format!("next row 0 {v} (window {})", i / (tokens + 3)),
+        j if j == tokens + 2 => format!("next position {v} (window {})", i / (tokens + 3)),
+        j => format!("next {v} (window {}, row {})", i / (tokens + 3), j - 1),
     });
     Ok(Outcome {
         kernel: SPEC.into(),

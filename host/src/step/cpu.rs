@@ -1,10 +1,10 @@
 //! The step on the CPU: every op is the gpu-shared replica of its kernel (through the
 //! [`CpuBackend`] host-slice traits, which split rows over the machine's threads), on buffers
 //! in host memory. The weights stay where the model keeps them (the memory map).
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::{act_len, qx_len, Act, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
+use super::{act_len, check_run, emitted_from, picks_greedy, qx_len, Act, Emitted, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
 use crate::backend::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Variant, Weights as QWeights};
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
@@ -21,7 +21,11 @@ pub struct CpuExecutor {
     model: Arc<Qwen3Moe>,
     cpu: CpuBackend,
     n_ctx: usize,
+    /// The window's ids and first position; [`Op::Accept`] moves both on.
     tokens: Vec<u32>,
+    pos: u32,
+    /// Queued steps' tokens, not read yet.
+    queue: VecDeque<Emitted>,
     act: HashMap<Act, Vec<f32>>,
     qx: HashMap<Qx, Vec<u8>>,
     /// Per layer: K and V caches (f16 bits, `n_ctx * n_head_kv * head_dim`).
@@ -61,6 +65,8 @@ impl CpuExecutor {
             cpu: CpuBackend::new(),
             n_ctx,
             tokens: Vec::new(),
+            pos: 0,
+            queue: VecDeque::new(),
             act,
             qx,
             cache,
@@ -86,6 +92,16 @@ impl CpuExecutor {
 
     fn put(&mut self, a: Act, v: Vec<f32>) {
         self.act.insert(a, v);
+    }
+
+    /// Runs the list for `w` (ids and position in place) and queues what it emitted.
+    fn step(&mut self, ops: &[Op], w: Window) -> Result<()> {
+        for op in ops {
+            self.op(op, w)?;
+        }
+        let e = emitted_from(&self.accept, &self.all_nan, w.tokens, picks_greedy(ops));
+        self.queue.push_back(e);
+        Ok(())
     }
 
     fn attn_shape(&self, w: Window) -> AttnShape {
@@ -238,11 +254,37 @@ impl Executor for CpuExecutor {
                     }
                 }
             }
-            Op::Accept => self.cpu.spec_accept(&self.tokens[..t], &self.next[..t], &mut self.accept[..t + 1]),
+            Op::Accept => self.cpu.spec_accept(&mut self.tokens[..t], &self.next[..t], &mut self.accept[..t + 1], &mut self.pos),
         }
     }
 
+    fn run(&mut self, ops: &[Op], w: Window) -> Result<()> {
+        check_run(w, self.tokens.len(), self.n_ctx)?;
+        self.pos = w.pos0 as u32;
+        self.step(ops, w)
+    }
+
+    fn run_continued(&mut self, ops: &[Op], pos0: usize) -> Result<()> {
+        if self.tokens.is_empty() || self.pos as usize != pos0 {
+            return Err(Error::Request(format!("a continued window at position {pos0}, but the last step left position {} (or none)", self.pos)));
+        }
+        self.tokens.truncate(1);
+        let w = Window { tokens: 1, pos0 };
+        check_run(w, 1, self.n_ctx)?;
+        self.step(ops, w)
+    }
+
+    fn emitted(&mut self) -> Result<Emitted> {
+        self.queue.pop_front().ok_or_else(|| Error::Request("no queued step left to read".into()))
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        self.queue.clear();
+        Ok(())
+    }
+
     fn next_ids(&mut self, tokens: usize) -> Result<Vec<u32>> {
+        self.drain()?;
         Ok(self.next[..tokens].to_vec())
     }
 
@@ -256,11 +298,6 @@ impl Executor for CpuExecutor {
 
     fn loaded_tokens(&self) -> usize {
         self.tokens.len()
-    }
-
-    fn accepted(&mut self, tokens: usize) -> Result<Vec<u32>> {
-        let a = (self.accept[0] as usize).clamp(1, tokens);
-        Ok(self.accept[1..1 + a].to_vec())
     }
 }
 

@@ -1,14 +1,22 @@
 //! The step on a GPU backend (`cuda` or `hip`): every weight, activation, KV cache and the
 //! expert selections live on the device; each op enqueues its kernels on the backend's one
-//! stream through their typed launchers, and nothing waits for the host until the chosen ids
-//! are read back after the step.
-use std::collections::HashMap;
+//! stream through their typed launchers.
+//!
+//! The kernels read the window's ids and first position from device memory, so the step's
+//! launches for a window of T tokens are the same at every position: they are captured once
+//! per T into a CUDA graph and replayed (`--no-graph` launches them one by one, for profiling
+//! and the tests that compare the two). `spec_accept` moves the ids and position on for the
+//! next window, so a one-token step can follow another without the host writing anything;
+//! each step's emitted tokens are copied into a slot of pinned host memory that the host reads
+//! when it wants them, while the next step already runs.
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaSlice};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{act_len, attn_scale, qx_len, Act, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
+use super::{act_len, attn_scale, check_run, emitted_from, picks_greedy, qx_len, Act, Emitted, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
 use crate::backend::ExpertTensor;
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
@@ -18,6 +26,7 @@ use crate::model::Qwen3Moe;
 use crate::ops::attention::{attn_part_len, rope_table, AttnShape};
 use crate::ops::route::ArgmaxScratch;
 use strata_gpu_shared::formats::q8_1;
+use strata_gpu_shared::launch::attention::attn_split;
 use strata_gpu_shared::moe;
 
 /// A weight on the device: a matrix as the file stores it, or a prepared f32 vector.
@@ -41,18 +50,41 @@ pub struct GpuExecutor {
     cache: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
     rope: CudaSlice<f32>,
     part: CudaSlice<f32>,
+    /// The window's ids and first position, read by the kernels; `spec_accept` moves them on.
     tokens: CudaSlice<u32>,
+    pos: CudaSlice<u32>,
     next: CudaSlice<u32>,
     all_nan: CudaSlice<u32>,
     /// The accepted count, then the window's chosen ids (`spec_accept`).
     accept: CudaSlice<u32>,
     argmax: ArgmaxScratch,
-    /// Token ids loaded by `set_tokens`, and whether the last pick was greedy (its all-NaN
-    /// flags are then valid).
+    /// Token ids given by `set_tokens` (copied to the device by `run`), the window size of
+    /// the last step, and whether its pick was greedy (its all-NaN flags are then valid).
+    staged: Vec<u32>,
     n_tokens: usize,
     greedy: bool,
+    /// One captured step per window size and attention grid ([`attn_split`] of the context
+    /// the step reaches), with the op list it was captured from; `None` launches eagerly.
+    graphs: Option<HashMap<(usize, usize), (Vec<Op>, CudaGraph)>>,
+    /// Pinned slots the steps' emitted tokens are copied into, and the queued steps' slots
+    /// (with their window size and pick) in order.
+    slots: Vec<Slot>,
+    queued: VecDeque<(usize, usize, bool)>,
+    next_slot: usize,
     /// With profiling on: an event at each phase change of the last step.
     marks: Option<Vec<(&'static str, CudaEvent)>>,
+}
+
+/// Steps that may be queued before the host reads the first one's tokens.
+const SLOTS: usize = 4;
+
+/// Host memory one step's outcome is copied into: `spec_accept`'s words and the all-NaN flags,
+/// and the event recorded after the copies. (The pinned slices' own events are recorded only
+/// with cudarc's event tracking, which the backend turns off, so the slot keeps its own.)
+struct Slot {
+    accept: PinnedHostSlice<u32>,
+    all_nan: PinnedHostSlice<u32>,
+    copied: CudaEvent,
 }
 
 /// What the device must hold for `model` at context `n_ctx`, in bytes: weights, KV caches and
@@ -140,13 +172,19 @@ impl GpuExecutor {
             rope: gpu.upload("rope table", &rope_table(n_ctx, c.head_dim, c.rope_freq_base))?,
             part: zeros_f32(attn_part_len(attn_shape(&model, MAX_WINDOW, n_ctx)))?,
             tokens: gpu.scratch("step buffers", MAX_WINDOW)?,
+            pos: gpu.scratch("step buffers", 1)?,
             next: gpu.scratch("step buffers", MAX_WINDOW)?,
             all_nan: gpu.scratch("step buffers", MAX_WINDOW)?,
             accept: gpu.scratch("step buffers", MAX_WINDOW + 1)?,
             argmax: gpu.argmax_scratch(MAX_WINDOW, c.n_vocab)?,
             marks: None,
+            staged: Vec::new(),
             n_tokens: 0,
             greedy: false,
+            graphs: Some(HashMap::new()),
+            slots: (0..SLOTS).map(|_| slot(&gpu)).collect::<Result<_>>()?,
+            queued: VecDeque::new(),
+            next_slot: 0,
             weights,
             experts,
             act,
@@ -162,9 +200,70 @@ impl GpuExecutor {
         &self.gpu
     }
 
-    /// Records an event at every phase change of the following steps (`strata decode --profile`).
+    /// Records an event at every phase change of the following steps (`strata decode --profile`);
+    /// profiled steps launch eagerly (events inside a replayed graph would time nothing).
     pub fn set_profiling(&mut self, on: bool) {
         self.marks = on.then(Vec::new);
+    }
+
+    /// Replays one captured graph per window size (the default), or launches every kernel of
+    /// every step (`--no-graph`). Turning graphs off drops the captured ones.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs = on.then(HashMap::new);
+    }
+
+    pub fn graphs_on(&self) -> bool {
+        self.graphs.is_some()
+    }
+
+    /// Queues the step's launches for window `w`, whose ids and position are on the device: the
+    /// graph of its size and attention grid (captured from `ops` the first time, or again if
+    /// `ops` changed), or each op eagerly; then the copy of what it emitted into the next slot.
+    fn queue_step(&mut self, ops: &[Op], w: Window) -> Result<()> {
+        if self.queued.len() == SLOTS {
+            return Err(Error::Request(format!("{SLOTS} steps queued whose tokens were not read")));
+        }
+        self.n_tokens = w.tokens;
+        let key = (w.tokens, attn_split(w.pos0 + w.tokens));
+        let captured = self.graphs.as_ref().is_some_and(|g| g.get(&key).is_some_and(|(o, _)| o == ops));
+        match (&self.graphs, &self.marks) {
+            (Some(_), None) => {
+                if !captured {
+                    let graph = self.capture(ops, w)?;
+                    self.graphs.as_mut().expect("graphs are on").insert(key, (ops.to_vec(), graph));
+                }
+                let (_, graph) = &self.graphs.as_ref().expect("graphs are on")[&key];
+                graph.launch().map_err(self.driver("graph launch"))?;
+            }
+            _ => {
+                for op in ops {
+                    self.op(op, w)?;
+                }
+                self.mark("end")?;
+            }
+        }
+        self.greedy = picks_greedy(ops);
+        let slot = self.next_slot;
+        self.next_slot = (slot + 1) % SLOTS;
+        let (stream, backend) = (self.gpu.stream().clone(), self.gpu.name_static());
+        let err = |what: &'static str| move |cause| Error::Driver { backend, kernel: "step".into(), what, cause };
+        let s = &mut self.slots[slot];
+        stream.memcpy_dtoh(&self.accept, &mut s.accept).map_err(err("copy of the emitted tokens"))?;
+        stream.memcpy_dtoh(&self.all_nan, &mut s.all_nan).map_err(err("copy of the all-NaN flags"))?;
+        s.copied.record(&stream).map_err(err("event"))?;
+        self.queued.push_back((slot, w.tokens, self.greedy));
+        Ok(())
+    }
+
+    /// Captures the eager launches of `ops` for `w` into a graph (nothing runs while capturing).
+    fn capture(&mut self, ops: &[Op], w: Window) -> Result<CudaGraph> {
+        let stream = self.gpu.stream().clone();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(self.driver("graph capture"))?;
+        let queued = ops.iter().try_for_each(|op| self.op(op, w));
+        // The capture ends whatever happened, so that the stream is usable again.
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(self.driver("graph capture"));
+        queued?;
+        graph?.ok_or_else(|| Error::Request("the step's op list is empty".into()))
     }
 
     fn bytes(&self, id: WeightId) -> &CudaSlice<u8> {
@@ -203,6 +302,19 @@ impl GpuExecutor {
     }
 }
 
+/// A result slot: page-locked host memory readable by the host (not write-combined) for
+/// `spec_accept`'s words and the all-NaN flags, and a spinning event without timing (the
+/// lowest latency to wake the host).
+fn slot(gpu: &GpuBackend) -> Result<Slot> {
+    let backend = gpu.name_static();
+    let err = |what: &'static str| move |cause| Error::Driver { backend, kernel: "step".into(), what, cause };
+    let ctx = gpu.stream().context();
+    // SAFETY: the words are written by a device copy before the host reads them (`emitted`
+    // waits for the slot's event); their initial contents are never read.
+    let pinned = |len: usize| unsafe { ctx.alloc_pinned_with_flags::<u32>(len, 0) }.map_err(err("pinned host memory"));
+    Ok(Slot { accept: pinned(MAX_WINDOW + 1)?, all_nan: pinned(MAX_WINDOW)?, copied: ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(err("event"))? })
+}
+
 fn gib(b: usize) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
@@ -220,13 +332,46 @@ impl Executor for GpuExecutor {
         if ids.is_empty() || ids.len() > MAX_WINDOW {
             return Err(Error::Request(format!("{} tokens in one step (1..={MAX_WINDOW})", ids.len())));
         }
+        self.staged = ids.to_vec();
+        self.n_tokens = ids.len();
+        Ok(())
+    }
+
+    fn run(&mut self, ops: &[Op], w: Window) -> Result<()> {
+        check_run(w, self.staged.len(), self.n_ctx)?;
         if let Some(m) = self.marks.as_mut() {
             m.clear();
         }
         let stream = self.gpu.stream().clone();
-        stream.memcpy_htod(ids, &mut self.tokens.slice_mut(..ids.len())).map_err(self.driver("copy of the token ids"))?;
-        self.n_tokens = ids.len();
-        Ok(())
+        let ids = std::mem::take(&mut self.staged);
+        let copied = stream.memcpy_htod(&ids, &mut self.tokens.slice_mut(..ids.len())).and_then(|_| stream.memcpy_htod(&[w.pos0 as u32], &mut self.pos));
+        self.staged = ids;
+        copied.map_err(self.driver("copy of the window's ids and position"))?;
+        self.queue_step(ops, w)
+    }
+
+    fn run_continued(&mut self, ops: &[Op], pos0: usize) -> Result<()> {
+        let w = Window { tokens: 1, pos0 };
+        check_run(w, 1, self.n_ctx)?;
+        if let Some(m) = self.marks.as_mut() {
+            m.clear();
+        }
+        self.queue_step(ops, w)
+    }
+
+    fn emitted(&mut self) -> Result<Emitted> {
+        let (slot, tokens, greedy) = self.queued.pop_front().ok_or_else(|| Error::Request("no queued step left to read".into()))?;
+        let s = &self.slots[slot];
+        // Waits for this step's copies only (the steps queued after it may still run).
+        s.copied.synchronize().map_err(self.driver("execution of the step"))?;
+        let accept = s.accept.as_slice().map_err(self.driver("execution of the step"))?;
+        let all_nan = s.all_nan.as_slice().map_err(self.driver("execution of the step"))?;
+        Ok(emitted_from(accept, all_nan, tokens, greedy))
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        self.queued.clear();
+        self.gpu.stream().synchronize().map_err(self.driver("execution of the step"))
     }
 
     fn op(&mut self, op: &Op, w: Window) -> Result<()> {
@@ -311,7 +456,7 @@ impl Executor for GpuExecutor {
                     },
                     &self.rope,
                     shape,
-                    w.pos0,
+                    &self.pos,
                     c.rms_eps,
                     &mut q_out,
                     kc,
@@ -324,7 +469,7 @@ impl Executor for GpuExecutor {
                 let shape = attn_shape(&model, t, self.n_ctx);
                 let mut o = self.take(Act::Attn);
                 let (kc, vc) = &self.cache[layer];
-                let r = self.gpu.attention_queue(&self.act[&Act::Qr], kc, vc, shape, w.pos0, attn_scale(c.head_dim), &mut self.part, &mut o);
+                let r = self.gpu.attention_queue(&self.act[&Act::Qr], kc, vc, shape, &self.pos, w.pos0 + t, attn_scale(c.head_dim), &mut self.part, &mut o);
                 self.act.insert(Act::Attn, o);
                 r
             }
@@ -334,25 +479,18 @@ impl Executor for GpuExecutor {
                 self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, MoeStages::ALL)
             }
             Op::Pick(pick) => match pick {
-                Pick::Greedy => {
-                    self.greedy = true;
-                    self.gpu.argmax_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, &mut self.argmax, &mut self.next, &mut self.all_nan)
-                }
-                Pick::Sample(p) => {
-                    self.greedy = false;
-                    self.gpu.sample_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, p, w.pos0, &mut self.next)
-                }
+                Pick::Greedy => self.gpu.argmax_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, &mut self.argmax, &mut self.next, &mut self.all_nan),
+                Pick::Sample(p) => self.gpu.sample_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, p, &self.pos, &mut self.next),
             },
-            Op::Accept => self.gpu.spec_accept_queue(&self.tokens, &self.next, t, &mut self.accept),
+            Op::Accept => self.gpu.spec_accept_queue(&mut self.tokens, &self.next, t, &mut self.accept, &mut self.pos),
         }
     }
 
     fn next_ids(&mut self, tokens: usize) -> Result<Vec<u32>> {
-        self.mark("end")?;
         let mut ids = vec![0u32; tokens];
         let stream = self.gpu.stream().clone();
         stream.memcpy_dtoh(&self.next.slice(..tokens), &mut ids).map_err(self.driver("copy of the chosen ids"))?;
-        stream.synchronize().map_err(self.driver("execution of the step"))?;
+        self.drain()?;
         Ok(ids)
     }
 
@@ -377,16 +515,6 @@ impl Executor for GpuExecutor {
 
     fn loaded_tokens(&self) -> usize {
         self.n_tokens
-    }
-
-    fn accepted(&mut self, tokens: usize) -> Result<Vec<u32>> {
-        self.mark("end")?;
-        let mut out = vec![0u32; tokens + 1];
-        let stream = self.gpu.stream().clone();
-        stream.memcpy_dtoh(&self.accept.slice(..tokens + 1), &mut out).map_err(self.driver("copy of the accepted tokens"))?;
-        stream.synchronize().map_err(self.driver("execution of the step"))?;
-        let a = (out[0] as usize).clamp(1, tokens);
-        Ok(out[1..1 + a].to_vec())
     }
 
     fn phase_times(&mut self) -> Option<Vec<(&'static str, f64)>> {

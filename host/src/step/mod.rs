@@ -3,8 +3,10 @@
 //! A model builds the step as a list of [`Op`]s over named activation buffers ([`Act`], [`Qx`])
 //! and its weights ([`WeightId`]); an [`Executor`] (one per backend: [`cpu`] runs the gpu-shared
 //! replicas on host memory, [`gpu`] enqueues the Rust or HIP kernels on one stream, with every
-//! tensor resident on the device) runs the list for a window of `tokens` consecutive positions
-//! starting at `pos0`. The window size and position are arguments of the run, not of the list.
+//! tensor resident on the device, and replays it as one CUDA graph per window size) runs the
+//! list for a window of `tokens` consecutive positions starting at `pos0`. The window size and
+//! position are arguments of the run, not of the list; the kernels read the position and ids
+//! from device memory, so a captured step serves every position.
 //!
 //! Buffers hold [`MAX_WINDOW`] rows; a window of T tokens uses the first T.
 pub mod cpu;
@@ -120,25 +122,49 @@ pub struct Window {
     pub pos0: usize,
 }
 
-/// A backend that runs op lists over its own buffers. The token ids go in with
-/// [`Executor::set_tokens`]; after a step, the chosen next ids (and, when asked, the logits)
-/// come back.
+/// What one step emitted, as the host learns it: the model's choices for the window's accepted
+/// rows ([`Op::Accept`]), and per such row whether greedy picking found its logits all NaN
+/// (false for every row when the step sampled).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Emitted {
+    pub ids: Vec<u32>,
+    pub all_nan: Vec<bool>,
+}
+
+/// A backend that runs op lists over its own buffers.
+///
+/// A step's window is either given by the host ([`Executor::set_tokens`], then
+/// [`Executor::run`] at a position) or continued on the device ([`Executor::run_continued`]:
+/// the previous step's [`Op::Accept`] wrote the next window's token and position where the
+/// kernels read them). Steps are queued; [`Executor::emitted`] hands back each queued step's
+/// tokens in order, waiting only for that step, so the host can queue the next step before it
+/// reads the last one's tokens.
 pub trait Executor {
     /// `cpu`, `cuda` or `hip`.
     fn name(&self) -> &'static str;
     /// Positions the KV cache holds.
     fn n_ctx(&self) -> usize;
-    /// The window's input token ids (`1..=MAX_WINDOW` of them).
+    /// The next window's input token ids (`1..=MAX_WINDOW` of them), for [`Self::run`].
     fn set_tokens(&mut self, ids: &[u32]) -> Result<()>;
-    /// Runs (or enqueues) one op for `w`.
+    /// Runs (or enqueues) one op for `w`, its position and ids already in place: the eager
+    /// form of a step, for backends and tests that go op by op.
     fn op(&mut self, op: &Op, w: Window) -> Result<()>;
-    /// Waits for the step and returns the chosen next id of each of the `tokens` rows.
+    /// Queues the whole list for window `w`, whose ids the last [`Self::set_tokens`] gave.
+    fn run(&mut self, ops: &[Op], w: Window) -> Result<()>;
+    /// Queues the list for a one-token window continuing the previous step: its token and
+    /// position are the ones that step's [`Op::Accept`] wrote. `pos0` is where the host expects
+    /// that window (checked against the context; on the CPU also against the position kept).
+    fn run_continued(&mut self, ops: &[Op], pos0: usize) -> Result<()>;
+    /// The tokens of the oldest queued step whose tokens were not read yet (waits for it).
+    fn emitted(&mut self) -> Result<Emitted>;
+    /// Waits for every queued step and forgets the tokens not read.
+    fn drain(&mut self) -> Result<()>;
+    /// Waits for every queued step (forgetting the tokens not read, as [`Self::drain`]) and
+    /// returns the last one's chosen next id of each of its `tokens` rows.
     fn next_ids(&mut self, tokens: usize) -> Result<Vec<u32>>;
-    /// The logits of the `tokens` rows (`n_vocab` each), after [`Self::next_ids`].
+    /// The logits of the last step's `tokens` rows (`n_vocab` each), after [`Self::next_ids`]
+    /// or [`Self::emitted`] of that step.
     fn logits(&mut self, tokens: usize) -> Result<Vec<f32>>;
-    /// Waits for the step and returns the tokens a verify window of `tokens` rows emits: the
-    /// model's choices for the accepted rows ([`Op::Accept`]).
-    fn accepted(&mut self, tokens: usize) -> Result<Vec<u32>>;
     /// Per row of the last step: whether greedy picking found its logits all NaN (false for
     /// every row when the step sampled).
     fn nan_rows(&mut self, tokens: usize) -> Result<Vec<bool>>;
@@ -148,23 +174,32 @@ pub trait Executor {
     fn phase_times(&mut self) -> Option<Vec<(&'static str, f64)>> {
         None
     }
+}
 
-    /// Runs the whole list for window `w`.
-    fn run(&mut self, ops: &[Op], w: Window) -> Result<()> {
-        check_window(w, self.loaded_tokens())?;
-        if w.pos0.checked_add(w.tokens).is_none_or(|end| end > self.n_ctx()) {
-            return Err(crate::Error::Request(format!(
-                "positions {}..{} do not fit the {}-position context (raise --ctx)",
-                w.pos0,
-                w.pos0 + w.tokens,
-                self.n_ctx()
-            )));
-        }
-        for op in ops {
-            self.op(op, w)?;
-        }
-        Ok(())
+/// The checks of [`Executor::run`]: the window's size is the ids loaded and its positions fit
+/// the context.
+pub fn check_run(w: Window, loaded: usize, n_ctx: usize) -> Result<()> {
+    check_window(w, loaded)?;
+    if w.pos0.checked_add(w.tokens).is_none_or(|end| end > n_ctx) {
+        return Err(crate::Error::Request(format!(
+            "positions {}..{} do not fit the {n_ctx}-position context (raise --ctx)",
+            w.pos0,
+            w.pos0 + w.tokens
+        )));
     }
+    Ok(())
+}
+
+/// Whether `ops` picks greedily (then the all-NaN flags of its rows are meaningful).
+pub fn picks_greedy(ops: &[Op]) -> bool {
+    ops.iter().any(|o| matches!(o, Op::Pick(Pick::Greedy)))
+}
+
+/// What a step wrote with [`Op::Accept`] (`accept`: the count, then the rows' choices) and the
+/// greedy pick's all-NaN flags, for a window of `tokens` rows.
+pub fn emitted_from(accept: &[u32], all_nan: &[u32], tokens: usize, greedy: bool) -> Emitted {
+    let a = (accept[0] as usize).clamp(1, tokens);
+    Emitted { ids: accept[1..1 + a].to_vec(), all_nan: all_nan[..a].iter().map(|&f| greedy && f != 0).collect() }
 }
 
 /// The attention scale `1 / sqrt(head_dim)`, computed once in f64 and rounded.
