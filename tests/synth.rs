@@ -1,4 +1,4 @@
-//! Synthetic models: the tensors and keys of MODELS.md section 1, what the `gguf` package and
+//! Synthetic models: the tensors and keys of MODELS.md sections 1 and 2, what the `gguf` package and
 //! llama.cpp make of them, determinism, the streaming writer, the weights' scales, `strata synth`.
 mod common;
 
@@ -434,4 +434,159 @@ fn cli_refuses_bad_values_with_status_2() {
         assert!(err.contains(needle), "{args:?}: `{needle}` not in {err}");
         assert!(!path.exists(), "{args:?} wrote a file");
     }
+}
+
+/// The tensors MODELS.md section 2 lists for a qwen35moe `spec`, written out independently of
+/// synth_hybrid.rs: per trunk layer the GDN tensors (layer i with `(i + 1) % interval != 0`) or
+/// the gated attention ones, the routed and shared experts of every layer, and the MTP block.
+fn expected_hybrid_tensors(spec: &SynthSpec) -> Vec<(String, Vec<u64>, GgmlType)> {
+    let (c, f, h) = (&spec.config, &spec.formats, spec.hybrid.as_ref().unwrap());
+    let e = c.n_embd as u64;
+    let (q, kv, hd, ff, x, sh) = ((c.n_head * c.head_dim) as u64, (c.n_head_kv * c.head_dim) as u64, c.head_dim as u64, c.n_ff_exp as u64, c.n_expert as u64, h.n_ff_shexp as u64);
+    let (kd, vd, nv) = ((h.d_state * h.n_k_heads) as u64, (h.d_state * h.n_v_heads) as u64, h.n_v_heads as u64);
+    let f32_ = GgmlType::F32;
+    let mut t = vec![
+        ("token_embd.weight".to_string(), vec![e, c.n_vocab as u64], f.embd),
+        ("output_norm.weight".into(), vec![e], f32_),
+        ("output.weight".into(), vec![e, c.n_vocab as u64], f.head),
+    ];
+    let attention = [
+        ("attn_q.weight", vec![e, 2 * q], f.attn),
+        ("attn_k.weight", vec![e, kv], f.attn),
+        ("attn_v.weight", vec![e, kv], f.attn),
+        ("attn_output.weight", vec![q, e], f.attn),
+        ("attn_q_norm.weight", vec![hd], f32_),
+        ("attn_k_norm.weight", vec![hd], f32_),
+    ];
+    let gdn = [
+        ("attn_qkv.weight", vec![e, 2 * kd + vd], f.attn),
+        ("attn_gate.weight", vec![e, vd], f.attn),
+        ("ssm_conv1d.weight", vec![h.d_conv as u64, 2 * kd + vd], f32_),
+        ("ssm_dt.bias", vec![nv], f32_),
+        ("ssm_a", vec![nv], f32_),
+        ("ssm_beta.weight", vec![e, nv], f.router),
+        ("ssm_alpha.weight", vec![e, nv], f.router),
+        ("ssm_norm.weight", vec![h.d_state as u64], f32_),
+        ("ssm_out.weight", vec![vd, e], f.attn),
+    ];
+    let every = [
+        ("attn_norm.weight", vec![e], f32_),
+        ("post_attention_norm.weight", vec![e], f32_),
+        ("ffn_gate_inp.weight", vec![e, x], f.router),
+        ("ffn_gate_exps.weight", vec![e, ff, x], f.gu),
+        ("ffn_up_exps.weight", vec![e, ff, x], f.gu),
+        ("ffn_down_exps.weight", vec![ff, e, x], f.down),
+        ("ffn_gate_inp_shexp.weight", vec![e], f32_),
+        ("ffn_gate_shexp.weight", vec![e, sh], f.attn),
+        ("ffn_up_shexp.weight", vec![e, sh], f.attn),
+        ("ffn_down_shexp.weight", vec![sh, e], f.attn),
+    ];
+    let mtp = [("nextn.eh_proj.weight", vec![2 * e, e], f.attn), ("nextn.enorm.weight", vec![e], f32_), ("nextn.hnorm.weight", vec![e], f32_)];
+    for l in 0..c.n_layer + h.mtp as usize {
+        let mixer: &[_] = if l < c.n_layer && (l + 1) % h.full_attention_interval != 0 { &gdn } else { &attention };
+        let extra: &[_] = if l == c.n_layer { &mtp } else { &[] };
+        for (n, d, ty) in every.iter().chain(mixer).chain(extra) {
+            t.push((format!("blk.{l}.{n}"), d.clone(), *ty));
+        }
+    }
+    t.sort_by(|a, b| a.0.cmp(&b.0));
+    t
+}
+
+#[test]
+fn qwen35moe_files_hold_every_tensor_and_key() {
+    let mut wide = SynthSpec::qwen35moe_35b_a3b();
+    (wide.config.n_layer, wide.config.n_expert, wide.config.n_vocab) = (8, 8, 512);
+    for spec in [SynthSpec::qwen35moe_tiny(), wide] {
+        let f = open(&spec);
+        let mut got: Vec<_> = f.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty)).collect();
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(got, expected_hybrid_tensors(&spec));
+        let (c, h) = (&spec.config, spec.hybrid.as_ref().unwrap());
+        assert_eq!(f.get("general.architecture").and_then(Value::as_str), Some("qwen35moe"));
+        let keys = [
+            ("block_count", c.n_layer + 1),
+            ("nextn_predict_layers", 1),
+            ("expert_shared_feed_forward_length", h.n_ff_shexp),
+            ("rope.dimension_count", h.n_rot),
+            ("ssm.conv_kernel", h.d_conv),
+            ("ssm.inner_size", h.d_state * h.n_v_heads),
+            ("ssm.state_size", h.d_state),
+            ("ssm.time_step_rank", h.n_v_heads),
+            ("ssm.group_count", h.n_k_heads),
+            ("full_attention_interval", h.full_attention_interval),
+            ("vocab_size", c.n_vocab),
+        ];
+        for (key, want) in keys {
+            assert_eq!(u32_key(&f, &format!("qwen35moe.{key}")), want as u64, "{key}");
+        }
+        let Some(Value::Array(sections)) = f.get("qwen35moe.rope.dimension_sections") else { panic!("no rope sections") };
+        let sum: i64 = sections.iter().map(|v| match v {
+            Value::I32(s) => *s as i64,
+            other => panic!("a section is {other:?}"),
+        }).sum();
+        assert_eq!((sections.len(), sum), (4, h.n_rot as i64 / 2));
+        // The decay's A must be negative, so that g = softplus(..) * A <= 0.
+        for l in (0..c.n_layer).filter(|&l| (l + 1) % h.full_attention_interval != 0) {
+            let a = values(&f, &format!("blk.{l}.ssm_a"));
+            assert!(a.iter().all(|&v| (-1.0..=-0.1).contains(&v)), "blk.{l}.ssm_a: {a:?}");
+        }
+    }
+}
+
+/// llama.cpp loads and evaluates the tiny qwen35moe file (two GDN and two attention layers,
+/// value heads tiled over key heads, an MTP block it skips) and a 4-layer file of
+/// Qwen3.5-35B-A3B's layer shapes: finite logits of about unit spread at every position.
+#[test]
+fn llama_cpp_evaluates_qwen35moe_files() {
+    let Some(python) = common::venv_python().filter(|p| Command::new(p).args(["-c", "import llama_cpp"]).output().is_ok_and(|o| o.status.success()))
+    else {
+        return common::skip_or_fail(common::tools_required(), "llama.cpp (llama-cpp-python)", "the venv has no llama_cpp (scripts/setup-llama.sh)")
+            .unwrap_or(());
+    };
+    let mut wide = SynthSpec::qwen35moe_35b_a3b();
+    (wide.config.n_layer, wide.config.n_expert, wide.config.n_vocab) = (4, 16, 2048);
+    let seed = common::seed("llama_cpp_evaluates_qwen35moe_files");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for (name, spec) in [("tiny", SynthSpec::qwen35moe_tiny()), ("35b-a3b layers", wide)] {
+        let path = tmp("eval35.gguf");
+        synth::write(&spec, &path, &mut |_| {}).unwrap();
+        let ids: Vec<u32> = (0..12).map(|_| rng.random_range(0..spec.config.n_vocab as u32)).collect();
+        let rows = llama_logits(&python, &path, &ids);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!((rows.len(), rows[0].len()), (ids.len(), spec.config.n_vocab), "{name}");
+        for (j, row) in rows.iter().enumerate() {
+            assert!(row.iter().all(|x| x.is_finite()), "{name}: position {j} has non-finite logits");
+            let mean = row.iter().map(|&x| x as f64).sum::<f64>() / row.len() as f64;
+            let sd = (row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / row.len() as f64).sqrt();
+            assert!((0.5..2.0).contains(&sd), "{name}: position {j}: logits spread {sd}");
+        }
+        eprintln!("{name}: {} positions, finite logits of unit spread", rows.len());
+    }
+}
+
+#[test]
+fn qwen35moe_shapes_are_checked() {
+    let bad = |edit: fn(&mut SynthSpec), says: &str| {
+        let mut s = SynthSpec::qwen35moe_tiny();
+        edit(&mut s);
+        let e = s.validate().unwrap_err();
+        assert!(e.contains(says), "`{e}` does not say `{says}`");
+    };
+    bad(|s| s.hybrid.as_mut().unwrap().n_rot = 15, "rope dimension count 15");
+    bad(|s| s.hybrid.as_mut().unwrap().n_rot = 128, "rope dimension count 128");
+    bad(|s| s.hybrid.as_mut().unwrap().rope_sections = [3, 3, 3, 0], "sum to 9");
+    bad(|s| s.hybrid.as_mut().unwrap().n_v_heads = 3, "3 value heads are not a multiple of 2 key heads");
+    bad(|s| s.hybrid.as_mut().unwrap().full_attention_interval = 5, "no full-attention layer among 4 layers");
+    bad(|s| s.hybrid.as_mut().unwrap().d_conv = 0, "conv kernel must be between 1");
+    bad(|s| s.vocab = true, "without a vocabulary");
+    let (code, _, err) = strata(&["synth", "--arch", "qwen35moe", "--preset", "30b-a3b", "--out", &tmp("none.gguf").display().to_string()], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("there is no 30b-a3b preset for qwen35moe"), "{err}");
+    let path = tmp("q35-cli.gguf");
+    let (code, out, err) = strata(&["synth", "--arch", "qwen35moe", "--out", &path.display().to_string()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("qwen35moe, 4 layers") && out.contains("full attention every 2 layers") && out.contains("an MTP block"), "{out}");
+    assert_eq!(std::fs::read(&path).unwrap(), build_in_memory(&SynthSpec::qwen35moe_tiny()));
+    std::fs::remove_file(&path).unwrap();
 }

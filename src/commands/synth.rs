@@ -1,5 +1,5 @@
-//! `strata synth`: a random-weight qwen3moe model of any shape and formats, written as GGUF
-//! (docs/synth.md).
+//! `strata synth`: a random-weight qwen3moe or qwen35moe model of any shape and formats, written
+//! as GGUF (docs/synth.md).
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -10,15 +10,30 @@ use strata_host::gguf::GgmlType;
 use strata_host::model::synth::{self, SynthSpec};
 use strata_host::model::vocab;
 
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+pub enum Arch {
+    /// Qwen3-MoE (MODELS.md section 1).
+    Qwen3moe,
+    /// Qwen3.5-MoE hybrids: Gated DeltaNet and gated attention layers, a shared expert, an MTP
+    /// block (MODELS.md section 2); written without a vocabulary.
+    Qwen35moe,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Preset {
-    /// 4 layers, n_embd 256, 4/2 heads of 64, 8 experts top-2 of 128, 1248 tokens: decodes fast
-    /// on the CPU.
+    /// qwen3moe: 4 layers, n_embd 256, 4/2 heads of 64, 8 experts top-2 of 128, 1248 tokens.
+    /// qwen35moe: the same trunk as GDN, attention, GDN, attention, with a shared expert and an
+    /// MTP block, 1024 token ids. Both decode fast on the CPU.
     Tiny,
-    /// Qwen3-30B-A3B's shapes: 48 layers, n_embd 2048, 32/4 heads of 128, 128 experts top-8 of
-    /// 768, 151936 tokens (about 15 GB).
+    /// qwen3moe only: Qwen3-30B-A3B's shapes: 48 layers, n_embd 2048, 32/4 heads of 128, 128
+    /// experts top-8 of 768, 151936 tokens (about 15 GB).
     #[value(name = "30b-a3b")]
     Qwen3_30bA3b,
+    /// qwen35moe only: Qwen3.5-35B-A3B's shapes: 40 layers (every 4th full attention), n_embd
+    /// 2048, 16/2 heads of 256, GDN 16 key / 32 value heads of 128, 256 experts top-8 of 512, a
+    /// shared expert of 512, an MTP block, 248320 token ids.
+    #[value(name = "35b-a3b")]
+    Qwen35_35bA3b,
 }
 
 fn format_help() -> String {
@@ -42,6 +57,9 @@ pub struct Args {
     /// The GGUF file to write (replaced if it exists).
     #[arg(long)]
     pub out: PathBuf,
+    /// The architecture to write.
+    #[arg(long, value_enum, default_value = "qwen3moe")]
+    pub arch: Arch,
     /// The shapes and formats to start from; the options below change them.
     #[arg(long, value_enum, default_value = "tiny")]
     pub preset: Preset,
@@ -108,11 +126,21 @@ pub struct Args {
 }
 
 impl Args {
-    /// The preset with the options applied.
-    pub fn spec(&self) -> SynthSpec {
-        let mut s = match self.preset {
-            Preset::Tiny => SynthSpec::tiny(),
-            Preset::Qwen3_30bA3b => SynthSpec::qwen3_30b_a3b(),
+    /// The preset with the options applied; an error for a preset of the other architecture.
+    pub fn spec(&self) -> Result<SynthSpec, String> {
+        let mut s = match (self.arch, self.preset) {
+            (Arch::Qwen3moe, Preset::Tiny) => SynthSpec::tiny(),
+            (Arch::Qwen3moe, Preset::Qwen3_30bA3b) => SynthSpec::qwen3_30b_a3b(),
+            (Arch::Qwen35moe, Preset::Tiny) => SynthSpec::qwen35moe_tiny(),
+            (Arch::Qwen35moe, Preset::Qwen35_35bA3b) => SynthSpec::qwen35moe_35b_a3b(),
+            (arch, preset) => {
+                let name = |v: Option<clap::builder::PossibleValue>| v.map_or(String::new(), |v| v.get_name().to_string());
+                return Err(format!(
+                    "there is no {} preset for {} (tiny and 30b-a3b for qwen3moe; tiny and 35b-a3b for qwen35moe)",
+                    name(preset.to_possible_value()),
+                    name(arch.to_possible_value())
+                ));
+            }
         };
         let c = &mut s.config;
         let counts = [
@@ -151,7 +179,7 @@ impl Args {
         if let Some(seed) = self.seed {
             s.seed = seed;
         }
-        s
+        Ok(s)
     }
 }
 
@@ -164,10 +192,24 @@ fn describe(s: &SynthSpec, bytes: u64) -> String {
         format!("{} ids, no vocabulary", c.n_vocab)
     };
     let head = if f.tied_head { "tied to the embedding".to_string() } else { f.head.name().to_string() };
+    let hybrid = s.hybrid.as_ref().map_or(String::new(), |h| {
+        format!(
+            "; full attention every {} layers, the others Gated DeltaNet ({} key / {} value heads of {}, {} conv taps), shared expert {}, {} rotated dimensions{}",
+            h.full_attention_interval,
+            h.n_k_heads,
+            h.n_v_heads,
+            h.d_state,
+            h.d_conv,
+            h.n_ff_shexp,
+            h.n_rot,
+            if h.mtp { ", an MTP block" } else { "" }
+        )
+    });
     format!(
-        "qwen3moe, {} layers, n_embd {}, {}/{} heads of {}, {} experts ({} used) of {}, vocabulary {vocab}, context {}\n\
+        "{}, {} layers, n_embd {}, {}/{} heads of {}, {} experts ({} used) of {}, vocabulary {vocab}, context {}{hybrid}\n\
          formats: gate/up {}, down {}, attention {}, router {}, embedding {}, head {head}, norms F32\n\
          {bytes} bytes ({:.2} GiB), seed {}",
+        s.arch(),
         c.n_layer,
         c.n_embd,
         c.n_head,
@@ -188,7 +230,13 @@ fn describe(s: &SynthSpec, bytes: u64) -> String {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let spec = args.spec();
+    let spec = match args.spec() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("strata synth: error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     if let Err(e) = spec.validate() {
         eprintln!("strata synth: error: {e}");
         return Ok(ExitCode::from(2));

@@ -1,5 +1,6 @@
-//! Synthetic qwen3moe models: random weights of any shape and format, written as a GGUF file that
-//! Strata, llama.cpp and the `gguf` package load (`strata synth`, the built-in model).
+//! Synthetic qwen3moe and qwen35moe models: random weights of any shape and format, written as a
+//! GGUF file that Strata, llama.cpp and the `gguf` package load (`strata synth`, the built-in
+//! model). What a qwen35moe file adds is [`super::synth_hybrid`]'s.
 //!
 //! Random weights still make a numerically sane model through 48 layers, because each tensor's
 //! scale is chosen from its shape:
@@ -32,6 +33,7 @@ use strata_gpu_shared::f16::f32_to_f16;
 use strata_gpu_shared::formats::WeightFormat;
 
 use super::config::Qwen3MoeConfig;
+use super::synth_hybrid::HybridShape;
 use super::vocab;
 use crate::gguf::{GgmlType, GgufWriter, TensorDecl, TensorSink, Value};
 use crate::reference::dequant_row_f32;
@@ -63,24 +65,29 @@ pub struct SynthSpec {
     pub formats: SynthFormats,
     pub seed: u64,
     /// Carry the synthetic vocabulary ([`vocab::synthetic`]); without it the file says
-    /// `tokenizer.ggml.model = "none"` and `qwen3moe.vocab_size`.
+    /// `tokenizer.ggml.model = "none"` and `{arch}.vocab_size`.
     pub vocab: bool,
+    /// A qwen35moe file's extra shape (its GDN and gated attention layers, shared experts and
+    /// MTP block); `None` writes qwen3moe.
+    pub hybrid: Option<HybridShape>,
 }
 
 const Q8_0: GgmlType = GgmlType::Quant(WeightFormat::Q8_0);
 
 /// How a tensor's values are drawn.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Init {
+pub(super) enum Init {
     /// F32 uniform in [0.8, 1.2].
     Norm,
     /// Variance `1/k`: unit-variance outputs for unit-variance inputs.
     Matrix { k: u64 },
+    /// Float, uniform in `[lo, hi]`.
+    Uniform { lo: f32, hi: f32 },
 }
 
-struct SynthTensor {
-    decl: TensorDecl,
-    init: Init,
+pub(super) struct SynthTensor {
+    pub(super) decl: TensorDecl,
+    pub(super) init: Init,
 }
 
 impl SynthFormats {
@@ -122,6 +129,7 @@ impl SynthSpec {
             formats: SynthFormats::mixed(),
             seed: 1,
             vocab: true,
+            hybrid: None,
         }
     }
 
@@ -146,13 +154,83 @@ impl SynthSpec {
             formats: SynthFormats::mixed(),
             seed: 1,
             vocab: true,
+            hybrid: None,
+        }
+    }
+
+    /// A qwen35moe that decodes fast on the CPU: 4 layers (GDN, attention, GDN, attention: a
+    /// full-attention interval of 2) and an MTP block, n_embd 256, 4/2 attention heads of 64 with
+    /// 16 rotated dimensions, GDN with 2 key and 4 value heads of 64 and 4 conv taps, 8 experts
+    /// top-2 of 128 and a shared expert of 128, mixed formats, 1024 token ids and no vocabulary.
+    pub fn qwen35moe_tiny() -> SynthSpec {
+        let mut s = SynthSpec::tiny();
+        s.config.n_vocab = 1024;
+        s.vocab = false;
+        s.hybrid = Some(HybridShape {
+            n_ff_shexp: 128,
+            n_rot: 16,
+            rope_sections: [3, 3, 2, 0],
+            d_conv: 4,
+            d_state: 64,
+            n_v_heads: 4,
+            n_k_heads: 2,
+            full_attention_interval: 2,
+            mtp: true,
+        });
+        s
+    }
+
+    /// Qwen3.5-35B-A3B's shapes as its published configuration gives them (not checked against
+    /// a released GGUF here): 40 layers, every 4th full attention, n_embd 2048, 16/2 attention
+    /// heads of 256 with 64 rotated dimensions (sections 11, 11, 10), GDN with 16 key and 32
+    /// value heads of 128 and 4 conv taps, 256 experts top-8 of 512 and a shared expert of 512,
+    /// an MTP block, 248,320 token ids; mixed formats, no vocabulary.
+    pub fn qwen35moe_35b_a3b() -> SynthSpec {
+        SynthSpec {
+            config: Qwen3MoeConfig {
+                n_layer: 40,
+                n_embd: 2048,
+                n_head: 16,
+                n_head_kv: 2,
+                head_dim: 256,
+                n_expert: 256,
+                n_expert_used: 8,
+                n_ff_exp: 512,
+                n_vocab: 248_320,
+                n_ctx_train: 262_144,
+                rope_freq_base: 1e7,
+                rms_eps: 1e-6,
+            },
+            formats: SynthFormats::mixed(),
+            seed: 1,
+            vocab: false,
+            hybrid: Some(HybridShape {
+                n_ff_shexp: 512,
+                n_rot: 64,
+                rope_sections: [11, 11, 10, 0],
+                d_conv: 4,
+                d_state: 128,
+                n_v_heads: 32,
+                n_k_heads: 16,
+                full_attention_interval: 4,
+                mtp: true,
+            }),
+        }
+    }
+
+    /// `general.architecture`: qwen3moe, or qwen35moe with a hybrid shape.
+    pub fn arch(&self) -> &'static str {
+        if self.hybrid.is_some() {
+            "qwen35moe"
+        } else {
+            "qwen3moe"
         }
     }
 
     /// `general.name`.
     pub fn name(&self) -> String {
         let c = &self.config;
-        format!("strata-synth qwen3moe {}L {}x{} d{} seed {}", c.n_layer, c.n_expert, c.n_expert_used, c.n_embd, self.seed)
+        format!("strata-synth {} {}L {}x{} d{} seed {}", self.arch(), c.n_layer, c.n_expert, c.n_expert_used, c.n_embd, self.seed)
     }
 
     /// Checks the shapes: every size at least 1, heads a multiple of the kv heads, an even head
@@ -173,11 +251,7 @@ impl SynthSpec {
             ("vocabulary", c.n_vocab),
             ("context length", c.n_ctx_train),
         ];
-        for (what, n) in sizes {
-            if n == 0 || n > u32::MAX as usize {
-                return Err(format!("{what} must be between 1 and {}, not {n}", u32::MAX));
-            }
-        }
+        check_counts(&sizes)?;
         if !c.n_head.is_multiple_of(c.n_head_kv) {
             return Err(format!("{} heads are not a multiple of {} kv heads", c.n_head, c.n_head_kv));
         }
@@ -197,13 +271,20 @@ impl SynthSpec {
         if !(c.rope_freq_base.is_finite() && c.rope_freq_base > 0.0 && c.rms_eps.is_finite() && c.rms_eps > 0.0) {
             return Err(format!("rope base {} and rms eps {} must be positive", c.rope_freq_base, c.rms_eps));
         }
+        if let Some(h) = &self.hybrid {
+            if self.vocab {
+                return Err("a qwen35moe file is written without a vocabulary (token ids only): leave the vocabulary out".into());
+            }
+            h.validate(c)?;
+        }
         for t in self.tensors() {
             t.decl.data_len()?;
         }
         Ok(())
     }
 
-    /// The tensors, in file order, with the names and shapes of MODELS.md section 1.
+    /// The tensors, in file order, with the names and shapes of MODELS.md section 1 (section 2
+    /// for qwen35moe).
     fn tensors(&self) -> Vec<SynthTensor> {
         let (c, f) = (&self.config, &self.formats);
         let [embd, vocab, head_dim] = [c.n_embd, c.n_vocab, c.head_dim].map(|n| n as u64);
@@ -212,7 +293,10 @@ impl SynthSpec {
         let norm = |name: String, n: u64| tensor(name, &[n], GgmlType::F32, Init::Norm);
         let matrix = |name: String, dims: &[u64], ty: GgmlType| tensor(name, dims, ty, Init::Matrix { k: dims[0] });
         let mut out = vec![tensor("token_embd.weight".into(), &[embd, vocab], f.embd, Init::Matrix { k: 1 })];
-        for l in 0..c.n_layer {
+        if let Some(h) = &self.hybrid {
+            out.extend(h.layer_tensors(c, f));
+        }
+        for l in (0..c.n_layer).filter(|_| self.hybrid.is_none()) {
             let name = |t: &str| format!("blk.{l}.{t}.weight");
             out.extend([
                 norm(name("attn_norm"), embd),
@@ -236,15 +320,31 @@ impl SynthSpec {
         out
     }
 
-    /// The metadata: the qwen3moe keys and the vocabulary's (or `"none"` and the vocabulary size).
+    /// The metadata: the architecture's keys and the vocabulary's (or `"none"` and the vocabulary
+    /// size).
     fn metadata(&self) -> GgufWriter {
         let c = &self.config;
         let mut w = GgufWriter::new();
         let u32_ = |n: usize| Value::U32(n as u32);
-        w.meta("general.architecture", Value::String("qwen3moe".into()))
+        w.meta("general.architecture", Value::String(self.arch().into()))
             .meta("general.name", Value::String(self.name()))
-            .meta("strata.synth.seed", Value::U64(self.seed))
-            .meta("qwen3moe.context_length", u32_(c.n_ctx_train))
+            .meta("strata.synth.seed", Value::U64(self.seed));
+        match &self.hybrid {
+            Some(h) => h.keys(c, &mut w),
+            None => self.qwen3moe_keys(&mut w),
+        }
+        if self.vocab {
+            vocab::synthetic(c.n_vocab).write_keys(&mut w);
+        } else {
+            w.meta("tokenizer.ggml.model", Value::String("none".into())).meta(&format!("{}.vocab_size", self.arch()), u32_(c.n_vocab));
+        }
+        w
+    }
+
+    fn qwen3moe_keys(&self, w: &mut GgufWriter) {
+        let c = &self.config;
+        let u32_ = |n: usize| Value::U32(n as u32);
+        w.meta("qwen3moe.context_length", u32_(c.n_ctx_train))
             .meta("qwen3moe.embedding_length", u32_(c.n_embd))
             .meta("qwen3moe.block_count", u32_(c.n_layer))
             .meta("qwen3moe.feed_forward_length", u32_(c.n_ff_exp * c.n_expert_used))
@@ -257,12 +357,6 @@ impl SynthSpec {
             .meta("qwen3moe.attention.value_length", u32_(c.head_dim))
             .meta("qwen3moe.rope.freq_base", Value::F32(c.rope_freq_base))
             .meta("qwen3moe.attention.layer_norm_rms_epsilon", Value::F32(c.rms_eps));
-        if self.vocab {
-            vocab::synthetic(c.n_vocab).write_keys(&mut w);
-        } else {
-            w.meta("tokenizer.ggml.model", Value::String("none".into())).meta("qwen3moe.vocab_size", u32_(c.n_vocab));
-        }
-        w
     }
 
     /// Size of the file in bytes.
@@ -270,6 +364,14 @@ impl SynthSpec {
         self.validate()?;
         let decls: Vec<TensorDecl> = self.tensors().into_iter().map(|t| t.decl).collect();
         self.metadata().streaming_len(&decls)
+    }
+}
+
+/// Each `(what, count)` is a count the file's u32 keys hold: 1..=`u32::MAX`.
+pub(super) fn check_counts(sizes: &[(&str, usize)]) -> Result<(), String> {
+    match sizes.iter().find(|(_, n)| *n == 0 || *n > u32::MAX as usize) {
+        Some((what, n)) => Err(format!("{what} must be between 1 and {}, not {n}", u32::MAX)),
+        None => Ok(()),
     }
 }
 
@@ -320,6 +422,7 @@ fn generate(t: &SynthTensor, rows: std::ops::Range<u64>, rng: &mut SmallRng) -> 
                 let a = (3.0 / k as f64).sqrt() as f32;
                 (0..n).map(|_| rng.random_range(-a..a)).collect()
             }
+            Init::Uniform { lo, hi } => (0..n).map(|_| rng.random_range(lo..hi)).collect(),
         }
     };
     match t.decl.ty {
@@ -327,7 +430,7 @@ fn generate(t: &SynthTensor, rows: std::ops::Range<u64>, rng: &mut SmallRng) -> 
         GgmlType::F16 => floats(rng).iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()).collect(),
         GgmlType::Bf16 => floats(rng).iter().flat_map(|&v| bf16(v).to_le_bytes()).collect(),
         GgmlType::Quant(f) => {
-            let Init::Matrix { k: fan_in } = t.init else { unreachable!("norms are F32") };
+            let Init::Matrix { k: fan_in } = t.init else { unreachable!("only matrices are quantized") };
             let d = (1.0 / ((fan_in as f64).sqrt() * level_rms(f))) as f32;
             let mut data = vec![0u8; n / f.block_values() * f.block_bytes()];
             rng.fill(&mut data[..]);
