@@ -53,7 +53,26 @@ fn init_knobs(sets: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writing to a closed pipe (`strata info FILE | head`) ends the process quietly, as Unix tools
+/// do, instead of making `println!` panic: Rust's runtime ignores SIGPIPE, so its default action
+/// is put back.
+#[cfg(unix)]
+fn default_sigpipe() {
+    extern "C" {
+        fn signal(signum: i32, handler: usize) -> usize;
+    }
+    const SIGPIPE: i32 = 13;
+    const SIG_DFL: usize = 0;
+    // SAFETY: `signal` is the C library's, called once before any thread starts, with a valid
+    // signal number and the default disposition (no handler of ours runs).
+    unsafe {
+        signal(SIGPIPE, SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    #[cfg(unix)]
+    default_sigpipe();
     let cli = Cli::parse();
     if let Err(e) = init_knobs(&cli.knobs) {
         eprintln!("strata: error: {e:#}");

@@ -230,3 +230,21 @@ fn decode_chat_and_sampling() {
     let (_, other, _) = strata(&["decode", "--backend", "cpu", "--chat", "--prompt", "Hello there", "-n", "16", "--temp", "0.9", "--seed", "6", "--ignore-eos"]);
     assert_ne!(other, out, "seeds 5 and 6 sampled the same 16 tokens");
 }
+
+/// Output into a pipe whose reader has gone (`strata info FILE | head`) ends the process
+/// quietly, by SIGPIPE as Unix tools do, not with a panic.
+#[test]
+fn a_closed_pipe_is_no_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let path = std::env::temp_dir().join(format!("strata-cli-pipe-{}.gguf", std::process::id()));
+    std::fs::write(&path, build_in_memory(&SynthSpec::tiny())).unwrap();
+    let bin = std::env::var("STRATA_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_strata").to_string());
+    let mut child = Command::new(&bin).args(["info", path.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    drop(child.stdout.take()); // the reader goes before the first line is written
+    let out = child.wait_with_output().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.signal() == Some(13) || out.status.success(), "{:?}: {err}", out.status);
+}
