@@ -283,6 +283,26 @@ fn chained_decode_stops_in_time(backend: &str) {
     }
 }
 
+/// `strata decode --profile` without speculation still gives the time of every phase: a
+/// profiling executor's steps are read one by one instead of chained.
+#[test]
+fn profiled_decode_times_every_phase() {
+    for name in ["cuda", "hip"] {
+        let Some(gpu) = common::open_gpu(name) else { continue };
+        let m = Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap());
+        let ops = m.step_ops(Op::Pick(Pick::Greedy));
+        let mut exec = GpuExecutor::new(gpu, m, 64, false).unwrap();
+        exec.set_profiling(true);
+        let req = Request { prompt: vec![3, 1, 4], n_predict: 8, window: 8, spec: 1, stop: vec![], ignore_eos: true, want_logits: false };
+        let stats = generate(&mut exec, &ops, &req, |_, _| Ok(())).unwrap();
+        let phases: Vec<&str> = stats.phases.iter().map(|p| p.0).collect();
+        for want in ["attention", "router", "experts", "head", "sampling", "other"] {
+            assert!(phases.contains(&want), "{name}: no {want} in {phases:?}");
+        }
+        assert!(stats.phases.iter().all(|p| p.1 > 0.0), "{name}: {:?}", stats.phases);
+    }
+}
+
 #[test]
 fn chained_decode_stops_in_time_cpu() {
     chained_decode_stops_in_time("cpu");

@@ -104,7 +104,9 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
     };
     let mut go = emit(next, logits.as_deref(), &mut stats)?;
     history.push(next);
-    if go && req.spec == 1 && !req.want_logits {
+    // Chained steps, unless the caller wants each step's logits or the executor times each
+    // step's phases (both need the step read before the next one is queued).
+    if go && req.spec == 1 && !req.want_logits && !exec.times_phases() {
         let max = (n_ctx - pos).min(req.n_predict - stats.generated);
         let (steps, enqueue) = chain(exec, ops, next, pos, max, |id| emit(id, None, &mut stats))?;
         (stats.steps, stats.enqueue) = (steps, enqueue);

@@ -517,6 +517,10 @@ impl Executor for GpuExecutor {
         self.n_tokens
     }
 
+    fn times_phases(&self) -> bool {
+        self.marks.is_some()
+    }
+
     fn phase_times(&mut self) -> Option<Vec<(&'static str, f64)>> {
         let marks = self.marks.as_ref()?;
         let mut out: Vec<(&'static str, f64)> = Vec::new();

@@ -170,6 +170,10 @@ pub trait Executor {
     fn nan_rows(&mut self, tokens: usize) -> Result<Vec<bool>>;
     /// How many token ids the last [`Self::set_tokens`] gave.
     fn loaded_tokens(&self) -> usize;
+    /// Whether the steps are being timed by phase ([`Self::phase_times`]).
+    fn times_phases(&self) -> bool {
+        false
+    }
     /// The timing of the last step by op kind, where the backend can measure it.
     fn phase_times(&mut self) -> Option<Vec<(&'static str, f64)>> {
         None
