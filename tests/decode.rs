@@ -40,6 +40,11 @@ fn models(seed: u64) -> Vec<Arc<Qwen3Moe>> {
     ]
 }
 
+/// The built-in model (`SynthSpec::tiny()`: 4 layers, with its vocabulary).
+fn builtin() -> Arc<Qwen3Moe> {
+    Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap())
+}
+
 fn gpu_executor(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize) -> Option<Box<dyn Executor>> {
     gpu_executor_graphs(name, m, n_ctx, true)
 }
@@ -199,7 +204,7 @@ fn sampled_tokens_depend_on_seed_and_position_only() {
 /// decode loop runs it without them (each step continued on the device, one queued ahead). On
 /// a GPU every run is made with the captured graphs and with eager launches (`--no-graph`).
 fn speculation_keeps_the_tokens(backend: &str) {
-    let m = Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap());
+    let m = builtin();
     assert_eq!(m.config.n_layer, 4);
     let prompt: Vec<u32> = [17u32, 300, 45, 9, 17, 300, 45].repeat(3);
     let picks = [
@@ -254,7 +259,7 @@ fn speculation_keeps_the_tokens(backend: &str) {
 /// emits, and nothing after it, although the step after it was already queued) and at the end
 /// of the context; the executor is then ready for the next decode.
 fn chained_decode_stops_in_time(backend: &str) {
-    let m = Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap());
+    let m = builtin();
     let ops = m.step_ops(Op::Pick(Pick::Sample(SampleParams { temperature: 1.0, top_k: 40, top_p: 0.95, seed: 7 })));
     let prompt = vec![3u32, 1, 4, 1, 5];
     for (label, mut exec) in executors(backend, &m, 64) {
@@ -289,7 +294,7 @@ fn chained_decode_stops_in_time(backend: &str) {
 fn profiled_decode_times_every_phase() {
     for name in ["cuda", "hip"] {
         let Some(gpu) = common::open_gpu(name) else { continue };
-        let m = Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap());
+        let m = builtin();
         let ops = m.step_ops(Op::Pick(Pick::Greedy));
         let mut exec = GpuExecutor::new(gpu, m, 64, false).unwrap();
         exec.set_profiling(true);

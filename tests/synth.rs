@@ -342,6 +342,23 @@ fn llama_logits(python: &Path, path: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
     all.chunks_exact(all.len() / ids.len()).map(<[f32]>::to_vec).collect()
 }
 
+/// The venv's python when it imports llama_cpp; otherwise the test skips (or fails with
+/// `STRATA_REQUIRE_TOOLS=1`).
+fn llama_python() -> Option<PathBuf> {
+    let python = common::venv_python().filter(|p| Command::new(p).args(["-c", "import llama_cpp"]).output().is_ok_and(|o| o.status.success()));
+    python.or_else(|| common::skip_or_fail(common::tools_required(), "llama.cpp (llama-cpp-python)", "the venv has no llama_cpp (scripts/setup-llama.sh)"))
+}
+
+/// Every position's logits finite, with a spread (standard deviation) between 0.5 and 2.
+fn assert_finite_unit_spread(name: &str, rows: &[Vec<f32>]) {
+    for (j, row) in rows.iter().enumerate() {
+        assert!(row.iter().all(|x| x.is_finite()), "{name}: position {j} has non-finite logits");
+        let mean = row.iter().map(|&x| x as f64).sum::<f64>() / row.len() as f64;
+        let sd = (row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / row.len() as f64).sqrt();
+        assert!((0.5..2.0).contains(&sd), "{name}: position {j}: logits spread {sd}");
+    }
+}
+
 fn correlation(a: &[f32], b: &[f32]) -> f64 {
     let n = a.len() as f64;
     let (ma, mb) = (a.iter().map(|&x| x as f64).sum::<f64>() / n, b.iter().map(|&x| x as f64).sum::<f64>() / n);
@@ -354,11 +371,7 @@ fn correlation(a: &[f32], b: &[f32]) -> f64 {
 /// spread at every position (the scales keep the residual stream sane through the layers).
 #[test]
 fn llama_cpp_evaluates_synthetic_models() {
-    let Some(python) = common::venv_python().filter(|p| Command::new(p).args(["-c", "import llama_cpp"]).output().is_ok_and(|o| o.status.success()))
-    else {
-        return common::skip_or_fail(common::tools_required(), "llama.cpp (llama-cpp-python)", "the venv has no llama_cpp (scripts/setup-llama.sh)")
-            .unwrap_or(());
-    };
+    let Some(python) = llama_python() else { return };
     let mut deep = SynthSpec::tiny();
     deep.config.n_layer = 48;
     for (name, spec) in [("tiny", SynthSpec::tiny()), ("48 layers", deep)] {
@@ -368,12 +381,7 @@ fn llama_cpp_evaluates_synthetic_models() {
         let ids = tok.encode(&tok.chat_wrap("Hello! What is the capital of France? 我们今天去公园散步。").unwrap()).unwrap();
         let rows = llama_logits(&python, &path, &ids);
         std::fs::remove_file(&path).unwrap();
-        for (j, row) in rows.iter().enumerate() {
-            assert!(row.iter().all(|x| x.is_finite()), "{name}: position {j} has non-finite logits");
-            let mean = row.iter().map(|&x| x as f64).sum::<f64>() / row.len() as f64;
-            let sd = (row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / row.len() as f64).sqrt();
-            assert!((0.5..2.0).contains(&sd), "{name}: position {j}: logits spread {sd}");
-        }
+        assert_finite_unit_spread(name, &rows);
         // The logits follow the tokens: what the layers add to the residual stream (partly shared
         // between positions: attention averages them) does not swamp it. Seen: at most 0.52 for
         // the tiny model, 0.87 for 48 layers.
@@ -539,11 +547,7 @@ fn qwen35moe_files_hold_every_tensor_and_key() {
 /// Qwen3.5-35B-A3B's layer shapes: finite logits of about unit spread at every position.
 #[test]
 fn llama_cpp_evaluates_qwen35moe_files() {
-    let Some(python) = common::venv_python().filter(|p| Command::new(p).args(["-c", "import llama_cpp"]).output().is_ok_and(|o| o.status.success()))
-    else {
-        return common::skip_or_fail(common::tools_required(), "llama.cpp (llama-cpp-python)", "the venv has no llama_cpp (scripts/setup-llama.sh)")
-            .unwrap_or(());
-    };
+    let Some(python) = llama_python() else { return };
     let mut wide = SynthSpec::qwen35moe_35b_a3b();
     (wide.config.n_layer, wide.config.n_expert, wide.config.n_vocab) = (4, 16, 2048);
     let seed = common::seed("llama_cpp_evaluates_qwen35moe_files");
@@ -555,12 +559,7 @@ fn llama_cpp_evaluates_qwen35moe_files() {
         let rows = llama_logits(&python, &path, &ids);
         std::fs::remove_file(&path).unwrap();
         assert_eq!((rows.len(), rows[0].len()), (ids.len(), spec.config.n_vocab), "{name}");
-        for (j, row) in rows.iter().enumerate() {
-            assert!(row.iter().all(|x| x.is_finite()), "{name}: position {j} has non-finite logits");
-            let mean = row.iter().map(|&x| x as f64).sum::<f64>() / row.len() as f64;
-            let sd = (row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / row.len() as f64).sqrt();
-            assert!((0.5..2.0).contains(&sd), "{name}: position {j}: logits spread {sd}");
-        }
+        assert_finite_unit_spread(name, &rows);
         eprintln!("{name}: {} positions, finite logits of unit spread", rows.len());
     }
 }

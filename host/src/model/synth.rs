@@ -90,6 +90,20 @@ pub(super) struct SynthTensor {
     pub(super) init: Init,
 }
 
+pub(super) fn tensor(name: String, dims: &[u64], ty: GgmlType, init: Init) -> SynthTensor {
+    SynthTensor { decl: TensorDecl { name, dims: dims.to_vec(), ty }, init }
+}
+
+/// An F32 norm weight of `n` values.
+pub(super) fn norm(name: String, n: u64) -> SynthTensor {
+    tensor(name, &[n], GgmlType::F32, Init::Norm)
+}
+
+/// A matrix (or stack of them) of `dims[0]` inputs.
+pub(super) fn matrix(name: String, dims: &[u64], ty: GgmlType) -> SynthTensor {
+    tensor(name, dims, ty, Init::Matrix { k: dims[0] })
+}
+
 impl SynthFormats {
     /// Formats like a real low-bit quant: IQ3_S gate/up, IQ4_NL down, Q8_0 attention, embedding
     /// and head, F32 router.
@@ -289,9 +303,6 @@ impl SynthSpec {
         let (c, f) = (&self.config, &self.formats);
         let [embd, vocab, head_dim] = [c.n_embd, c.n_vocab, c.head_dim].map(|n| n as u64);
         let (q_dim, kv_dim, ff, experts) = (head_dim * c.n_head as u64, head_dim * c.n_head_kv as u64, c.n_ff_exp as u64, c.n_expert as u64);
-        let tensor = |name: String, dims: &[u64], ty: GgmlType, init: Init| SynthTensor { decl: TensorDecl { name, dims: dims.to_vec(), ty }, init };
-        let norm = |name: String, n: u64| tensor(name, &[n], GgmlType::F32, Init::Norm);
-        let matrix = |name: String, dims: &[u64], ty: GgmlType| tensor(name, dims, ty, Init::Matrix { k: dims[0] });
         let mut out = vec![tensor("token_embd.weight".into(), &[embd, vocab], f.embd, Init::Matrix { k: 1 })];
         if let Some(h) = &self.hybrid {
             out.extend(h.layer_tensors(c, f));

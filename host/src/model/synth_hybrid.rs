@@ -9,8 +9,8 @@
 //! the conv taps as a matrix of `d_conv` inputs; the shared expert's gate as a row of `n_embd`
 //! inputs. Norms are near 1 as stored (the converter's `+1` is already in a real file's values).
 use super::config::Qwen3MoeConfig;
-use super::synth::{check_counts, Init, SynthFormats, SynthTensor};
-use crate::gguf::{GgmlType, GgufWriter, TensorDecl, Value};
+use super::synth::{check_counts, matrix, norm, tensor, Init, SynthFormats, SynthTensor};
+use crate::gguf::{GgmlType, GgufWriter, Value};
 
 /// The qwen35moe hyper-parameters a qwen3moe config lacks.
 #[derive(Clone, Debug, PartialEq)]
@@ -184,16 +184,4 @@ impl HybridShape {
             w.meta(&k("nextn_predict_layers"), u32_(1));
         }
     }
-}
-
-fn tensor(name: String, dims: &[u64], ty: GgmlType, init: Init) -> SynthTensor {
-    SynthTensor { decl: TensorDecl { name, dims: dims.to_vec(), ty }, init }
-}
-
-fn norm(name: String, n: u64) -> SynthTensor {
-    tensor(name, &[n], GgmlType::F32, Init::Norm)
-}
-
-fn matrix(name: String, dims: &[u64], ty: GgmlType) -> SynthTensor {
-    tensor(name, dims, ty, Init::Matrix { k: dims[0] })
 }
