@@ -7,17 +7,17 @@ use std::process::Command;
 use std::sync::Arc;
 
 use strata::host::bench_decode::{self as bd, Kind, Row, Spread};
-use strata::host::generate::{generate, Request};
+use strata::host::generate::{generate, Draft, Request};
 use strata::host::gguf::GgufFile;
 use strata::host::model::synth::{build_in_memory, SynthSpec};
-use strata::host::model::Qwen3Moe;
+use strata::host::model::Model;
 use strata::host::step::cpu::CpuExecutor;
 use strata::host::step::gpu::GpuExecutor;
 use strata::host::step::{Op, Pick};
 
-fn tiny() -> Arc<Qwen3Moe> {
+fn tiny() -> Arc<Model> {
     let file = GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in model>").expect("the built-in model parses");
-    Arc::new(Qwen3Moe::load(Arc::new(file)).expect("the built-in model loads"))
+    Arc::new(Model::load(Arc::new(file)).expect("the built-in model loads"))
 }
 
 /// The binary under test: cargo's, or `STRATA_BIN` where the tests run away from the build.
@@ -68,7 +68,7 @@ fn the_measurements_on_the_cpu_executor_time_every_run() {
     // The window inputs are the tokens a greedy decode chooses: generate's, after `first`.
     let seq = bd::greedy_tokens(&mut exec, &ops, first, n).unwrap();
     let mut chosen = Vec::new();
-    let req = Request { prompt: vec![first], n_predict: n - 1, window: 1, spec: 1, stop: Vec::new(), ignore_eos: true, want_logits: false };
+    let req = Request { prompt: vec![first], n_predict: n - 1, window: 1, spec: 1, stop: Vec::new(), ignore_eos: true, want_logits: false, draft: Draft::Lookup };
     generate(&mut exec, &ops, &req, |id, _| {
         chosen.push(id);
         Ok(())
@@ -88,7 +88,7 @@ fn the_measurements_on_the_cpu_executor_time_every_run() {
     let prompt = bd::pattern(bd::SPEC_PROMPT);
     assert_eq!(&prompt[..9], &[11, 12, 13, 14, 15, 16, 17, 18, 11]);
     for s in [1, 4, 8] {
-        let r = bd::spec(&mut exec, &ops, &prompt, n, s, runs).unwrap();
+        let r = bd::spec(&mut exec, &ops, &Draft::Lookup, &prompt, n, s, runs).unwrap();
         check_row(&r, runs, n);
         let a = r.acceptance().unwrap();
         assert!((0.0..=1.0).contains(&a.min) && (0.0..=1.0).contains(&a.max), "spec {s}: {a:?}");

@@ -9,18 +9,18 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::generate::{forced_logits, generate, Request, Stop};
+use strata::host::generate::{forced_logits, generate, Draft, Request, Stop};
 use strata::host::gguf::{GgmlType, GgufFile};
 use strata::host::model::synth::{build_in_memory, SynthSpec};
-use strata::host::model::Qwen3Moe;
+use strata::host::model::Model;
 use strata::host::ops::route::SampleParams;
 use strata::host::step::cpu::CpuExecutor;
 use strata::host::step::gpu::GpuExecutor;
-use strata::host::step::{Executor, Op, Pick};
+use strata::host::step::{Executor, Op, Pick, Window};
 use strata_gpu_shared::formats::WeightFormat;
 
 /// A small model of the given shape, random weights from `seed`.
-fn model(seed: u64, heads: (usize, usize), head_dim: usize, experts: (usize, usize), formats: (WeightFormat, WeightFormat)) -> Arc<Qwen3Moe> {
+fn model(seed: u64, heads: (usize, usize), head_dim: usize, experts: (usize, usize), formats: (WeightFormat, WeightFormat)) -> Arc<Model> {
     let mut spec = SynthSpec::tiny();
     spec.seed = seed;
     spec.vocab = false;
@@ -30,27 +30,43 @@ fn model(seed: u64, heads: (usize, usize), head_dim: usize, experts: (usize, usi
     spec.formats.gu = GgmlType::Quant(formats.0);
     spec.formats.down = GgmlType::Quant(formats.1);
     let file = GgufFile::from_bytes(build_in_memory(&spec), format!("<synthetic seed {seed}>")).expect("a synthetic file parses");
-    Arc::new(Qwen3Moe::load(Arc::new(file)).expect("a synthetic model loads"))
+    Arc::new(Model::load(Arc::new(file)).expect("a synthetic model loads"))
 }
 
-fn models(seed: u64) -> Vec<Arc<Qwen3Moe>> {
+/// A small qwen35moe (`SynthSpec::qwen35moe_tiny`: GDN, attention, GDN, attention, shared
+/// experts) with `heads` = (value, key) Gated DeltaNet heads of `d_state` and `d_conv` taps.
+fn hybrid(seed: u64, heads: (usize, usize), d_state: usize, d_conv: usize) -> Arc<Model> {
+    let mut spec = SynthSpec::qwen35moe_tiny();
+    spec.seed = seed;
+    spec.config.n_vocab = 512;
+    let h = spec.hybrid.as_mut().expect("a hybrid preset");
+    (h.n_v_heads, h.n_k_heads, h.d_state, h.d_conv) = (heads.0, heads.1, d_state, d_conv);
+    let file = GgufFile::from_bytes(build_in_memory(&spec), format!("<synthetic qwen35moe seed {seed}>")).expect("a synthetic file parses");
+    Arc::new(Model::load(Arc::new(file)).expect("a synthetic qwen35moe loads"))
+}
+
+/// Two qwen3moe shapes and two qwen35moe ones (value heads tiled over key heads; as many of
+/// each).
+fn models(seed: u64) -> Vec<Arc<Model>> {
     vec![
         model(seed, (4, 2), 32, (8, 2), (WeightFormat::Iq3S, WeightFormat::Iq4Nl)),
         model(seed + 1, (8, 1), 64, (16, 4), (WeightFormat::Iq2Xs, WeightFormat::Q8_0)),
+        hybrid(seed + 2, (4, 2), 64, 4),
+        hybrid(seed + 3, (2, 2), 32, 3),
     ]
 }
 
 /// The built-in model (`SynthSpec::tiny()`: 4 layers, with its vocabulary).
-fn builtin() -> Arc<Qwen3Moe> {
-    Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap())
+fn builtin() -> Arc<Model> {
+    Arc::new(Model::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap())
 }
 
-fn gpu_executor(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize) -> Option<Box<dyn Executor>> {
+fn gpu_executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>> {
     gpu_executor_graphs(name, m, n_ctx, true)
 }
 
 /// A GPU executor replaying captured graphs (`graphs`) or launching eagerly (`--no-graph`).
-fn gpu_executor_graphs(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize, graphs: bool) -> Option<Box<dyn Executor>> {
+fn gpu_executor_graphs(name: &str, m: Arc<Model>, n_ctx: usize, graphs: bool) -> Option<Box<dyn Executor>> {
     let g = common::open_gpu(name)?;
     let mut exec = GpuExecutor::new(g, m, n_ctx, false).expect("the model fits the GPU");
     exec.set_graphs(graphs);
@@ -58,7 +74,7 @@ fn gpu_executor_graphs(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize, graphs: bool)
     Some(Box::new(exec))
 }
 
-fn executor(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize) -> Option<Box<dyn Executor>> {
+fn executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>> {
     match name {
         "cpu" => Some(Box::new(CpuExecutor::new(m, n_ctx).expect("cpu executor"))),
         gpu => gpu_executor(gpu, m, n_ctx),
@@ -67,7 +83,7 @@ fn executor(name: &str, m: Arc<Qwen3Moe>, n_ctx: usize) -> Option<Box<dyn Execut
 
 /// The executors a backend's same-results tests run on: the CPU's one, or a GPU's with graphs
 /// and without (labelled).
-fn executors(name: &str, m: &Arc<Qwen3Moe>, n_ctx: usize) -> Vec<(String, Box<dyn Executor>)> {
+fn executors(name: &str, m: &Arc<Model>, n_ctx: usize) -> Vec<(String, Box<dyn Executor>)> {
     match name {
         "cpu" => vec![("cpu".into(), executor("cpu", m.clone(), n_ctx).expect("cpu executor"))],
         gpu => [true, false]
@@ -137,7 +153,7 @@ fn backend_matches_cpu(backend: &str) {
         let prompt: Vec<u32> = (0..5).map(|_| rng.random_range(0..n_vocab)).collect();
         for pick in [Pick::Greedy, Pick::Sample(SampleParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed })] {
             let ops = m.step_ops(Op::Pick(pick));
-            let req = Request { prompt: prompt.clone(), n_predict: 64, window: 3, spec: 1, stop: vec![], ignore_eos: true, want_logits: true };
+            let req = Request { prompt: prompt.clone(), n_predict: 64, window: 3, spec: 1, stop: vec![], ignore_eos: true, want_logits: true, draft: Draft::Lookup };
             let run = |exec: &mut dyn Executor| {
                 let (mut ids, mut logits) = (Vec::new(), Vec::new());
                 generate(exec, &ops, &req, |id, l| {
@@ -166,6 +182,65 @@ fn cuda_matches_cpu() {
     backend_matches_cpu("cuda");
 }
 
+/// The MTP block's logits and drafts on a GPU backend equal the CPU replica's bit for bit: a
+/// 40-token sequence fed to the trunk in windows of every size 1..8, the MTP step after each
+/// window over its positions (fed the tokens that follow them), then three chained one-token
+/// MTP steps.
+fn mtp_matches_cpu(backend: &str) {
+    let seed = common::seed(&format!("mtp_matches_cpu_{backend}"));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let m = hybrid(seed, (4, 2), 64, 4);
+    let (ops, mtp) = (m.step_ops(Op::Pick(Pick::Greedy)), m.mtp_ops().expect("the tiny qwen35moe has an MTP block"));
+    let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..m.config.n_vocab as u32)).collect();
+    // Every window size, in an order of the seed's.
+    let mut sizes: Vec<usize> = (1..=8).collect();
+    sizes.sort_by_key(|_| rng.random::<u32>());
+    let run = |exec: &mut dyn Executor| {
+        let (mut logits, mut drafts) = (Vec::new(), Vec::new());
+        let mut pos0 = 0;
+        for &size in sizes.iter().cycle() {
+            if pos0 == seq.len() - 1 {
+                break;
+            }
+            let tokens = size.min(seq.len() - 1 - pos0);
+            exec.set_tokens(&seq[pos0..pos0 + tokens]).unwrap();
+            exec.run(&ops, Window { tokens, pos0 }).unwrap();
+            exec.next_ids(tokens).unwrap();
+            exec.set_tokens(&seq[pos0 + 1..=pos0 + tokens]).unwrap();
+            exec.run(&mtp, Window { tokens, pos0 }).unwrap();
+            drafts.extend(exec.next_ids(tokens).unwrap());
+            logits.extend(exec.logits(tokens).unwrap());
+            pos0 += tokens;
+        }
+        for pos0 in seq.len() - 1..seq.len() + 2 {
+            exec.set_tokens(&[*drafts.last().unwrap()]).unwrap();
+            exec.run(&mtp, Window { tokens: 1, pos0 }).unwrap();
+            drafts.extend(exec.next_ids(1).unwrap());
+            logits.extend(exec.logits(1).unwrap());
+        }
+        (logits, drafts)
+    };
+    let mut cpu = CpuExecutor::new(m.clone(), 64).expect("cpu executor");
+    let (want, want_drafts) = run(&mut cpu);
+    for (label, mut exec) in executors(backend, &m, 64) {
+        let (got, drafts) = run(exec.as_mut());
+        if let Some(d) = first_difference(&want, &got, m.config.n_vocab) {
+            panic!("{label} vs cpu, seed {seed}: MTP logits differ at {d} (rows: 39 MTP positions, then 3 chained steps)");
+        }
+        assert_eq!(drafts, want_drafts, "{label} vs cpu MTP drafts, seed {seed}");
+    }
+}
+
+#[test]
+fn mtp_matches_cpu_cuda() {
+    mtp_matches_cpu("cuda");
+}
+
+#[test]
+fn mtp_matches_cpu_hip() {
+    mtp_matches_cpu("hip");
+}
+
 #[test]
 fn hip_matches_cpu() {
     backend_matches_cpu("hip");
@@ -181,7 +256,7 @@ fn sampled_tokens_depend_on_seed_and_position_only() {
         let p = SampleParams { temperature: 1.0, top_k: 200, top_p: 1.0, seed: s };
         let ops = m.step_ops(Op::Pick(Pick::Sample(p)));
         let mut exec = CpuExecutor::new(m.clone(), 64).expect("cpu executor");
-        let req = Request { prompt: vec![1, 2, 3, 4, 5, 6, 7], n_predict: 32, window, spec: 1, stop: vec![], ignore_eos: true, want_logits: false };
+        let req = Request { prompt: vec![1, 2, 3, 4, 5, 6, 7], n_predict: 32, window, spec: 1, stop: vec![], ignore_eos: true, want_logits: false, draft: Draft::Lookup };
         let mut ids = Vec::new();
         generate(&mut exec, &ops, &req, |id, _| {
             ids.push(id);
@@ -197,14 +272,22 @@ fn sampled_tokens_depend_on_seed_and_position_only() {
     assert_ne!(decode(8, seed ^ 0x5555), base, "another seed drew the same 32 tokens");
 }
 
-/// Speculation changes the number of steps, never the tokens: `spec` 1, 2, 4 and 8 give the same
-/// 256 tokens (and the same logits for each), greedy and sampled with three seeds, on the
-/// built-in model (4 layers) from a repetitive prompt (so that prompt lookup finds drafts and
+/// Speculation changes the number of steps, never the tokens: `spec` 1, 2, 4 and 8 with
+/// prompt-lookup drafts, and 4 with the MTP block's drafts (the qwen35moe) and with none, give
+/// the same 256 tokens (and the same logits for each), greedy and sampled with three seeds, on the
+/// built-in model (4 layers) and on a qwen35moe (whose Gated DeltaNet state must roll back to
+/// the last accepted position) from a repetitive prompt (so that prompt lookup finds drafts and
 /// some are accepted). `spec` 1 runs twice: with the logits read after each step, and as the
 /// decode loop runs it without them (each step continued on the device, one queued ahead). On
 /// a GPU every run is made with the captured graphs and with eager launches (`--no-graph`).
 fn speculation_keeps_the_tokens(backend: &str) {
-    let m = builtin();
+    let seed = common::seed(&format!("speculation_keeps_the_tokens_{backend}"));
+    for m in [builtin(), hybrid(seed, (4, 2), 64, 4)] {
+        speculation_keeps_the_tokens_of(backend, m);
+    }
+}
+
+fn speculation_keeps_the_tokens_of(backend: &str, m: Arc<Model>) {
     assert_eq!(m.config.n_layer, 4);
     let prompt: Vec<u32> = [17u32, 300, 45, 9, 17, 300, 45].repeat(3);
     let picks = [
@@ -223,8 +306,19 @@ fn speculation_keeps_the_tokens(backend: &str) {
         let ops = m.step_ops(Op::Pick(pick));
         let mut base: Option<(Vec<u32>, Vec<f32>)> = None;
         for (label, exec) in execs.iter_mut() {
-            for (spec, want_logits) in [(1, true), (1, false), (2, true), (4, true), (8, true)] {
-                let req = Request { prompt: prompt.clone(), n_predict: 256, window: 8, spec, stop: vec![], ignore_eos: true, want_logits };
+            // Prompt lookup at every size; the model's MTP drafts (where it has an MTP block) and
+            // no drafts at 4.
+            let mut runs: Vec<(usize, bool, Draft)> = [(1, true), (1, false), (2, true), (4, true), (8, true)].map(|(s, l)| (s, l, Draft::Lookup)).into();
+            runs.extend(m.mtp_ops().map(|mtp| (4, true, Draft::Mtp(mtp))));
+            runs.push((4, true, Draft::None));
+            for (spec, want_logits, draft) in runs {
+                let lookup = draft == Draft::Lookup;
+                let name = match &draft {
+                    Draft::Lookup => "lookup",
+                    Draft::Mtp(_) => "mtp",
+                    Draft::None => "no",
+                };
+                let req = Request { prompt: prompt.clone(), n_predict: 256, window: 8, spec, stop: vec![], ignore_eos: true, want_logits, draft };
                 let (mut ids, mut logits) = (Vec::new(), Vec::new());
                 let stats = generate(exec.as_mut(), &ops, &req, |id, l| {
                     ids.push(id);
@@ -234,17 +328,24 @@ fn speculation_keeps_the_tokens(backend: &str) {
                 })
                 .expect("decode");
                 assert_eq!(ids.len(), 256);
-                eprintln!("{label} {pick:?} spec {spec}: {} steps, {} of {} drafts accepted", stats.steps, stats.accepted, stats.drafted);
-                if spec > 1 && pick == Pick::Greedy {
+                eprintln!("{label} {pick:?} spec {spec}, {name} drafts: {} steps, {} of {} drafts accepted", stats.steps, stats.accepted, stats.drafted);
+                if spec > 1 && pick == Pick::Greedy && lookup {
                     assert!(stats.accepted > 0, "{label} spec {spec}: no draft was ever accepted, so nothing was tested");
+                }
+                if name == "no" {
+                    assert_eq!((stats.drafted, stats.steps), (0, 255), "{label}: --draft none made drafts");
+                }
+                if name == "mtp" {
+                    // 3 drafts a step but where fewer than 4 tokens were left to generate.
+                    assert!(stats.drafted + 6 >= 3 * stats.steps && stats.drafted <= 3 * stats.steps, "{label}: the MTP block drafted {} tokens in {} steps", stats.drafted, stats.steps);
                 }
                 match &base {
                     None => base = Some((ids, logits)),
                     Some((want_ids, want)) => {
-                        assert_eq!(&ids, want_ids, "{label} {pick:?}: spec {spec} changed the tokens");
+                        assert_eq!(&ids, want_ids, "{label} {pick:?}: spec {spec} with {name} drafts changed the tokens");
                         if want_logits {
                             if let Some(d) = first_difference(want, &logits, m.config.n_vocab) {
-                                panic!("{label} {pick:?}: spec {spec} changed the logits at {d}");
+                                panic!("{label} {pick:?}: spec {spec} with {name} drafts changed the logits at {d}");
                             }
                         }
                     }
@@ -264,7 +365,7 @@ fn chained_decode_stops_in_time(backend: &str) {
     let prompt = vec![3u32, 1, 4, 1, 5];
     for (label, mut exec) in executors(backend, &m, 64) {
         let mut decode = |n_predict: usize, stop: Vec<u32>, want_logits: bool| {
-            let req = Request { prompt: prompt.clone(), n_predict, window: 8, spec: 1, stop, ignore_eos: false, want_logits };
+            let req = Request { prompt: prompt.clone(), n_predict, window: 8, spec: 1, stop, ignore_eos: false, want_logits, draft: Draft::Lookup };
             let mut ids = Vec::new();
             let stats = generate(exec.as_mut(), &ops, &req, |id, _| {
                 ids.push(id);
@@ -298,7 +399,7 @@ fn profiled_decode_times_every_phase() {
         let ops = m.step_ops(Op::Pick(Pick::Greedy));
         let mut exec = GpuExecutor::new(gpu, m, 64, false).unwrap();
         exec.set_profiling(true);
-        let req = Request { prompt: vec![3, 1, 4], n_predict: 8, window: 8, spec: 1, stop: vec![], ignore_eos: true, want_logits: false };
+        let req = Request { prompt: vec![3, 1, 4], n_predict: 8, window: 8, spec: 1, stop: vec![], ignore_eos: true, want_logits: false, draft: Draft::Lookup };
         let stats = generate(&mut exec, &ops, &req, |_, _| Ok(())).unwrap();
         let phases: Vec<&str> = stats.phases.iter().map(|p| p.0).collect();
         for want in ["attention", "router", "experts", "head", "sampling", "other"] {
@@ -339,9 +440,9 @@ fn speculation_keeps_the_tokens_hip() {
 }
 
 /// The built-in model without its vocabulary, its tensors rewritten by `edit`, loaded.
-fn rewritten(edit: impl Fn(&mut Vec<common::TensorParts>)) -> Arc<Qwen3Moe> {
+fn rewritten(edit: impl Fn(&mut Vec<common::TensorParts>)) -> Arc<Model> {
     let bytes = common::rewritten_tiny(false, |_, t| edit(t));
-    Arc::new(Qwen3Moe::load(Arc::new(GgufFile::from_bytes(bytes, "rewritten").unwrap())).unwrap())
+    Arc::new(Model::load(Arc::new(GgufFile::from_bytes(bytes, "rewritten").unwrap())).unwrap())
 }
 
 /// A fused `attn_qkv` (and `attn_qkv.bias`) means exactly the separate q, k, v tensors (and
@@ -377,7 +478,7 @@ fn fused_qkv_and_biases_mean_the_separate_tensors() {
     });
     let plain = rewritten(|_| {});
     let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
-    let logits = |m: &Arc<Qwen3Moe>| {
+    let logits = |m: &Arc<Model>| {
         let mut exec = CpuExecutor::new(m.clone(), 64).unwrap();
         forced_logits(&mut exec, &m.step_ops(Op::Pick(Pick::Greedy)), &seq, 8).unwrap()
     };
@@ -387,6 +488,48 @@ fn fused_qkv_and_biases_mean_the_separate_tensors() {
     }
     assert!(first_difference(&a, &logits(&plain), c.n_vocab).is_some(), "the biases changed nothing");
     // The fused matrix is not kept beside its slices: both models hold the same bytes.
+    assert_eq!(separate.weights.total_bytes(), fused.weights.total_bytes());
+}
+
+/// A fused `ffn_gate_up_exps` (each expert's gate rows, then its up rows) means exactly the
+/// separate `ffn_gate_exps` and `ffn_up_exps`, in every layer and the MTP block of a qwen35moe:
+/// the trunk's and the MTP block's logits are the same bits, and the two models hold the same
+/// bytes (the fused tensor is not kept beside its halves).
+#[test]
+fn fused_gate_up_experts_mean_the_separate_tensors() {
+    let seed = common::seed("fused_gate_up");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut spec = SynthSpec::qwen35moe_tiny();
+    spec.seed = seed;
+    let load = |bytes: Vec<u8>| Arc::new(Model::load(Arc::new(GgufFile::from_bytes(bytes, "rewritten").unwrap())).unwrap());
+    let separate = load(common::rewritten(&spec, |_, _| {}));
+    let c = &separate.config;
+    let (n_expert, n_ff, n_embd) = (c.n_expert, c.n_ff_exp, c.n_embd);
+    let fused = load(common::rewritten(&spec, |_, t| {
+        for i in 0..=c.n_layer {
+            let mut take = |which: &str| {
+                let at = t.iter().position(|x| x.0 == format!("blk.{i}.ffn_{which}_exps.weight")).unwrap();
+                t.remove(at)
+            };
+            let (gate, up) = (take("gate"), take("up"));
+            let per = gate.3.len() / n_expert;
+            let data: Vec<u8> = (0..n_expert).flat_map(|e| gate.3[e * per..(e + 1) * per].iter().chain(&up.3[e * per..(e + 1) * per]).copied()).collect();
+            t.push((format!("blk.{i}.ffn_gate_up_exps.weight"), vec![n_embd as u64, 2 * n_ff as u64, n_expert as u64], gate.2, data));
+        }
+    }));
+    let seq: Vec<u32> = (0..24).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
+    let logits = |m: &Arc<Model>| {
+        let mut exec = CpuExecutor::new(m.clone(), 64).unwrap();
+        let trunk = forced_logits(&mut exec, &m.step_ops(Op::Pick(Pick::Greedy)), &seq, 8).unwrap();
+        exec.set_tokens(&seq[1..9]).unwrap();
+        exec.run(&m.mtp_ops().unwrap(), Window { tokens: 8, pos0: 0 }).unwrap();
+        exec.next_ids(8).unwrap();
+        (trunk, exec.logits(8).unwrap())
+    };
+    let ((a, a_mtp), (b, b_mtp)) = (logits(&separate), logits(&fused));
+    if let Some(d) = first_difference(&a, &b, c.n_vocab).or_else(|| first_difference(&a_mtp, &b_mtp, c.n_vocab)) {
+        panic!("fused ffn_gate_up_exps differs from separate gate/up (seed {seed}) at {d}");
+    }
     assert_eq!(separate.weights.total_bytes(), fused.weights.total_bytes());
 }
 
@@ -405,7 +548,7 @@ fn greedy_refuses_all_nan_logits(backend: &str) {
     });
     let Some(mut exec) = executor(backend, m.clone(), 64) else { return };
     let ops = m.step_ops(Op::Pick(Pick::Greedy));
-    let req = Request { prompt: vec![3, 7], n_predict: 4, window: 8, spec: 1, stop: vec![], ignore_eos: true, want_logits: false };
+    let req = Request { prompt: vec![3, 7], n_predict: 4, window: 8, spec: 1, stop: vec![], ignore_eos: true, want_logits: false, draft: Draft::Lookup };
     let err = generate(exec.as_mut(), &ops, &req, |_, _| Ok(())).expect_err("all-NaN logits must not decode");
     assert!(err.to_string().contains("position 1 are all NaN"), "{backend}: {err}");
 }
@@ -423,4 +566,21 @@ fn greedy_refuses_all_nan_logits_cuda() {
 #[test]
 fn greedy_refuses_all_nan_logits_hip() {
     greedy_refuses_all_nan_logits("hip");
+}
+
+/// Every weight a model loads is read by its step or its MTP step (nothing is uploaded for
+/// nothing, such as a matrix that was split into others), on qwen3moe and qwen35moe models.
+#[test]
+fn every_loaded_weight_is_read() {
+    for m in models(1).into_iter().chain([builtin()]) {
+        let mut read = vec![false; m.weights.list.len()];
+        let mtp = m.mtp_ops().unwrap_or_default();
+        for op in m.step_ops(Op::Pick(Pick::Greedy)).iter().chain(&mtp) {
+            for id in op.weights() {
+                read[id.0] = true;
+            }
+        }
+        let unread: Vec<&str> = m.weights.list.iter().zip(&read).filter(|(_, r)| !**r).map(|(w, _)| w.name.as_str()).collect();
+        assert!(unread.is_empty(), "{}: loaded but never read: {unread:?}", m.arch);
+    }
 }

@@ -1,4 +1,5 @@
-//! llama.cpp as the independent reference: Strata computes what a qwen3moe file means.
+//! llama.cpp as the independent reference: Strata computes what a qwen3moe or qwen35moe file
+//! means.
 //!
 //! For each small synthetic model below, `strata synth` writes the file, `strata decode` decodes
 //! it greedily on the CPU (70 tokens after a one-token prompt, 300 for the first model so its
@@ -22,6 +23,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::llama::{f32_rows, llama_python, row_argmax, s, strata, Stats, SPIKE_NMSE};
+
 /// Generated tokens per model: the rows compared.
 /// The one-token prompt.
 const PROMPT: u32 = 1;
@@ -30,8 +33,6 @@ const PROMPT: u32 = 1;
 /// router near-tie recurs at every position. A stand-in decoder with one bug each: 6e-3 (one
 /// extra token in the context) to 0.6; broken comparisons: 0.8 to 1.9.
 const MEDIAN_NMSE_MAX: f64 = 5e-3;
-/// A position above this counts as a spike (a routing flip: 1e-3 to 0.47 measured).
-const SPIKE_NMSE: f64 = 1e-2;
 /// Spiking positions at most (measured: up to 10 %; the buggy stand-ins 36 % and more).
 const SPIKE_RATE_MAX: f64 = 0.2;
 /// No position beyond this (measured: largest routing-flip spike 0.47; unrelated logits 0.8 to 2.3).
@@ -67,6 +68,19 @@ struct Case {
     seed: u64,
     /// Tokens generated after the one-token prompt (past 256, attention merges chunks).
     generated: usize,
+    /// A qwen35moe model: its Gated DeltaNet and gated attention layers.
+    hybrid: Option<Hybrid>,
+}
+
+/// What a qwen35moe case adds (the `strata synth --arch qwen35moe` options).
+struct Hybrid {
+    attn_every: u32,
+    k_heads: u32,
+    v_heads: u32,
+    state_size: u32,
+    conv_taps: u32,
+    rope_dims: u32,
+    shared_ff: u32,
 }
 
 impl Case {
@@ -87,7 +101,12 @@ impl Case {
             self.attn,
             if self.tied { "tied to the embedding" } else { self.head },
             self.router.map(|r| format!(", router {r}")).unwrap_or_default(),
-        )
+        ) + &self.hybrid.as_ref().map_or(String::new(), |h| {
+            format!(
+                "; qwen35moe: attention every {} layers ({} rotated dims), GDN {} key / {} value heads of {}, {} conv taps, shared expert {}",
+                h.attn_every, h.rope_dims, h.k_heads, h.v_heads, h.state_size, h.conv_taps, h.shared_ff
+            )
+        })
     }
 }
 
@@ -110,6 +129,7 @@ const GQA_4_2: Case = Case {
     tied: false,
     seed: 11,
     generated: 300,
+    hybrid: None,
 };
 
 const MQA_8_1: Case = Case {
@@ -131,6 +151,7 @@ const MQA_8_1: Case = Case {
     tied: false,
     seed: 12,
     generated: 70,
+    hybrid: None,
 };
 
 const GQA_6_3_TIED: Case = Case {
@@ -152,6 +173,7 @@ const GQA_6_3_TIED: Case = Case {
     tied: true,
     seed: 13,
     generated: 70,
+    hybrid: None,
 };
 
 const Q2_0_DOWN: Case = Case {
@@ -173,7 +195,67 @@ const Q2_0_DOWN: Case = Case {
     tied: false,
     seed: 14,
     generated: 70,
+    hybrid: None,
 };
+
+/// qwen35moe, value heads tiled over twice as many as key heads, two gated attention layers (of
+/// four) with 16 of 64 dimensions rotated, 300 tokens so attention merges chunks and the GDN
+/// state runs long.
+const HYBRID_V2K: Case = Case {
+    name: "hybrid_v2k",
+    layers: 4,
+    embd: 256,
+    heads: 4,
+    kv_heads: 2,
+    head_dim: 64,
+    experts: 8,
+    used: 2,
+    ff: 128,
+    vocab: 512,
+    gu: "IQ3_S",
+    down: "IQ4_NL",
+    attn: "Q8_0",
+    head: "Q8_0",
+    router: None,
+    tied: false,
+    seed: 21,
+    generated: 300,
+    hybrid: Some(Hybrid { attn_every: 2, k_heads: 2, v_heads: 4, state_size: 64, conv_taps: 4, rope_dims: 16, shared_ff: 128 }),
+};
+
+/// qwen35moe, as many value heads as key heads, three conv taps, heads of 128 with 32 rotated,
+/// six layers of which two attend (layers 2 and 5).
+const HYBRID_EQUAL: Case = Case {
+    name: "hybrid_equal",
+    layers: 6,
+    embd: 256,
+    heads: 4,
+    kv_heads: 1,
+    head_dim: 128,
+    experts: 16,
+    used: 4,
+    ff: 64,
+    vocab: 768,
+    gu: "IQ4_XS",
+    down: "Q8_0",
+    attn: "Q8_0",
+    head: "Q6_K",
+    router: Some("F16"),
+    tied: false,
+    seed: 22,
+    generated: 70,
+    hybrid: Some(Hybrid { attn_every: 3, k_heads: 4, v_heads: 4, state_size: 32, conv_taps: 3, rope_dims: 32, shared_ff: 96 }),
+};
+
+#[test]
+fn qwen35moe_v_heads_tiled_over_k_heads() {
+    check(&HYBRID_V2K);
+}
+
+#[test]
+fn qwen35moe_equal_heads_three_taps() {
+    check(&HYBRID_EQUAL);
+}
 
 #[test]
 fn gqa_4_2_iq3s_iq4nl_q8_0_bf16_router() {
@@ -243,14 +325,14 @@ fn check(case: &Case) {
     let theirs = llama_logits(&python, &model, &sequence, &dir.join("llama.f32"), vocab);
     let shifted = llama_logits(&python, &model, &sequence[1..], &dir.join("llama-shifted.f32"), vocab);
 
-    let correct = Stats::of((0..case.generated).map(|j| (j, &ours[j], &theirs[j])));
+    let correct = Stats::of((0..case.generated).map(|j| (j, &ours[j][..], &theirs[j][..])));
     eprintln!("{}: ours vs llama.cpp, same positions: {}", case.name, correct.line());
     // The broken comparisons, at the positions where they can differ from the right one.
     let changes: Vec<usize> = (0..case.generated).filter(|&j| sequence[j] != sequence[j + 1]).collect();
     eprintln!("{}: the next token differs at {} of {n_gen} positions", case.name, changes.len());
     let broken = (changes.len() >= MIN_CHANGES).then(|| {
-        let wrong_position = Stats::of(changes.iter().map(|&j| (j, &ours[j], &theirs[j + 1])));
-        let shifted_sequence = Stats::of(changes.iter().map(|&j| (j, &ours[j], &shifted[j])));
+        let wrong_position = Stats::of(changes.iter().map(|&j| (j, &ours[j][..], &theirs[j + 1][..])));
+        let shifted_sequence = Stats::of(changes.iter().map(|&j| (j, &ours[j][..], &shifted[j][..])));
         eprintln!("{}: broken on purpose, ours vs llama.cpp one position later: {}", case.name, wrong_position.line());
         eprintln!("{}: broken on purpose, ours vs llama.cpp on the sequence shifted by one: {}", case.name, shifted_sequence.line());
         [("one position later", wrong_position), ("shifted sequence", shifted_sequence)]
@@ -288,66 +370,6 @@ fn check(case: &Case) {
     }
     assert!(failures.is_empty(), "{} (seed {seed}) disagrees with llama.cpp: {}", case.name, failures.join("; "));
     std::fs::remove_dir_all(&dir).ok();
-}
-
-/// Per-position NMSE of our rows against the reference rows, and top-1 agreement.
-struct Stats {
-    median: f64,
-    mean: f64,
-    max: f64,
-    /// The position of the largest NMSE.
-    worst: usize,
-    spike_rate: f64,
-    top1: f64,
-}
-
-impl Stats {
-    /// From (position, our row, reference row) triples.
-    fn of<'a>(rows: impl Iterator<Item = (usize, &'a Vec<f32>, &'a Vec<f32>)>) -> Stats {
-        let (mut nmse, mut agree, mut worst, mut max) = (Vec::new(), 0usize, 0, f64::MIN);
-        for (position, ours, theirs) in rows {
-            let e = nmse_row(ours, theirs);
-            if e > max {
-                (worst, max) = (position, e);
-            }
-            nmse.push(e);
-            agree += usize::from(row_argmax(ours) == row_argmax(theirs));
-        }
-        let n = nmse.len() as f64;
-        let mean = nmse.iter().sum::<f64>() / n;
-        let spike_rate = nmse.iter().filter(|&&e| e > SPIKE_NMSE).count() as f64 / n;
-        let mut sorted = nmse;
-        sorted.sort_by(f64::total_cmp);
-        let median = (sorted[(sorted.len() - 1) / 2] + sorted[sorted.len() / 2]) / 2.0;
-        Stats { median, mean, max, worst, spike_rate, top1: agree as f64 / n }
-    }
-
-    fn line(&self) -> String {
-        format!(
-            "NMSE median {:.2e}, mean {:.2e}, max {:.2e} (position {}), {:.0} % over {SPIKE_NMSE:.0e}; top-1 agreement {:.1} %",
-            self.median,
-            self.mean,
-            self.max,
-            self.worst,
-            self.spike_rate * 100.0,
-            self.top1 * 100.0
-        )
-    }
-}
-
-/// sum (a - b)^2 / sum b^2 in float64, b the reference.
-fn nmse_row(ours: &[f32], reference: &[f32]) -> f64 {
-    let (mut err, mut norm) = (0f64, 0f64);
-    for (&a, &b) in ours.iter().zip(reference) {
-        err += (a as f64 - b as f64).powi(2);
-        norm += (b as f64).powi(2);
-    }
-    err / norm
-}
-
-/// The first index of the largest value.
-fn row_argmax(row: &[f32]) -> usize {
-    row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
 }
 
 fn synth(case: &Case, seed: u64, out: &Path) {
@@ -392,14 +414,22 @@ fn synth(case: &Case, seed: u64, out: &Path) {
     if let Some(router) = case.router {
         args.extend(["--router".into(), router.into()]);
     }
+    if let Some(h) = &case.hybrid {
+        args.extend(["--arch".into(), "qwen35moe".into()]);
+        let counts = [
+            ("--attn-every", h.attn_every),
+            ("--k-heads", h.k_heads),
+            ("--v-heads", h.v_heads),
+            ("--state-size", h.state_size),
+            ("--conv-taps", h.conv_taps),
+            ("--rope-dims", h.rope_dims),
+            ("--shared-ff", h.shared_ff),
+        ];
+        for (flag, v) in counts {
+            args.extend([flag.into(), n(v)]);
+        }
+    }
     strata(&args.iter().map(String::as_str).collect::<Vec<_>>());
-}
-
-/// Runs the binary under test (cargo's, or `STRATA_BIN`), panicking with its stderr on failure.
-fn strata(args: &[&str]) {
-    let bin = std::env::var("STRATA_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_strata").to_string());
-    let out = Command::new(&bin).args(args).env_remove("STRATA_REQUIRE_GPU").output().unwrap_or_else(|e| panic!("{bin}: {e}"));
-    assert!(out.status.success(), "strata {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
 /// llama.cpp's logits for every position of `ids`.
@@ -415,27 +445,8 @@ fn llama_logits(python: &Path, model: &Path, ids: &[u32], out: &Path, vocab: usi
     rows
 }
 
-/// A file of little-endian f32 rows of `n`.
-fn f32_rows(path: &Path, n: usize) -> Vec<Vec<f32>> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(bytes.len() % (4 * n), 0, "{}: {} bytes is not a whole number of rows of {n} f32", path.display(), bytes.len());
-    bytes.chunks_exact(4 * n).map(|row| row.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()).collect()
-}
-
 /// A JSON list of token ids, as `strata decode --ids-out` writes it.
 fn parse_ids(json: &str) -> Vec<u32> {
     let inner = json.trim().strip_prefix('[').and_then(|t| t.strip_suffix(']')).unwrap_or_else(|| panic!("not a JSON list: {json}"));
     inner.split(',').filter(|t| !t.trim().is_empty()).map(|t| t.trim().parse().unwrap_or_else(|_| panic!("not a token id: {t:?}"))).collect()
-}
-
-/// The project venv's python when it can import llama_cpp 0.3.36 (scripts/setup-llama.sh).
-fn llama_python() -> Option<PathBuf> {
-    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    let check = "import sys, llama_cpp; sys.exit(llama_cpp.__version__ != '0.3.36')";
-    let ok = python.exists() && Command::new(&python).args(["-c", check]).output().is_ok_and(|o| o.status.success());
-    ok.then_some(python)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }

@@ -516,7 +516,7 @@ fn qwen35moe_files_hold_every_tensor_and_key() {
             ("block_count", c.n_layer + 1),
             ("nextn_predict_layers", 1),
             ("expert_shared_feed_forward_length", h.n_ff_shexp),
-            ("rope.dimension_count", h.n_rot),
+            ("rope.dimension_count", c.n_rot),
             ("ssm.conv_kernel", h.d_conv),
             ("ssm.inner_size", h.d_state * h.n_v_heads),
             ("ssm.state_size", h.d_state),
@@ -533,7 +533,7 @@ fn qwen35moe_files_hold_every_tensor_and_key() {
             Value::I32(s) => *s as i64,
             other => panic!("a section is {other:?}"),
         }).sum();
-        assert_eq!((sections.len(), sum), (4, h.n_rot as i64 / 2));
+        assert_eq!((sections.len(), sum), (4, c.n_rot as i64 / 2));
         // The decay's A must be negative, so that g = softplus(..) * A <= 0.
         for l in (0..c.n_layer).filter(|&l| (l + 1) % h.full_attention_interval != 0) {
             let a = values(&f, &format!("blk.{l}.ssm_a"));
@@ -572,8 +572,8 @@ fn qwen35moe_shapes_are_checked() {
         let e = s.validate().unwrap_err();
         assert!(e.contains(says), "`{e}` does not say `{says}`");
     };
-    bad(|s| s.hybrid.as_mut().unwrap().n_rot = 15, "rope dimension count 15");
-    bad(|s| s.hybrid.as_mut().unwrap().n_rot = 128, "rope dimension count 128");
+    bad(|s| s.config.n_rot = 15, "rope dimension count 15");
+    bad(|s| s.config.n_rot = 128, "rope dimension count 128");
     bad(|s| s.hybrid.as_mut().unwrap().rope_sections = [3, 3, 3, 0], "sum to 9");
     bad(|s| s.hybrid.as_mut().unwrap().n_v_heads = 3, "3 value heads are not a multiple of 2 key heads");
     bad(|s| s.hybrid.as_mut().unwrap().full_attention_interval = 5, "no full-attention layer among 4 layers");

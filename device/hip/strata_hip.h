@@ -194,6 +194,45 @@ STRATA_FN float exp_neg(float x) {
   return (p * __builtin_bit_cast(float, (uint32_t)(ni + 100 + 127) << 23)) * __builtin_bit_cast(float, (uint32_t)(127 - 100) << 23);
 }
 
+// The logistic 1 / (1 + e^-x), as math::sigmoid: from exp_neg on either side of 0, NaN as is.
+STRATA_FN float sigmoid(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + exp_neg(-x));
+  if (x < 0.0f) {
+    float e = exp_neg(x);
+    return e / (1.0f + e);
+  }
+  return x;
+}
+
+// ln(1 + y) for 0 <= y <= 1, as math::ln_1p_unit: s = y / (2 + y), the atanh series in s^2 by
+// Horner from 1/17 (one multiply then one add a step), result (2 * s) * p.
+STRATA_FN float ln_1p_unit(float y) {
+  float s = y / (2.0f + y);
+  float s2 = s * s;
+  float p = 1.0f / 17.0f;
+  p = p * s2 + 1.0f / 15.0f;
+  p = p * s2 + 1.0f / 13.0f;
+  p = p * s2 + 1.0f / 11.0f;
+  p = p * s2 + 1.0f / 9.0f;
+  p = p * s2 + 1.0f / 7.0f;
+  p = p * s2 + 1.0f / 5.0f;
+  p = p * s2 + 1.0f / 3.0f;
+  p = p * s2 + 1.0f;
+  return (2.0f * s) * p;
+}
+
+// ln(1 + e^x), as math::softplus: x itself above 20 (and NaN), else
+// max(x, 0) + ln_1p_unit(exp_neg(-|x|)) with the max taken as x > 0 ? x : 0.
+STRATA_FN float softplus(float x) {
+  if (!(x <= 20.0f)) return x;
+  float pos = 0.0f, neg_abs = x;
+  if (x > 0.0f) {
+    pos = x;
+    neg_abs = -x;
+  }
+  return pos + ln_1p_unit(exp_neg(neg_abs));
+}
+
 // ---- dynamic shared memory as u32 words (device/src/arch/mem.rs Smem) -----------------------------
 extern __shared__ uint32_t strata_smem[];
 

@@ -40,6 +40,50 @@ pub fn exp_neg(x: f32) -> f32 {
     }
 }
 
+/// The logistic `1 / (1 + e^-x)` from [`exp_neg`]: `1 / (1 + exp_neg(-x))` for `x >= 0`,
+/// `e / (1 + e)` with `e = exp_neg(x)` for `x < 0`; NaN is returned as is.
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + exp_neg(-x))
+    } else if x < 0.0 {
+        let e = exp_neg(x);
+        e / (1.0 + e)
+    } else {
+        x
+    }
+}
+
+/// `ln(1 + y)` for `0 <= y <= 1`, relative error about 2e-7: `s = y / (2 + y)` (so
+/// `s <= 1/3`), `s2 = s * s`, `p = 1 + s2(1/3 + s2(1/5 + ... + s2(1/15 + s2/17)))` by Horner
+/// (each step one multiply then one add, from `1/17`), result `(2 * s) * p` (the atanh series).
+#[inline(always)]
+pub fn ln_1p_unit(y: f32) -> f32 {
+    let s = y / (2.0 + y);
+    let s2 = s * s;
+    let mut p = 1.0 / 17.0;
+    p = p * s2 + 1.0 / 15.0;
+    p = p * s2 + 1.0 / 13.0;
+    p = p * s2 + 1.0 / 11.0;
+    p = p * s2 + 1.0 / 9.0;
+    p = p * s2 + 1.0 / 7.0;
+    p = p * s2 + 1.0 / 5.0;
+    p = p * s2 + 1.0 / 3.0;
+    p = p * s2 + 1.0;
+    (2.0 * s) * p
+}
+
+/// `ln(1 + e^x)`, as ggml's softplus: `x` itself above 20 (and for NaN); otherwise
+/// `max(x, 0) + ln_1p_unit(exp_neg(-|x|))`, the max taken as `if x > 0 { x } else { 0 }`.
+#[inline(always)]
+pub fn softplus(x: f32) -> f32 {
+    if !(x <= 20.0) {
+        return x;
+    }
+    let (pos, neg_abs) = if x > 0.0 { (x, -x) } else { (0.0, x) };
+    pos + ln_1p_unit(exp_neg(neg_abs))
+}
+
 /// `sqrt(x)` correctly rounded (round to nearest even), as IEEE `sqrt` and PTX `sqrt.rn.f32`
 /// compute it: `core` has no `sqrt`, so the replica computes it from the integer square root of
 /// the significand. Negative inputs (not -0) and NaN give NaN; +-0 and +inf are returned as is.
@@ -125,6 +169,35 @@ mod tests {
             s ^= s >> 7;
             s ^= s << 17;
             check(f32::from_bits(s as u32 & 0x7fff_ffff));
+        }
+    }
+
+    #[test]
+    fn sigmoid_and_softplus_match_float64() {
+        let (mut worst_sig, mut worst_sp) = (0.0f64, 0.0f64);
+        let mut x = -60.0f32;
+        while x < 60.0 {
+            let xd = x as f64;
+            let (sig, sp) = (1.0 / (1.0 + (-xd).exp()), xd.exp().ln_1p());
+            worst_sig = worst_sig.max(((sigmoid(x) as f64 - sig) / sig).abs());
+            if x <= 20.0 {
+                worst_sp = worst_sp.max(((softplus(x) as f64 - sp) / sp).abs());
+            } else {
+                assert_eq!(softplus(x), x);
+            }
+            x += 0.000_917;
+        }
+        assert!(worst_sig < 1e-6, "sigmoid: worst relative error {worst_sig:e}");
+        assert!(worst_sp < 1e-6, "softplus: worst relative error {worst_sp:e}");
+        assert_eq!(sigmoid(0.0), 0.5);
+        assert!(sigmoid(f32::NAN).is_nan() && softplus(f32::NAN).is_nan());
+        assert_eq!(sigmoid(f32::NEG_INFINITY), 0.0);
+        assert_eq!(sigmoid(f32::INFINITY), 1.0);
+        let mut y = 0.0f32;
+        while y <= 1.0 {
+            let want = (y as f64).ln_1p();
+            assert!((ln_1p_unit(y) as f64 - want).abs() <= 3e-7 * want.max(1e-30), "ln_1p({y})");
+            y += 0.000_37;
         }
     }
 

@@ -108,6 +108,18 @@ pub fn butterfly_sum(mut v: [f32; LANES]) -> f32 {
     v[0]
 }
 
+/// `f(0) + ... + f(n - 1)` as a warp sums it: lane `p` adds `f(p), f(p + 32), ...` left to
+/// right from +0.0, then the [`butterfly_sum`] of the 32 partials.
+pub fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
+    let mut partials = [0.0f32; LANES];
+    for (p, acc) in partials.iter_mut().enumerate() {
+        for j in (p..n).step_by(LANES) {
+            *acc += f(j);
+        }
+    }
+    butterfly_sum(partials)
+}
+
 /// `f32(s) * 2^-k`, exact for `|s| < 2^24` and the shifts the formats use (0, 2, 3).
 pub fn group_scale(s: i32, k: u32) -> f32 {
     s as f32 * f32::from_bits((127 - k) << 23)

@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::generate::{chain, generate, Request};
+use crate::generate::{chain, generate, Draft, Request};
 use crate::step::{Executor, Op, Window, MAX_WINDOW, PHASES};
 
 /// The token pattern of the speculation and prefill prompts, repeated to their length.
@@ -91,6 +91,8 @@ pub enum Kind {
     Window,
     /// Prompt-lookup speculation ([`spec`]).
     Spec,
+    /// Speculation with the model's MTP drafts ([`spec`]).
+    Mtp,
     /// Prompt prefill ([`prefill`]).
     Prefill,
 }
@@ -101,6 +103,7 @@ impl Kind {
             Kind::Tg => "tg",
             Kind::Window => "window",
             Kind::Spec => "spec",
+            Kind::Mtp => "mtp",
             Kind::Prefill => "prefill",
         }
     }
@@ -138,6 +141,7 @@ impl Row {
             Kind::Tg => format!("tg{}{depth}", self.n),
             Kind::Window => format!("tg{} win{}{depth}", self.n, self.window),
             Kind::Spec => format!("tg{} spec{}", self.n, self.window),
+            Kind::Mtp => format!("tg{} mtp{}", self.n, self.window),
             Kind::Prefill => format!("pp{} win{}", self.n, self.window),
         };
         match self.launch {
@@ -163,7 +167,7 @@ impl Row {
 
     /// Accepted / drafted, for the rows whose steps carry drafts (0 where none was proposed).
     pub fn acceptance(&self) -> Option<Spread> {
-        matches!(self.kind, Kind::Window | Kind::Spec)
+        matches!(self.kind, Kind::Window | Kind::Spec | Kind::Mtp)
             .then(|| Spread::of(self.runs.iter().map(|r| if r.drafted == 0 { 0.0 } else { r.accepted as f64 / r.drafted as f64 })))
     }
 
@@ -294,13 +298,15 @@ pub fn windows(exec: &mut dyn Executor, ops: &[Op], seq: &[u32], t: usize, runs:
     Ok(Row { launch: Launch::Default, kind: Kind::Window, n: seq.len(), depth: 0, window: t, runs: out })
 }
 
-/// Prompt-lookup speculation: [`generate`] of `n` tokens after `prompt` (prefilled in windows
-/// of 8, untimed), greedy, end-of-generation ignored, verify windows of up to `spec` tokens.
-/// Time: `Stats::decode` (the generation steps); tokens: the `n` generated after the
-/// prefill's own token; steps, drafts and accepted drafts from `Stats`.
-pub fn spec(exec: &mut dyn Executor, ops: &[Op], prompt: &[u32], n: usize, spec: usize, runs: usize) -> Result<Row> {
+/// Speculation with `draft` (prompt lookup or the model's MTP block): [`generate`] of `n` tokens
+/// after `prompt` (prefilled in windows of 8, untimed), greedy, end-of-generation ignored,
+/// verify windows of up to `spec` tokens. Time: `Stats::decode` (the generation steps, the MTP
+/// drafting included); tokens: the `n` generated after the prefill's own token; steps, drafts
+/// and accepted drafts from `Stats`.
+pub fn spec(exec: &mut dyn Executor, ops: &[Op], draft: &Draft, prompt: &[u32], n: usize, spec: usize, runs: usize) -> Result<Row> {
     check_runs(runs)?;
-    let req = Request { prompt: prompt.to_vec(), n_predict: n + 1, window: MAX_WINDOW, spec, stop: Vec::new(), ignore_eos: true, want_logits: false };
+    let kind = if matches!(draft, Draft::Mtp(_)) { Kind::Mtp } else { Kind::Spec };
+    let req = Request { prompt: prompt.to_vec(), n_predict: n + 1, window: MAX_WINDOW, spec, stop: Vec::new(), ignore_eos: true, want_logits: false, draft: draft.clone() };
     let mut out = Vec::with_capacity(runs);
     for _ in 0..runs {
         let stats = generate(exec, ops, &req, |_, _| Ok(()))?;
@@ -312,7 +318,7 @@ pub fn spec(exec: &mut dyn Executor, ops: &[Op], prompt: &[u32], n: usize, spec:
             accepted: stats.accepted,
         });
     }
-    Ok(Row { launch: Launch::Default, kind: Kind::Spec, n, depth: 0, window: spec, runs: out })
+    Ok(Row { launch: Launch::Default, kind, n, depth: 0, window: spec, runs: out })
 }
 
 /// Prefill: `prompt` in windows of `window` tokens from position 0, as [`generate`] prefills,
@@ -333,6 +339,26 @@ pub fn prefill(exec: &mut dyn Executor, ops: &[Op], prompt: &[u32], window: usiz
         out.push(Run { secs: start.elapsed().as_secs_f64(), tokens: prompt.len(), steps: prompt.len().div_ceil(window), ..Run::default() });
     }
     Ok(Row { launch: Launch::Default, kind: Kind::Prefill, n: prompt.len(), depth: 0, window, runs: out })
+}
+
+/// The MTP block's one-token draft step: one trunk step at position 0 (so the hidden state is
+/// the model's), then `n` MTP steps at positions `0..n`, each fed the draft of the one before
+/// (the first: `first`), as the decode loop chains drafts; microseconds per MTP step from the
+/// first `set_tokens` to the last draft coming back, `runs` times.
+pub fn mtp_steps(exec: &mut dyn Executor, ops: &[Op], mtp: &[Op], first: u32, n: usize, runs: usize) -> Result<Spread> {
+    check_runs(runs)?;
+    let mut us = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        step(exec, ops, &[first], 0)?;
+        let (start, mut draft) = (Instant::now(), first);
+        for pos0 in 0..n {
+            exec.set_tokens(&[draft])?;
+            exec.run(mtp, Window { tokens: 1, pos0 })?;
+            draft = exec.next_ids(1)?[0];
+        }
+        us.push(1e6 * start.elapsed().as_secs_f64() / n as f64);
+    }
+    Ok(Spread::of(us))
 }
 
 /// The time per phase of `n` one-token steps from position 0 (as [`tg`]), `runs` times, from

@@ -1,5 +1,6 @@
 //! The decode loop: prefill the prompt in windows, then generate in verify windows (the last
-//! token and up to `spec - 1` prompt-lookup drafts, built on the host from the tokens so far),
+//! token and up to `spec - 1` drafts: from prompt lookup on the host, or from the model's MTP
+//! block run on the backend after each window, [`Draft`]),
 //! or without speculation in one-token steps that follow each other on the device ([`chain`]:
 //! the host keeps one step queued ahead and never writes a step's input), handing each token
 //! (and, when asked, the logits it was chosen from) to the caller as it arrives. The model's choice at a position does not depend on the window it is computed in
@@ -26,6 +27,21 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Hand the logits each token was chosen from to the caller.
     pub want_logits: bool,
+    /// Where the verify windows' drafts come from.
+    pub draft: Draft,
+}
+
+/// The drafts of a verify window.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Draft {
+    /// None: every step is one token.
+    None,
+    /// Prompt lookup: the continuation of the longest recent n-gram seen before ([`crate::lookup`]).
+    Lookup,
+    /// The model's MTP block, as this op list ([`crate::model::Model::mtp_ops`]): after every
+    /// trunk step it runs over the step's positions (its KV cache and the first draft), then
+    /// chains one-token steps for the other drafts.
+    Mtp(Vec<Op>),
 }
 
 /// Timings of one decode.
@@ -75,6 +91,13 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
     let mut pos = 0;
     let mut next = 0;
     let mut logits: Option<Vec<f32>> = None;
+    // MTP drafts are made only for verify windows.
+    let mtp = match &req.draft {
+        Draft::Mtp(ops) if req.spec > 1 => Some(ops.as_slice()),
+        _ => None,
+    };
+    // The MTP block's draft for the position after the next window's first.
+    let mut mtp_draft = None;
     for chunk in req.prompt.chunks(req.window) {
         let w = Window { tokens: chunk.len(), pos0: pos };
         exec.set_tokens(chunk)?;
@@ -86,6 +109,11 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
         if req.want_logits {
             let all = exec.logits(w.tokens)?;
             logits = Some(all[all.len() / w.tokens * (w.tokens - 1)..].to_vec());
+        }
+        if let Some(mtp) = mtp {
+            // Row t reads the token after its position: the prompt's, then the model's choice.
+            let after: Vec<u32> = (pos + 1..=pos + chunk.len()).map(|p| req.prompt.get(p).copied().unwrap_or(next)).collect();
+            mtp_draft = Some(mtp_step(exec, mtp, &after, pos, &mut stats)?);
         }
         pos += chunk.len();
     }
@@ -124,7 +152,19 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
         // The window: the last token, then drafts that fit the context and the tokens left.
         let room = (n_ctx - pos).min(req.n_predict - stats.generated).min(req.spec);
         let mut window = vec![next];
-        window.extend(crate::lookup::draft(&history, room - 1));
+        match (&req.draft, mtp, mtp_draft) {
+            (Draft::Lookup, ..) => window.extend(crate::lookup::draft(&history, room - 1)),
+            (_, Some(mtp), Some(first)) if room > 1 => {
+                // Draft k (k >= 2) chains from draft k - 1 at position pos + k - 2, on the MTP
+                // block's own hidden state of the step before.
+                window.push(first);
+                while window.len() < room {
+                    let d = mtp_step(exec, mtp, &[*window.last().expect("not empty")], pos + window.len() - 2, &mut stats)?;
+                    window.push(d);
+                }
+            }
+            _ => {}
+        }
         let w = Window { tokens: window.len(), pos0: pos };
         exec.set_tokens(&window)?;
         let issue = Instant::now();
@@ -151,6 +191,11 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
             if !go {
                 break;
             }
+        }
+        if let (true, Some(mtp)) = (go, mtp) {
+            // The MTP block over the accepted positions (each reads the token after it): its
+            // cache, and the first draft of the next window.
+            mtp_draft = Some(mtp_step(exec, mtp, &out.ids, pos, &mut stats)?);
         }
         pos += out.ids.len();
         next = *out.ids.last().expect("a window emits at least one token");
@@ -210,6 +255,23 @@ pub fn forced_logits(exec: &mut dyn Executor, ops: &[Op], seq: &[u32], window: u
         all.extend(exec.logits(w.tokens)?);
     }
     Ok(all)
+}
+
+/// One MTP step over positions `pos ..` fed `after` (the token after each position; the hidden
+/// states are where the last step left them): returns its last row's draft, and adds its time
+/// to the `mtp` phase when the executor measures phases.
+fn mtp_step(exec: &mut dyn Executor, mtp: &[Op], after: &[u32], pos: usize, stats: &mut Stats) -> Result<u32> {
+    exec.set_tokens(after)?;
+    exec.run(mtp, Window { tokens: after.len(), pos0: pos })?;
+    let draft = *exec.next_ids(after.len())?.last().expect("a window has a token");
+    if let Some(times) = exec.phase_times() {
+        let ms: f64 = times.iter().map(|(_, ms)| ms).sum();
+        match stats.phases.iter_mut().find(|(q, _)| *q == "mtp") {
+            Some((_, t)) => *t += ms,
+            None => stats.phases.push(("mtp", ms)),
+        }
+    }
+    Ok(draft)
 }
 
 /// Greedy decoding met a row of NaN logits at `pos`: there is no token to pick.

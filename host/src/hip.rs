@@ -40,6 +40,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("route.hip", include_str!("../../device/hip/route.hip")),
     ("sample.hip", include_str!("../../device/hip/sample.hip")),
     ("spec.hip", include_str!("../../device/hip/spec.hip")),
+    ("gdn.hip", include_str!("../../device/hip/gdn.hip")),
+    ("gate.hip", include_str!("../../device/hip/gate.hip")),
 ];
 
 /// `#define`s generated from gpu-shared: launch bounds per kernel, sizes and offsets, the

@@ -16,7 +16,8 @@ use strata_host::bench::{self, MmvqRow};
 use strata_host::bench_decode::{self as bd, Launch, Row, Spread};
 use strata_host::gguf::GgufFile;
 use strata_host::model::synth::{build_in_memory, SynthSpec};
-use strata_host::model::Qwen3Moe;
+use strata_host::generate::Draft;
+use strata_host::model::Model;
 use strata_host::step::{Op, Pick, MAX_WINDOW};
 use strata_host::gpu::GpuBackend;
 use strata_host::knobs::ExpertKnobs;
@@ -80,10 +81,13 @@ pub struct DecodeArgs {
     /// Full verify windows: tokens per step (1..8), comma-separated; empty for none.
     #[arg(long, default_value = "2,4,8")]
     pub windows: String,
-    /// Prompt-lookup speculation: the largest verify window (1..8), comma-separated; empty for
-    /// none.
+    /// Speculation: the largest verify window (1..8), comma-separated; empty for none.
     #[arg(long, default_value = "2,3,4,8")]
     pub spec: String,
+    /// The drafts of the speculation rows (`specN` rows for prompt lookup, `mtpN` for the MTP
+    /// block): as `strata decode --draft` (MTP where the file has it, else lookup).
+    #[arg(long, value_enum)]
+    pub draft: Option<super::decode::DraftSource>,
     /// Tokens of the prefill prompt (windows of 8); 0 skips it.
     #[arg(long, default_value_t = 512)]
     pub prefill: usize,
@@ -186,10 +190,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 /// The model `strata bench decode` measures: FILE, $STRATA_BENCH_MODEL, or the built-in one.
-fn bench_model(a: &DecodeArgs) -> anyhow::Result<Arc<Qwen3Moe>> {
+fn bench_model(a: &DecodeArgs) -> anyhow::Result<Arc<Model>> {
     if a.builtin {
         let file = GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in model>")?;
-        return Ok(Arc::new(Qwen3Moe::load(Arc::new(file))?));
+        return Ok(Arc::new(Model::load(Arc::new(file))?));
     }
     let path = match (&a.file, std::env::var_os("STRATA_BENCH_MODEL")) {
         (Some(p), _) => p.clone(),
@@ -199,7 +203,7 @@ fn bench_model(a: &DecodeArgs) -> anyhow::Result<Arc<Qwen3Moe>> {
 The Qwen3-30B-A3B-shaped synthetic model (about 15 GB) is written by `strata synth --preset 30b-a3b --out F`; then run `strata bench decode F`"
         ),
     };
-    Ok(Arc::new(Qwen3Moe::open(&path)?))
+    Ok(Arc::new(Model::open(&path)?))
 }
 
 /// Where a bench ran, for the header and every JSON row.
@@ -238,13 +242,9 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     let set = Setting { model: model.weights.file.path.display().to_string(), backend: opened.executor().name(), gpu, copy, bytes: model.step_weight_bytes() };
     let header = [
         format!(
-            "strata bench decode: {}: qwen3moe, {} layers, {} experts top-{}, n_embd {}, vocabulary {}; weights {:.3} GB, a one-token step reads {:.4} GB",
+            "strata bench decode: {}: {}; weights {:.3} GB, a one-token step reads {:.4} GB",
             set.model,
-            c.n_layer,
-            c.n_expert,
-            c.n_expert_used,
-            c.n_embd,
-            c.n_vocab,
+            model.describe(),
             model.weights.total_bytes() as f64 / 1e9,
             set.bytes as f64 / 1e9
         ),
@@ -308,9 +308,10 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         }
     }
     let prompt = bd::pattern(bd::SPEC_PROMPT);
+    let draft = super::decode::draft_of(a.draft, &model)?;
     for &s in &specs {
         spinner.set_message(format!("tg{} with speculation up to {s}, {runs} runs", a.n));
-        show(&bd::spec(exec, &ops, &prompt, a.n, s, runs)?);
+        show(&bd::spec(exec, &ops, &draft, &prompt, a.n, s, runs)?);
     }
     if a.prefill > 0 {
         spinner.set_message(format!("pp{}, {runs} runs", a.prefill));
@@ -327,8 +328,22 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         }
         Opened::Cpu(_) => None,
     };
+    let mtp = match &draft {
+        Draft::Mtp(mtp) => {
+            spinner.set_message(format!("{} MTP draft steps, {runs} runs", a.n));
+            Some(bd::mtp_steps(opened.executor(), &ops, mtp, first, a.n, runs)?)
+        }
+        _ => None,
+    };
     spinner.finish_and_clear();
     print_phases(&set, a, phases.as_deref());
+    if let Some(s) = mtp {
+        if a.json {
+            println!("{{{},\"mtp_step\":{}}}", json_setting(&set, "mtp draft step"), json_spread("us", s));
+        } else {
+            println!("MTP block: one draft step {:.1} us median ({:.1}..{:.1}; one-token steps chained as the drafts are, graphs as set)", s.median, s.min, s.max);
+        }
+    }
     if !a.json {
         println!(
             "weights GB/s = {:.4} GB (what a one-token step reads) x tok/s: exact for one-token steps; `<=` marks an upper bound (a window reads the shared weights once for all its tokens)",

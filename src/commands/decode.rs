@@ -8,10 +8,10 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context};
 use clap::ValueEnum;
 
-use strata_host::generate::{generate, Request, Stop};
+use strata_host::generate::{generate, Draft, Request, Stop};
 use strata_host::gguf::GgufFile;
 use strata_host::model::synth::{build_in_memory, SynthSpec};
-use strata_host::model::Qwen3Moe;
+use strata_host::model::Model;
 use strata_host::ops::route::SampleParams;
 use strata_host::step::cpu::CpuExecutor;
 use strata_host::step::gpu::{device_bytes, GpuExecutor};
@@ -70,12 +70,17 @@ pub struct Args {
     /// Prompt tokens per prefill step (1..=8).
     #[arg(long, default_value_t = MAX_WINDOW as u8, value_parser = clap::value_parser!(u8).range(1..=MAX_WINDOW as i64))]
     pub window: u8,
-    /// Speculative verify windows while generating: the last token plus up to N-1 prompt-lookup
-    /// drafts per step (1 = off: one-token steps chained on the device; up to 8). The tokens are
-    /// the same for every N; only the number of steps changes. The default, 3, was the fastest
+    /// Speculative verify windows while generating: the last token plus up to N-1 drafts per
+    /// step (1 = off: one-token steps chained on the device; up to 8). The tokens are the same
+    /// for every N and every --draft; only the number of steps changes. The default, 3, was the fastest
     /// of 1, 2, 3, 4 and 8 on the H200 (docs/decode.md).
     #[arg(long, default_value_t = DEFAULT_SPEC, value_parser = clap::value_parser!(u8).range(1..=MAX_WINDOW as i64))]
     pub spec: u8,
+    /// Where the drafts of the verify windows come from: the model's MTP block (the default
+    /// where the file has one), prompt lookup (the continuation of the longest recent n-gram
+    /// seen before; the default otherwise), or none (one-token steps).
+    #[arg(long, value_enum)]
+    pub draft: Option<DraftSource>,
     /// Do not stop at the end-of-generation token: always generate -n tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -115,7 +120,7 @@ pub fn run(a: &Args) -> ExitCode {
 }
 
 /// The model named, or the built-in one.
-fn load_model(a: &Args) -> anyhow::Result<Arc<Qwen3Moe>> {
+fn load_model(a: &Args) -> anyhow::Result<Arc<Model>> {
     let file = match &a.model {
         Some(path) => Arc::new(GgufFile::open(path)?),
         None => {
@@ -127,7 +132,7 @@ fn load_model(a: &Args) -> anyhow::Result<Arc<Qwen3Moe>> {
             Arc::new(GgufFile::from_bytes(build_in_memory(&spec), "<built-in model>")?)
         }
     };
-    Ok(Arc::new(Qwen3Moe::load(file)?))
+    Ok(Arc::new(Model::load(file)?))
 }
 
 fn pick(a: &Args) -> anyhow::Result<Pick> {
@@ -139,7 +144,7 @@ fn pick(a: &Args) -> anyhow::Result<Pick> {
     Ok(Pick::Sample(p))
 }
 
-fn open_executor(a: &Args, model: Arc<Qwen3Moe>, n_ctx: usize) -> anyhow::Result<Box<dyn Executor>> {
+fn open_executor(a: &Args, model: Arc<Model>, n_ctx: usize) -> anyhow::Result<Box<dyn Executor>> {
     Ok(match open(a.backend, a.device, model, n_ctx)? {
         Opened::Cpu(exec) => exec,
         Opened::Gpu(mut exec) => {
@@ -167,7 +172,7 @@ impl Opened {
 
 /// The executor for `backend` (cuda when a GPU is present, else cpu, when `None`) on GPU
 /// `device`, with a `n_ctx`-position context (the weights uploaded with a progress bar).
-pub(crate) fn open(backend: Option<BackendName>, device: usize, model: Arc<Qwen3Moe>, n_ctx: usize) -> anyhow::Result<Opened> {
+pub(crate) fn open(backend: Option<BackendName>, device: usize, model: Arc<Model>, n_ctx: usize) -> anyhow::Result<Opened> {
     let name = backend.unwrap_or(if strata_host::gpu::probe().is_ok() { BackendName::Cuda } else { BackendName::Cpu });
     let gpu = match name {
         BackendName::Cpu => return Ok(Opened::Cpu(Box::new(CpuExecutor::new(model, n_ctx)?))),
@@ -211,16 +216,9 @@ fn decode(a: &Args) -> anyhow::Result<()> {
         bail!("the prompt has {} tokens; the context holds {n_ctx} positions (raise --ctx)", prompt.len());
     }
     eprintln!(
-        "strata: {}: qwen3moe, {} layers, {} experts top-{}, n_embd {}, {} heads ({} kv) of {}, vocabulary {}; weights {:.1} MiB, {} positions of context",
+        "strata: {}: {}; weights {:.1} MiB, {} positions of context",
         model.weights.file.path.display(),
-        c.n_layer,
-        c.n_expert,
-        c.n_expert_used,
-        c.n_embd,
-        c.n_head,
-        c.n_head_kv,
-        c.head_dim,
-        c.n_vocab,
+        model.describe(),
         model.weights.total_bytes() as f64 / (1u64 << 20) as f64,
         n_ctx
     );
@@ -233,7 +231,8 @@ fn decode(a: &Args) -> anyhow::Result<()> {
     }
     let ops = model.step_ops(Op::Pick(pick));
     let stop: Vec<u32> = tokenizer.as_ref().map(|t| (0..c.n_vocab as u32).filter(|&id| t.is_eog(id)).collect()).unwrap_or_default();
-    let req = Request { prompt: prompt.clone(), n_predict: a.n_predict as usize, window: a.window as usize, spec: a.spec as usize, stop, ignore_eos: a.ignore_eos, want_logits: a.logits_out.is_some() };
+    let draft = draft_of(a.draft, &model)?;
+    let req = Request { prompt: prompt.clone(), n_predict: a.n_predict as usize, window: a.window as usize, spec: a.spec as usize, stop, ignore_eos: a.ignore_eos, want_logits: a.logits_out.is_some(), draft };
     let mut logits_file = match &a.logits_out {
         Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("--logits-out {}", p.display()))?)),
         None => None,
@@ -285,7 +284,12 @@ fn decode(a: &Args) -> anyhow::Result<()> {
     );
     if a.spec > 1 && stats.steps > 0 {
         eprintln!(
-            "strata: speculation: {} steps of up to {} tokens, {} of {} drafts accepted ({:.0}%), {:.2} tokens a step",
+            "strata: speculation ({} drafts): {} steps of up to {} tokens, {} of {} drafts accepted ({:.0}%), {:.2} tokens a step",
+            match req.draft {
+                Draft::Mtp(_) => "MTP",
+                Draft::Lookup => "prompt-lookup",
+                Draft::None => "no",
+            },
             stats.steps,
             a.spec,
             stats.accepted,
@@ -314,4 +318,26 @@ fn decode(a: &Args) -> anyhow::Result<()> {
         eprintln!("strata: per decode step (GPU time): {}", split.join(", "));
     }
     Ok(())
+}
+
+/// `--draft`: where the verify windows' drafts come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DraftSource {
+    /// The model's multi-token-prediction block (qwen35moe files that have one).
+    Mtp,
+    /// Prompt lookup.
+    Lookup,
+    /// No drafts.
+    None,
+}
+
+/// The drafts `--draft` asks for (MTP where the model has it when not given); an error for MTP
+/// on a model without an MTP block.
+pub(crate) fn draft_of(asked: Option<DraftSource>, model: &Model) -> anyhow::Result<Draft> {
+    Ok(match (asked, model.mtp_ops()) {
+        (Some(DraftSource::Mtp) | None, Some(ops)) => Draft::Mtp(ops),
+        (Some(DraftSource::Mtp), None) => bail!("--draft mtp: {} has no MTP block (nextn_predict_layers); use --draft lookup", model.weights.file.path.display()),
+        (Some(DraftSource::Lookup) | None, None) | (Some(DraftSource::Lookup), Some(_)) => Draft::Lookup,
+        (Some(DraftSource::None), _) => Draft::None,
+    })
 }

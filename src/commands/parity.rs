@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use crate::backends::Available;
 use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
 use strata_host::parity::{self, Outcome, NMSE_MAX, TOP_PROB_NMSE_MAX};
-use strata_host::ops::{self, attention::AttentionOps, norm::NormOps, route::RouteOps, spec::SpecOps};
+use strata_host::ops::{self, attention::AttentionOps, gdn::GdnOps, norm::NormOps, route::RouteOps, spec::SpecOps};
 use strata_host::Backend;
 
 #[derive(clap::Args)]
@@ -133,12 +133,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let attention: Vec<&dyn AttentionOps> = std::iter::once(&found.cpu as &dyn AttentionOps).chain(gpus().map(|g| g as &dyn AttentionOps)).collect();
     let route: Vec<&dyn RouteOps> = std::iter::once(&found.cpu as &dyn RouteOps).chain(gpus().map(|g| g as &dyn RouteOps)).collect();
     let spec: Vec<&dyn SpecOps> = std::iter::once(&found.cpu as &dyn SpecOps).chain(gpus().map(|g| g as &dyn SpecOps)).collect();
+    let gdn: Vec<&dyn GdnOps> = std::iter::once(&found.cpu as &dyn GdnOps).chain(gpus().map(|g| g as &dyn GdnOps)).collect();
     let t = Instant::now();
     let cases = [
         ops::norm::parity_cases(&norm, rng.random())?,
         ops::attention::parity_cases(&attention, rng.random())?,
         ops::route::parity_cases(&route, rng.random())?,
         ops::spec::parity_cases(&spec, rng.random())?,
+        ops::gdn::parity_cases(&gdn, rng.random())?,
     ];
     let per_case = t.elapsed().as_secs_f64() / cases.iter().map(Vec::len).sum::<usize>().max(1) as f64;
     for o in cases.into_iter().flatten() {

@@ -123,6 +123,28 @@ pub struct Args {
     /// Seed of the random weights: the same seed and shapes give the same bytes.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// qwen35moe: dimensions of an attention head that RoPE rotates (even, at most --head-dim;
+    /// the rope sections are spread over them).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub rope_dims: Option<usize>,
+    /// qwen35moe: every N-th layer is full (gated) attention, the others Gated DeltaNet.
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub attn_every: Option<usize>,
+    /// qwen35moe: Gated DeltaNet key heads (ssm.group_count).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub k_heads: Option<usize>,
+    /// qwen35moe: Gated DeltaNet value heads (ssm.time_step_rank), a multiple of --k-heads.
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub v_heads: Option<usize>,
+    /// qwen35moe: Gated DeltaNet head size (ssm.state_size), a multiple of 32.
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub state_size: Option<usize>,
+    /// qwen35moe: conv taps of the Gated DeltaNet layers (ssm.conv_kernel).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub conv_taps: Option<usize>,
+    /// qwen35moe: rows of the shared expert's gate/up (expert_shared_feed_forward_length).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub shared_ff: Option<usize>,
 }
 
 impl Args {
@@ -175,6 +197,37 @@ impl Args {
             }
         }
         f.tied_head |= self.tied;
+        match s.hybrid.as_mut() {
+            Some(h) => {
+                let counts = [
+                    (self.attn_every, &mut h.full_attention_interval),
+                    (self.k_heads, &mut h.n_k_heads),
+                    (self.v_heads, &mut h.n_v_heads),
+                    (self.state_size, &mut h.d_state),
+                    (self.conv_taps, &mut h.d_conv),
+                    (self.shared_ff, &mut h.n_ff_shexp),
+                ];
+                for (set, field) in counts {
+                    if let Some(n) = set {
+                        *field = n;
+                    }
+                }
+                if let Some(n) = self.rope_dims {
+                    s.config.n_rot = n;
+                    // Text positions use the three components alike: spread the pairs over them.
+                    let pairs = (n / 2) as u32;
+                    h.rope_sections = [pairs - 2 * (pairs / 3), pairs / 3, pairs / 3, 0];
+                }
+            }
+            None => {
+                let hybrid_only = [self.rope_dims, self.attn_every, self.k_heads, self.v_heads, self.state_size, self.conv_taps, self.shared_ff];
+                if hybrid_only.iter().any(Option::is_some) {
+                    return Err("--rope-dims, --attn-every, --k-heads, --v-heads, --state-size, --conv-taps and --shared-ff are qwen35moe options (add --arch qwen35moe)".into());
+                }
+                // qwen3moe rotates whole heads.
+                s.config.n_rot = s.config.head_dim;
+            }
+        }
         s.vocab &= !self.no_vocab;
         if let Some(seed) = self.seed {
             s.seed = seed;
@@ -201,7 +254,7 @@ fn describe(s: &SynthSpec, bytes: u64) -> String {
             h.d_state,
             h.d_conv,
             h.n_ff_shexp,
-            h.n_rot,
+            c.n_rot,
             if h.mtp { ", an MTP block" } else { "" }
         )
     });

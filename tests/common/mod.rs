@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: tool discovery, GPU gating, seeds.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod llama;
+
 use std::path::PathBuf;
 
 /// `STRATA_REQUIRE_GPU=1`: a missing GPU backend is a failure, not a skip.
@@ -133,11 +135,15 @@ pub type TensorParts = (String, Vec<u64>, strata::host::gguf::GgmlType, Vec<u8>)
 /// The built-in model (with or without its vocabulary) as GGUF bytes, its metadata and tensors
 /// rewritten by `edit` first: hostile and variant files for the loader and the step.
 pub fn rewritten_tiny(vocab: bool, edit: impl Fn(&mut Vec<(String, strata::host::gguf::Value)>, &mut Vec<TensorParts>)) -> Vec<u8> {
-    use strata::host::gguf::{GgufFile, GgufWriter};
-    use strata::host::model::synth::{build_in_memory, SynthSpec};
-    let mut spec = SynthSpec::tiny();
+    let mut spec = strata::host::model::synth::SynthSpec::tiny();
     spec.vocab = vocab;
-    let f = GgufFile::from_bytes(build_in_memory(&spec), "tiny").expect("the built-in model parses");
+    rewritten(&spec, edit)
+}
+
+/// The synthetic model of `spec` as GGUF bytes, its metadata and tensors rewritten by `edit`.
+pub fn rewritten(spec: &strata::host::model::synth::SynthSpec, edit: impl Fn(&mut Vec<(String, strata::host::gguf::Value)>, &mut Vec<TensorParts>)) -> Vec<u8> {
+    use strata::host::gguf::{GgufFile, GgufWriter};
+    let f = GgufFile::from_bytes(strata::host::model::synth::build_in_memory(spec), "synthetic").expect("a synthetic model parses");
     let mut meta: Vec<_> = f.metadata.iter().filter(|(k, _)| k != "general.alignment").cloned().collect();
     let mut tensors: Vec<TensorParts> = f.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty, f.data(t).to_vec())).collect();
     edit(&mut meta, &mut tensors);

@@ -98,6 +98,27 @@ pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
          a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3], options(nostack));
 }
 
+/// `p[i]` through the read-only (non-coherent) path.
+///
+/// # Safety
+/// `p.add(i)` is a valid, 4-byte aligned f32 in device memory that no thread of the launch
+/// writes.
+#[inline(always)]
+pub unsafe fn ld_nc_f32(p: *const f32, i: usize) -> f32 {
+    f32::from_bits(ld_nc_u32(p.add(i) as *const u8))
+}
+
+/// `p[i]` through the coherent path: memory this launch writes (elsewhere, or this thread
+/// earlier).
+///
+/// # Safety
+/// `p.add(i)` is a valid, 4-byte aligned f32 in device memory that no other thread of the
+/// launch writes while this thread reads it.
+#[inline(always)]
+pub unsafe fn ld_f32(p: *const f32, i: usize) -> f32 {
+    f32::from_bits(ld_u32(p.add(i) as *const u8))
+}
+
 #[inline(always)]
 pub unsafe fn st_f32(p: *mut f32, v: f32) {
     asm!("st.global.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack));

@@ -16,11 +16,6 @@ const WARPS: u32 = ATTN_THREADS / 32;
 const ATTN_NORM_AHEAD: usize = 4;
 
 #[inline(always)]
-unsafe fn ld_f32(p: *const f32, i: usize) -> f32 {
-    f32::from_bits(mem::ld_nc_u32(p.add(i) as *const u8))
-}
-
-#[inline(always)]
 unsafe fn ld_f16(p: *const u16, i: usize) -> f32 {
     convert::f16_to_f32(mem::ld_nc_u16(p.add(i) as *const u8))
 }
@@ -45,7 +40,7 @@ impl Normed {
     /// same bits each time, so no lane has to hand values to another.
     #[inline(always)]
     unsafe fn y(self, j: u32) -> f32 {
-        (ld_f32(self.x, j as usize) * self.scale) * ld_f32(self.w, j as usize)
+        (mem::ld_nc_f32(self.x, j as usize) * self.scale) * mem::ld_nc_f32(self.w, j as usize)
     }
 
     /// Output `d` after NEOX RoPE over the first `n_rot` values; `rope` is the position's
@@ -54,11 +49,11 @@ impl Normed {
     unsafe fn roped(self, rope: *const f32, n_rot: u32, d: u32) -> f32 {
         let half = n_rot / 2;
         if d < half {
-            let (c, s) = (ld_f32(rope, 2 * d as usize), ld_f32(rope, 2 * d as usize + 1));
+            let (c, s) = (mem::ld_nc_f32(rope, 2 * d as usize), mem::ld_nc_f32(rope, 2 * d as usize + 1));
             self.y(d) * c - self.y(d + half) * s
         } else if d < n_rot {
             let i = d - half;
-            let (c, s) = (ld_f32(rope, 2 * i as usize), ld_f32(rope, 2 * i as usize + 1));
+            let (c, s) = (mem::ld_nc_f32(rope, 2 * i as usize), mem::ld_nc_f32(rope, 2 * i as usize + 1));
             self.y(i) * s + self.y(d) * c
         } else {
             self.y(d)
@@ -113,7 +108,7 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
         let (src, dst) = (v.add((t as usize * n_kv as usize + g) * hdu), v_cache.add((pos * n_kv as usize + g) * hdu));
         let mut d = lane;
         while d < hd {
-            mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(ld_f32(src, d as usize)));
+            mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(mem::ld_nc_f32(src, d as usize)));
             d += 32;
         }
         return;
@@ -184,7 +179,7 @@ pub unsafe extern "ptx-kernel" fn attn_chunk(
     let mut qr = [0.0f32; 8];
     crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
         if (i as u32) < per_lane {
-            qr[i] = ld_f32(qh, lane as usize + 32 * i);
+            qr[i] = mem::ld_nc_f32(qh, lane as usize + 32 * i);
         }
     });
     let mut c = first;
@@ -282,14 +277,14 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
     let parts = part.add(th as usize * n_chunks as usize * stride);
     let mut big_m = f32::NEG_INFINITY;
     for c in 0..nc {
-        big_m = big_m.max(ld_f32(parts, c as usize * stride));
+        big_m = big_m.max(mem::ld_nc_f32(parts, c as usize * stride));
     }
     let (mut big_l, mut big_o) = (0.0f32, 0.0f32);
     for c in 0..nc {
         let pc = parts.add(c as usize * stride);
-        let f = exp_neg(ld_f32(pc, 0) - big_m);
-        big_l += ld_f32(pc, 1) * f;
-        big_o += ld_f32(pc, 2 + d as usize) * f;
+        let f = exp_neg(mem::ld_nc_f32(pc, 0) - big_m);
+        big_l += mem::ld_nc_f32(pc, 1) * f;
+        big_o += mem::ld_nc_f32(pc, 2 + d as usize) * f;
     }
     mem::st_f32(out.add(th as usize * hd as usize + d as usize), big_o / big_l);
 }

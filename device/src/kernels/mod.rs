@@ -6,6 +6,8 @@ pub mod embed;
 pub mod expdec_down;
 pub mod expdec_gu;
 pub mod expdec_stage;
+pub mod gate;
+pub mod gdn;
 pub mod head;
 pub mod matvec;
 pub mod mmvq;

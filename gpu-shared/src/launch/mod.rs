@@ -4,6 +4,7 @@
 use crate::formats::WeightFormat;
 
 pub mod attention;
+pub mod gdn;
 pub mod norm;
 pub mod route;
 pub mod spec;
@@ -217,11 +218,12 @@ const KERNELS_BOUNDS: [Bounds; BASE.len() + EXPDEC_BOUNDS.len()] = join(BASE, EX
 const WITH_NORM: [Bounds; KERNELS_BOUNDS.len() + norm::BOUNDS.len()] = join(KERNELS_BOUNDS, norm::BOUNDS);
 const WITH_ATTENTION: [Bounds; WITH_NORM.len() + attention::BOUNDS.len()] = join(WITH_NORM, attention::BOUNDS);
 const WITH_ROUTE: [Bounds; WITH_ATTENTION.len() + route::BOUNDS.len()] = join(WITH_ATTENTION, route::BOUNDS);
-const ALL_BOUNDS: [Bounds; WITH_ROUTE.len() + spec::BOUNDS.len()] = join(WITH_ROUTE, spec::BOUNDS);
+const WITH_SPEC: [Bounds; WITH_ROUTE.len() + spec::BOUNDS.len()] = join(WITH_ROUTE, spec::BOUNDS);
+const ALL_BOUNDS: [Bounds; WITH_SPEC.len() + gdn::BOUNDS.len()] = join(WITH_SPEC, gdn::BOUNDS);
 pub const BOUNDS: &[Bounds] = &ALL_BOUNDS;
 
 /// Sizes the HIP sources need as `STRATA_<NAME>` defines, per step kernel family.
-pub const STEP_GEOMETRY: [&[(&str, usize)]; 3] = [norm::GEOMETRY, attention::GEOMETRY, route::GEOMETRY];
+pub const STEP_GEOMETRY: [&[(&str, usize)]; 4] = [norm::GEOMETRY, attention::GEOMETRY, route::GEOMETRY, gdn::GEOMETRY];
 
 /// The head geometry: 256 threads (`order::HEAD_THREADS`), one block per row or per chunk, and
 /// [`HEAD_SMEM_WORDS`] words of shared memory for the block reductions.

@@ -10,9 +10,9 @@
 //!
 //! ## `attn_prep` (one head row of one token at position `pos`)
 //!
-//! RMSNorm with weight `w` (the norm family's `rms_norm`): partial `p` (of [`LANES`]) is the
+//! RMSNorm with weight `w` (the norm family's `rms_norm`): partial `p` (of [`LANES`](crate::order::LANES)) is the
 //! left-to-right sum from +0.0 of `x[j] * x[j]` for `j = p, p + 32, ...`; `total` =
-//! [`butterfly_sum`] of the partials; `mean = total / hd`; `scale = 1 / sqrt_rn(mean + eps)`;
+//! [`butterfly_sum`](crate::order::butterfly_sum) of the partials; `mean = total / hd`; `scale = 1 / sqrt_rn(mean + eps)`;
 //! `y[j] = (x[j] * scale) * w[j]`.
 //!
 //! RoPE, NEOX pairing (llama.cpp rope type 2), `half = n_rot / 2`: for `i < half`,
@@ -27,7 +27,7 @@
 //! ## `attn_chunk` (query head `h` of token `t`, kv head `g = h / (n_q / n_kv)`, chunk `c`)
 //!
 //! Keys `j` in `[c * ATTN_CHUNK, min((c + 1) * ATTN_CHUNK, L))`, `L = pos + 1`.
-//! `s_j = scale * dot_j`, where `dot_j` is the [`butterfly_sum`] of 32 partials, partial `p`
+//! `s_j = scale * dot_j`, where `dot_j` is the [`butterfly_sum`](crate::order::butterfly_sum) of 32 partials, partial `p`
 //! the left-to-right sum from +0.0 of `q[d] * f32(k_j[d])` for `d = p, p + 32, ... < hd`.
 //! `m` = maxNum of the `s_j` (exact in any order); `p_j = exp_neg(s_j - m)`
 //! ([`crate::math::exp_neg`]); `l` = left-to-right sum from +0.0 of `p_j` in increasing `j`;
@@ -41,7 +41,7 @@
 use crate::f16::{f16_to_f32, f32_to_f16};
 use crate::launch::attention::{attn_chunks, ATTN_CHUNK, ATTN_MAX_HD};
 use crate::math::exp_neg;
-use crate::order::{butterfly_sum, LANES};
+use crate::order::lane_sum;
 
 /// One key/value head of a layer's cache: `k` and `v` hold `n_kv` heads of `hd` fp16 values per
 /// position, position-major.
@@ -68,17 +68,6 @@ impl KvHead<'_> {
     }
 }
 
-/// `f(0) + ...` over `0..n` as a warp sums it: lane `p` adds `f(p), f(p + 32), ...` left to
-/// right from +0.0, then the butterfly.
-fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
-    let mut partials = [0.0f32; LANES];
-    for (p, acc) in partials.iter_mut().enumerate() {
-        for j in (p..n).step_by(LANES) {
-            *acc += f(j);
-        }
-    }
-    butterfly_sum(partials)
-}
 
 
 /// The `n_rot` table entries of position `pos` (cos, sin pairs) in a table of `n_rot` floats

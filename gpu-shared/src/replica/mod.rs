@@ -3,6 +3,8 @@
 
 pub mod attention;
 pub mod embed;
+pub mod gate;
+pub mod gdn;
 pub mod head;
 pub mod matvec;
 pub mod mmvq;

@@ -32,7 +32,7 @@ use rayon::prelude::*;
 use strata_gpu_shared::f16::f32_to_f16;
 use strata_gpu_shared::formats::WeightFormat;
 
-use super::config::Qwen3MoeConfig;
+use super::config::ModelConfig;
 use super::synth_hybrid::HybridShape;
 use super::vocab;
 use crate::gguf::{GgmlType, GgufWriter, TensorDecl, TensorSink, Value};
@@ -61,7 +61,7 @@ pub struct SynthFormats {
 /// What to synthesize.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthSpec {
-    pub config: Qwen3MoeConfig,
+    pub config: ModelConfig,
     pub formats: SynthFormats,
     pub seed: u64,
     /// Carry the synthetic vocabulary ([`vocab::synthetic`]); without it the file says
@@ -126,12 +126,13 @@ impl SynthSpec {
     /// the bytes and the control tokens, no filler.
     pub fn tiny() -> SynthSpec {
         SynthSpec {
-            config: Qwen3MoeConfig {
+            config: ModelConfig {
                 n_layer: 4,
                 n_embd: 256,
                 n_head: 4,
                 n_head_kv: 2,
                 head_dim: 64,
+                n_rot: 64,
                 n_expert: 8,
                 n_expert_used: 2,
                 n_ff_exp: 128,
@@ -139,6 +140,7 @@ impl SynthSpec {
                 n_ctx_train: 4096,
                 rope_freq_base: 1e6,
                 rms_eps: 1e-6,
+                hybrid: None,
             },
             formats: SynthFormats::mixed(),
             seed: 1,
@@ -151,12 +153,13 @@ impl SynthSpec {
     /// 768, 151936 tokens, mixed formats: about 15 GB.
     pub fn qwen3_30b_a3b() -> SynthSpec {
         SynthSpec {
-            config: Qwen3MoeConfig {
+            config: ModelConfig {
                 n_layer: 48,
                 n_embd: 2048,
                 n_head: 32,
                 n_head_kv: 4,
                 head_dim: 128,
+                n_rot: 128,
                 n_expert: 128,
                 n_expert_used: 8,
                 n_ff_exp: 768,
@@ -164,6 +167,7 @@ impl SynthSpec {
                 n_ctx_train: 40960,
                 rope_freq_base: 1e6,
                 rms_eps: 1e-6,
+                hybrid: None,
             },
             formats: SynthFormats::mixed(),
             seed: 1,
@@ -179,10 +183,10 @@ impl SynthSpec {
     pub fn qwen35moe_tiny() -> SynthSpec {
         let mut s = SynthSpec::tiny();
         s.config.n_vocab = 1024;
+        s.config.n_rot = 16;
         s.vocab = false;
         s.hybrid = Some(HybridShape {
             n_ff_shexp: 128,
-            n_rot: 16,
             rope_sections: [3, 3, 2, 0],
             d_conv: 4,
             d_state: 64,
@@ -201,12 +205,13 @@ impl SynthSpec {
     /// an MTP block, 248,320 token ids; mixed formats, no vocabulary.
     pub fn qwen35moe_35b_a3b() -> SynthSpec {
         SynthSpec {
-            config: Qwen3MoeConfig {
+            config: ModelConfig {
                 n_layer: 40,
                 n_embd: 2048,
                 n_head: 16,
                 n_head_kv: 2,
                 head_dim: 256,
+                n_rot: 64,
                 n_expert: 256,
                 n_expert_used: 8,
                 n_ff_exp: 512,
@@ -214,13 +219,13 @@ impl SynthSpec {
                 n_ctx_train: 262_144,
                 rope_freq_base: 1e7,
                 rms_eps: 1e-6,
+                hybrid: None,
             },
             formats: SynthFormats::mixed(),
             seed: 1,
             vocab: false,
             hybrid: Some(HybridShape {
                 n_ff_shexp: 512,
-                n_rot: 64,
                 rope_sections: [11, 11, 10, 0],
                 d_conv: 4,
                 d_state: 128,

@@ -8,7 +8,7 @@
 //! `-exp(A_log)`) in `[-1, -0.1]`, so the decay `g` is negative; `ssm_dt.bias` in `[-0.5, 0.5]`;
 //! the conv taps as a matrix of `d_conv` inputs; the shared expert's gate as a row of `n_embd`
 //! inputs. Norms are near 1 as stored (the converter's `+1` is already in a real file's values).
-use super::config::Qwen3MoeConfig;
+use super::config::ModelConfig;
 use super::synth::{check_counts, matrix, norm, tensor, Init, SynthFormats, SynthTensor};
 use crate::gguf::{GgmlType, GgufWriter, Value};
 
@@ -17,9 +17,7 @@ use crate::gguf::{GgmlType, GgufWriter, Value};
 pub struct HybridShape {
     /// Rows of the shared expert's gate/up (`expert_shared_feed_forward_length`).
     pub n_ff_shexp: usize,
-    /// Dimensions of a head that RoPE rotates (`rope.dimension_count`).
-    pub n_rot: usize,
-    /// `rope.dimension_sections`: four counts summing to `n_rot / 2` (text positions use all
+    /// `rope.dimension_sections`: four counts summing to the config's `n_rot / 2` (text positions use all
     /// three position components alike).
     pub rope_sections: [u32; 4],
     /// Gated DeltaNet: conv taps (`ssm.conv_kernel`), key (and value) head dimension
@@ -46,7 +44,7 @@ impl HybridShape {
     }
 
     /// The checks `SynthSpec::validate` adds for this architecture.
-    pub fn validate(&self, c: &Qwen3MoeConfig) -> Result<(), String> {
+    pub fn validate(&self, c: &ModelConfig) -> Result<(), String> {
         let sizes = [
             ("shared expert feed-forward length", self.n_ff_shexp),
             ("conv kernel", self.d_conv),
@@ -56,12 +54,12 @@ impl HybridShape {
             ("full attention interval", self.full_attention_interval),
         ];
         check_counts(&sizes)?;
-        if self.n_rot == 0 || self.n_rot % 2 != 0 || self.n_rot > c.head_dim {
-            return Err(format!("rope dimension count {} must be even, in 2..={} (the head dimension)", self.n_rot, c.head_dim));
+        if c.n_rot == 0 || c.n_rot % 2 != 0 || c.n_rot > c.head_dim {
+            return Err(format!("rope dimension count {} must be even, in 2..={} (the head dimension)", c.n_rot, c.head_dim));
         }
         let sections: u64 = self.rope_sections.iter().map(|&s| s as u64).sum();
-        if sections != self.n_rot as u64 / 2 {
-            return Err(format!("rope sections {:?} sum to {sections}, not half the rope dimension count {}", self.rope_sections, self.n_rot));
+        if sections != c.n_rot as u64 / 2 {
+            return Err(format!("rope sections {:?} sum to {sections}, not half the rope dimension count {}", self.rope_sections, c.n_rot));
         }
         if !self.n_v_heads.is_multiple_of(self.n_k_heads) {
             return Err(format!("{} value heads are not a multiple of {} key heads", self.n_v_heads, self.n_k_heads));
@@ -74,7 +72,7 @@ impl HybridShape {
 
     /// The tensors after the embedding and before the output norm: the trunk layers, then the
     /// MTP block (`blk.{n_layer}`).
-    pub(super) fn layer_tensors(&self, c: &Qwen3MoeConfig, f: &SynthFormats) -> Vec<SynthTensor> {
+    pub(super) fn layer_tensors(&self, c: &ModelConfig, f: &SynthFormats) -> Vec<SynthTensor> {
         let mut out = Vec::new();
         for l in 0..c.n_layer {
             if self.recurrent(l) {
@@ -100,7 +98,7 @@ impl HybridShape {
     }
 
     /// A Gated DeltaNet layer's mixer tensors and its input norm.
-    fn gdn(&self, l: usize, c: &Qwen3MoeConfig, f: &SynthFormats) -> Vec<SynthTensor> {
+    fn gdn(&self, l: usize, c: &ModelConfig, f: &SynthFormats) -> Vec<SynthTensor> {
         let embd = c.n_embd as u64;
         let (kd, vd) = self.widths();
         let (n_v, cd) = (self.n_v_heads as u64, 2 * kd + vd);
@@ -121,7 +119,7 @@ impl HybridShape {
 
     /// A gated attention layer's tensors and its input norm (`attn_q` holds each head's query
     /// and gate).
-    fn attention(&self, l: usize, c: &Qwen3MoeConfig, f: &SynthFormats) -> Vec<SynthTensor> {
+    fn attention(&self, l: usize, c: &ModelConfig, f: &SynthFormats) -> Vec<SynthTensor> {
         let [embd, hd] = [c.n_embd, c.head_dim].map(|n| n as u64);
         let (q_dim, kv_dim) = (hd * c.n_head as u64, hd * c.n_head_kv as u64);
         let name = |t: &str| format!("blk.{l}.{t}.weight");
@@ -137,7 +135,7 @@ impl HybridShape {
     }
 
     /// The routed and shared experts and their input norm, as every layer has them.
-    fn ffn(&self, l: usize, c: &Qwen3MoeConfig, f: &SynthFormats) -> Vec<SynthTensor> {
+    fn ffn(&self, l: usize, c: &ModelConfig, f: &SynthFormats) -> Vec<SynthTensor> {
         let [embd, ff, experts, shexp] = [c.n_embd, c.n_ff_exp, c.n_expert, self.n_ff_shexp].map(|n| n as u64);
         let name = |t: &str| format!("blk.{l}.{t}.weight");
         vec![
@@ -154,7 +152,7 @@ impl HybridShape {
     }
 
     /// The qwen35moe keys (the generic ones included) for trunk config `c`.
-    pub(super) fn keys(&self, c: &Qwen3MoeConfig, w: &mut GgufWriter) {
+    pub(super) fn keys(&self, c: &ModelConfig, w: &mut GgufWriter) {
         let u32_ = |n: usize| Value::U32(n as u32);
         let k = |key: &str| format!("qwen35moe.{key}");
         let blocks = c.n_layer + self.mtp as usize;
@@ -172,7 +170,7 @@ impl HybridShape {
             .meta(&k("attention.value_length"), u32_(c.head_dim))
             .meta(&k("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_eps))
             .meta(&k("rope.freq_base"), Value::F32(c.rope_freq_base))
-            .meta(&k("rope.dimension_count"), u32_(self.n_rot))
+            .meta(&k("rope.dimension_count"), u32_(c.n_rot))
             .meta(&k("rope.dimension_sections"), Value::Array(self.rope_sections.iter().map(|&s| Value::I32(s as i32)).collect()))
             .meta(&k("ssm.conv_kernel"), u32_(self.d_conv))
             .meta(&k("ssm.inner_size"), u32_(self.d_state * self.n_v_heads))

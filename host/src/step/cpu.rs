@@ -4,21 +4,23 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::{act_len, check_run, emitted_from, picks_greedy, qx_len, Act, Emitted, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
+use super::{act_len, StateSizes, check_run, emitted_from, picks_greedy, qx_len, Act, Emitted, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
 use crate::backend::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Variant, Weights as QWeights};
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
-use crate::model::qwen3moe::{float_format, WeightId};
-use crate::model::Qwen3Moe;
+use crate::model::{float_format, WeightId};
+use crate::model::Model;
 use crate::ops::attention::{rope_table, AttentionOps, AttnShape};
+use crate::ops::gdn::GdnOps;
 use crate::ops::norm::NormOps;
 use crate::ops::route::RouteOps;
 use crate::ops::spec::SpecOps;
 use strata_gpu_shared::formats::q8_1;
+use strata_gpu_shared::replica::gdn::RecurShape;
 
 pub struct CpuExecutor {
-    model: Arc<Qwen3Moe>,
+    model: Arc<Model>,
     cpu: CpuBackend,
     n_ctx: usize,
     /// The window's ids and first position; [`Op::Accept`] moves both on.
@@ -28,8 +30,11 @@ pub struct CpuExecutor {
     queue: VecDeque<Emitted>,
     act: HashMap<Act, Vec<f32>>,
     qx: HashMap<Qx, Vec<u8>>,
-    /// Per layer: K and V caches (f16 bits, `n_ctx * n_head_kv * head_dim`).
+    /// Per layer: K and V caches (f16 bits, `n_ctx * n_head_kv * head_dim`; empty for a
+    /// Gated DeltaNet layer).
     cache: Vec<(Vec<u16>, Vec<u16>)>,
+    /// Per layer: the Gated DeltaNet conv ring and recurrent states (empty for attention).
+    gdn: Vec<(Vec<f32>, Vec<f32>)>,
     rope: Vec<f32>,
     ids: Vec<u32>,
     route_w: Vec<f32>,
@@ -44,24 +49,25 @@ pub struct CpuExecutor {
 impl CpuExecutor {
     /// Allocates the step's buffers and a KV cache of `n_ctx` positions; refuses, before
     /// allocating, a context the host memory cannot hold.
-    pub fn new(model: Arc<Qwen3Moe>, n_ctx: usize) -> Result<CpuExecutor> {
+    pub fn new(model: Arc<Model>, n_ctx: usize) -> Result<CpuExecutor> {
         let c = model.config.clone();
-        let need = n_ctx * (2 * 2 * c.n_layer * c.n_head_kv * c.head_dim + 4 * c.head_dim);
+        let sizes = StateSizes::of(&c, n_ctx);
+        let need = sizes.bytes() + 4 * n_ctx * c.n_rot;
         if let Some(avail) = available_memory() {
             if need > avail {
                 return Err(Error::Request(format!(
-                    "a {n_ctx}-position context needs {:.2} GiB of host memory for the KV cache; {:.2} GiB are available (lower --ctx)",
+                    "a {n_ctx}-position context needs {:.2} GiB of host memory for the KV cache and recurrent state; {:.2} GiB are available (lower --ctx)",
                     need as f64 / (1u64 << 30) as f64,
                     avail as f64 / (1u64 << 30) as f64
                 )));
             }
         }
         let act = Act::ALL.into_iter().map(|a| (a, vec![0.0; MAX_WINDOW * act_len(&c, a)])).collect();
-        let qx = [Qx::X, Qx::Attn].into_iter().map(|q| (q, vec![0u8; MAX_WINDOW * qx_len(&c, q) / 32 * q8_1::BYTES])).collect();
-        let kv = n_ctx * c.n_head_kv * c.head_dim;
-        let cache = (0..c.n_layer).map(|_| (vec![0u16; kv], vec![0u16; kv])).collect();
+        let qx = Qx::ALL.into_iter().map(|q| (q, vec![0u8; MAX_WINDOW * qx_len(&c, q) / 32 * q8_1::BYTES])).collect();
+        let cache = sizes.layers.iter().map(|l| (vec![0u16; l.kv], vec![0u16; l.kv])).collect();
+        let gdn = sizes.layers.iter().map(|l| (vec![0.0f32; l.ring], vec![0.0f32; l.state])).collect();
         Ok(CpuExecutor {
-            rope: rope_table(n_ctx, c.head_dim, c.rope_freq_base),
+            rope: rope_table(n_ctx, c.n_rot, c.rope_freq_base),
             cpu: CpuBackend::new(),
             n_ctx,
             tokens: Vec::new(),
@@ -70,6 +76,7 @@ impl CpuExecutor {
             act,
             qx,
             cache,
+            gdn,
             ids: vec![0; MAX_WINDOW * c.n_expert_used],
             route_w: vec![0.0; MAX_WINDOW * c.n_expert_used],
             next: vec![0; MAX_WINDOW],
@@ -106,7 +113,7 @@ impl CpuExecutor {
 
     fn attn_shape(&self, w: Window) -> AttnShape {
         let c = &self.model.config;
-        AttnShape { tokens: w.tokens, n_q: c.n_head, n_kv: c.n_head_kv, hd: c.head_dim, n_rot: c.head_dim, n_ctx: self.n_ctx }
+        AttnShape { tokens: w.tokens, n_q: c.n_head, n_kv: c.n_head_kv, hd: c.head_dim, n_rot: c.n_rot, n_ctx: self.n_ctx }
     }
 }
 
@@ -221,6 +228,78 @@ impl Executor for CpuExecutor {
                 self.put(Act::Attn, o);
                 r
             }
+            Op::SigmoidMul { acc, gate } => {
+                let mut a = self.take(acc);
+                let n = t * act_len(c, acc);
+                let prev = a[..n].to_vec();
+                let r = self.cpu.sigmoid_mul(&prev, self.rows(gate, t), &mut a[..n]);
+                self.put(acc, a);
+                r
+            }
+            Op::GdnConv { layer, w: taps } => {
+                let h = c.hybrid.as_ref().expect("GDN ops come from a hybrid model");
+                let mut o = self.take(Act::Conv);
+                let n = t * h.conv_channels();
+                let (ring, _) = &mut self.gdn[layer];
+                let r = self.cpu.gdn_conv(&self.act[&Act::Mixed][..n], weights.f32s(taps), ring, &mut o[..n], w.pos0 as u32, h.conv_channels(), h.d_conv);
+                self.put(Act::Conv, o);
+                r
+            }
+            Op::GdnRecur { layer, dt_bias, a } => {
+                let h = c.hybrid.as_ref().expect("GDN ops come from a hybrid model");
+                let shape = RecurShape { tokens: t, n_k: h.n_k_heads, n_v: h.n_v_heads, d: h.d_state };
+                let mut o = self.take(Act::Gdn);
+                let (_, state) = &mut self.gdn[layer];
+                let r = self.cpu.gdn_recur(
+                    &self.act[&Act::Conv][..t * shape.conv_row()],
+                    &self.act[&Act::Alpha][..t * h.n_v_heads],
+                    &self.act[&Act::Beta][..t * h.n_v_heads],
+                    weights.f32s(dt_bias),
+                    weights.f32s(a),
+                    state,
+                    &mut o[..t * h.inner()],
+                    w.pos0 as u32,
+                    shape,
+                    c.rms_eps,
+                    super::attn_scale(h.d_state),
+                );
+                self.put(Act::Gdn, o);
+                r
+            }
+            Op::RmsNormGated { x, w: nw, z, out, n } => {
+                let mut o = self.take(out);
+                let len = t * act_len(c, x);
+                let r = self.cpu.rms_norm_gated(self.rows(x, t), weights.f32s(nw), self.rows(z, t), n, c.rms_eps, &mut o[..len]);
+                self.put(out, o);
+                r
+            }
+            Op::Swiglu { gate, up, out } => {
+                let mut o = self.take(out);
+                let n = t * act_len(c, out);
+                let r = self.cpu.swiglu(self.rows(gate, t), self.rows(up, t), &mut o[..n]);
+                self.put(out, o);
+                r
+            }
+            Op::AddGated { acc, y, s } => {
+                let mut a = self.take(acc);
+                let n = act_len(c, acc);
+                let prev = a[..t * n].to_vec();
+                let r = self.cpu.add_gated(&prev, self.rows(y, t), self.rows(s, t), n, &mut a[..t * n]);
+                self.put(acc, a);
+                r
+            }
+            Op::Concat { a, b, out } => {
+                let mut o = self.take(out);
+                let (na, nb) = (act_len(c, a), act_len(c, b));
+                let r = self.cpu.concat_rows(self.rows(a, t), self.rows(b, t), na, nb, &mut o[..t * (na + nb)]);
+                self.put(out, o);
+                r
+            }
+            Op::LastRowFirst { act } => {
+                let n = act_len(c, act);
+                self.act.get_mut(&act).expect("allocated").copy_within((t - 1) * n..t * n, 0);
+                Ok(())
+            }
             Op::RouterTopK { k } => {
                 let n = t * k;
                 self.cpu.router_topk(&self.act[&Act::Router][..t * c.n_expert], c.n_expert, k, &mut self.ids[..n], &mut self.route_w[..n])
@@ -290,6 +369,10 @@ impl Executor for CpuExecutor {
 
     fn logits(&mut self, tokens: usize) -> Result<Vec<f32>> {
         Ok(self.rows(Act::Logits, tokens).to_vec())
+    }
+
+    fn hidden(&mut self, tokens: usize) -> Result<Vec<f32>> {
+        Ok(self.rows(Act::Hidden, tokens).to_vec())
     }
 
     fn nan_rows(&mut self, tokens: usize) -> Result<Vec<bool>> {

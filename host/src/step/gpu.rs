@@ -16,18 +16,19 @@ use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptu
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{act_len, attn_scale, check_run, emitted_from, picks_greedy, qx_len, Act, Emitted, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
+use super::{act_len, attn_scale, StateSizes, check_run, emitted_from, picks_greedy, qx_len, Act, Emitted, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
 use crate::backend::ExpertTensor;
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
 use crate::gpu::{GpuBackend, MoeBuffers, MoeLayer, MoeStages};
-use crate::model::qwen3moe::{float_format, Data, WeightId};
-use crate::model::Qwen3Moe;
+use crate::model::{float_format, Data, WeightId};
+use crate::model::Model;
 use crate::ops::attention::{attn_part_len, rope_table, AttnShape};
 use crate::ops::route::ArgmaxScratch;
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::launch::attention::attn_split;
 use strata_gpu_shared::moe;
+use strata_gpu_shared::replica::gdn::RecurShape;
 
 /// A weight on the device: a matrix as the file stores it, or a prepared f32 vector.
 enum DevWeight {
@@ -36,18 +37,21 @@ enum DevWeight {
 }
 
 pub struct GpuExecutor {
-    model: Arc<Qwen3Moe>,
+    model: Arc<Model>,
     gpu: GpuBackend,
     n_ctx: usize,
     weights: HashMap<WeightId, DevWeight>,
     /// Expert tensors, keyed by the layer's gate weight.
     experts: HashMap<WeightId, MoeLayer>,
     act: HashMap<Act, CudaSlice<f32>>,
-    /// `Qx::Attn`; `Qx::X` is the experts' input, `moe.xq`.
-    attn_q: CudaSlice<u8>,
+    /// The q8_1 buffers but `Qx::X`, which is the experts' input, `moe.xq`.
+    qx: HashMap<Qx, CudaSlice<u8>>,
     /// The window's expert selections, their q8_1 input, scratch and combined output.
     moe: MoeBuffers,
-    cache: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
+    /// Per layer: its K and V caches (attention) or its conv ring and recurrent states (Gated
+    /// DeltaNet).
+    cache: Vec<Option<(CudaSlice<u16>, CudaSlice<u16>)>>,
+    gdn: Vec<Option<(CudaSlice<f32>, CudaSlice<f32>)>>,
     rope: CudaSlice<f32>,
     part: CudaSlice<f32>,
     /// The window's ids and first position, read by the kernels; `spec_accept` moves them on.
@@ -63,9 +67,10 @@ pub struct GpuExecutor {
     staged: Vec<u32>,
     n_tokens: usize,
     greedy: bool,
-    /// One captured step per window size and attention grid ([`attn_split`] of the context
-    /// the step reaches), with the op list it was captured from; `None` launches eagerly.
-    graphs: Option<HashMap<(usize, usize), (Vec<Op>, CudaGraph)>>,
+    /// Captured steps per window size and attention grid ([`attn_split`] of the context the
+    /// step reaches), each with the op list it was captured from (the trunk's step and the MTP
+    /// block's alternate), at most [`GRAPHS_PER_SHAPE`]; `None` launches eagerly.
+    graphs: Option<HashMap<(usize, usize), Vec<(Vec<Op>, CudaGraph)>>>,
     /// Pinned slots the steps' emitted tokens are copied into, and the queued steps' slots
     /// (with their window size and pick) in order.
     slots: Vec<Slot>,
@@ -77,6 +82,8 @@ pub struct GpuExecutor {
 
 /// Steps that may be queued before the host reads the first one's tokens.
 const SLOTS: usize = 4;
+/// Op lists kept captured per window size and attention grid (the oldest is dropped).
+const GRAPHS_PER_SHAPE: usize = 4;
 
 /// Host memory one step's outcome is copied into: `spec_accept`'s words and the all-NaN flags,
 /// and the event recorded after the copies. (The pinned slices' own events are recorded only
@@ -89,25 +96,25 @@ struct Slot {
 
 /// What the device must hold for `model` at context `n_ctx`, in bytes: weights, KV caches and
 /// the step's buffers.
-pub fn device_bytes(model: &Qwen3Moe, n_ctx: usize) -> usize {
+pub fn device_bytes(model: &Model, n_ctx: usize) -> usize {
     let c = &model.config;
-    let kv = 2 * 2 * c.n_layer * n_ctx * c.n_head_kv * c.head_dim;
+    let state = StateSizes::of(c, n_ctx).bytes();
     let acts: usize = Act::ALL.iter().map(|&a| 4 * MAX_WINDOW * act_len(c, a)).sum();
-    let rope = 4 * n_ctx * c.head_dim;
+    let rope = 4 * n_ctx * c.n_rot;
     let part = 4 * attn_part_len(attn_shape(model, MAX_WINDOW, n_ctx));
     let moe = MAX_WINDOW * c.n_expert_used * (c.n_ff_exp / 32 * q8_1::BYTES + 4 * c.n_embd);
-    model.weights.total_bytes() + kv + acts + rope + part + moe
+    model.weights.total_bytes() + state + acts + rope + part + moe
 }
 
-fn attn_shape(model: &Qwen3Moe, tokens: usize, n_ctx: usize) -> AttnShape {
+fn attn_shape(model: &Model, tokens: usize, n_ctx: usize) -> AttnShape {
     let c = &model.config;
-    AttnShape { tokens, n_q: c.n_head, n_kv: c.n_head_kv, hd: c.head_dim, n_rot: c.head_dim, n_ctx }
+    AttnShape { tokens, n_q: c.n_head, n_kv: c.n_head_kv, hd: c.head_dim, n_rot: c.n_rot, n_ctx }
 }
 
 impl GpuExecutor {
     /// Uploads the model (with a progress bar on stderr) and allocates the step's buffers.
     /// Refuses, before allocating, a model and context the device cannot hold.
-    pub fn new(gpu: GpuBackend, model: Arc<Qwen3Moe>, n_ctx: usize, progress: bool) -> Result<GpuExecutor> {
+    pub fn new(gpu: GpuBackend, model: Arc<Model>, n_ctx: usize, progress: bool) -> Result<GpuExecutor> {
         let need = device_bytes(&model, n_ctx);
         let backend = gpu.name_static();
         let (free, total) = gpu.stream().context().mem_get_info().map_err(|e| Error::Setup { backend, what: "device memory query".into(), detail: e.to_string() })?;
@@ -128,8 +135,8 @@ impl GpuExecutor {
         bar.set_message(format!("uploading to {}", gpu.info().name));
         let mut weights = HashMap::new();
         let mut experts = HashMap::new();
-        let expert_ids: Vec<WeightId> = w.layers.iter().flat_map(|l| [l.gate, l.up, l.down]).collect();
-        for l in &w.layers {
+        let expert_ids: Vec<WeightId> = w.all_layers().flat_map(|l| [l.gate, l.up, l.down]).collect();
+        for l in w.all_layers() {
             let tensor = |id: WeightId| {
                 let e = w.get(id);
                 let GgmlType::Quant(format) = e.ty else { unreachable!("the loader admits quantized experts only") };
@@ -145,14 +152,15 @@ impl GpuExecutor {
             }
             let dev = match &weight.data {
                 Data::F32(v) => DevWeight::F32(gpu.upload(&weight.name, v)?),
-                Data::File { .. } => DevWeight::Bytes(gpu.upload(&weight.name, w.data(id))?),
+                Data::File { .. } | Data::Rows(_) => DevWeight::Bytes(gpu.upload(&weight.name, w.data(id))?),
             };
             weights.insert(id, dev);
             bar.inc(weight.bytes() as u64);
         }
         bar.finish_and_clear();
         let zeros_f32 = |n: usize| gpu.scratch::<f32>("step buffers", n);
-        let act = Act::ALL.iter().map(|&a| Ok((a, zeros_f32(MAX_WINDOW * act_len(&c, a))?))).collect::<Result<HashMap<_, _>>>()?;
+        // Only the buffers the architecture has (a zero-length allocation is an error).
+        let act = Act::ALL.iter().filter(|&&a| act_len(&c, a) > 0).map(|&a| Ok((a, zeros_f32(MAX_WINDOW * act_len(&c, a))?))).collect::<Result<HashMap<_, _>>>()?;
         let sel = MAX_WINDOW * c.n_expert_used;
         let moe = MoeBuffers {
             tokens: 1,
@@ -165,11 +173,16 @@ impl GpuExecutor {
             y: gpu.scratch("moe", sel * c.n_embd)?,
             out: gpu.scratch("moe", MAX_WINDOW * c.n_embd)?,
         };
-        let kv = n_ctx * c.n_head_kv * c.head_dim;
-        let cache = (0..c.n_layer).map(|_| Ok((gpu.scratch("kv cache", kv)?, gpu.scratch("kv cache", kv)?))).collect::<Result<Vec<_>>>()?;
+        let sizes = StateSizes::of(&c, n_ctx);
+        let cache = sizes.layers.iter().map(|l| Ok(if l.kv > 0 { Some((gpu.scratch("kv cache", l.kv)?, gpu.scratch("kv cache", l.kv)?)) } else { None })).collect::<Result<Vec<_>>>()?;
+        let gdn = sizes.layers.iter().map(|l| Ok(if l.state > 0 { Some((gpu.scratch("gdn state", l.ring)?, gpu.scratch("gdn state", l.state)?)) } else { None })).collect::<Result<Vec<_>>>()?;
         Ok(GpuExecutor {
-            attn_q: gpu.scratch("step buffers", MAX_WINDOW * qx_len(&c, Qx::Attn) / 32 * q8_1::BYTES)?,
-            rope: gpu.upload("rope table", &rope_table(n_ctx, c.head_dim, c.rope_freq_base))?,
+            qx: [Qx::Attn, Qx::Sh, Qx::Eh]
+                .into_iter()
+                .filter(|&q| qx_len(&c, q) > 0)
+                .map(|q| Ok((q, gpu.scratch("step buffers", MAX_WINDOW * qx_len(&c, q) / 32 * q8_1::BYTES)?)))
+                .collect::<Result<HashMap<_, _>>>()?,
+            rope: gpu.upload("rope table", &rope_table(n_ctx, c.n_rot, c.rope_freq_base))?,
             part: zeros_f32(attn_part_len(attn_shape(&model, MAX_WINDOW, n_ctx)))?,
             tokens: gpu.scratch("step buffers", MAX_WINDOW)?,
             pos: gpu.scratch("step buffers", 1)?,
@@ -190,6 +203,7 @@ impl GpuExecutor {
             act,
             moe,
             cache,
+            gdn,
             n_ctx,
             model,
             gpu,
@@ -225,14 +239,22 @@ impl GpuExecutor {
         }
         self.n_tokens = w.tokens;
         let key = (w.tokens, attn_split(w.pos0 + w.tokens));
-        let captured = self.graphs.as_ref().is_some_and(|g| g.get(&key).is_some_and(|(o, _)| o == ops));
+        let found = self.graphs.as_ref().and_then(|g| g.get(&key)).and_then(|list| list.iter().position(|(o, _)| o == ops));
         match (&self.graphs, &self.marks) {
             (Some(_), None) => {
-                if !captured {
-                    let graph = self.capture(ops, w)?;
-                    self.graphs.as_mut().expect("graphs are on").insert(key, (ops.to_vec(), graph));
-                }
-                let (_, graph) = &self.graphs.as_ref().expect("graphs are on")[&key];
+                let i = match found {
+                    Some(i) => i,
+                    None => {
+                        let graph = self.capture(ops, w)?;
+                        let list = self.graphs.as_mut().expect("graphs are on").entry(key).or_default();
+                        if list.len() == GRAPHS_PER_SHAPE {
+                            list.remove(0);
+                        }
+                        list.push((ops.to_vec(), graph));
+                        list.len() - 1
+                    }
+                };
+                let (_, graph) = &self.graphs.as_ref().expect("graphs are on")[&key][i];
                 graph.launch().map_err(self.driver("graph launch"))?;
             }
             _ => {
@@ -278,6 +300,15 @@ impl GpuExecutor {
             DevWeight::F32(v) => v,
             DevWeight::Bytes(_) => unreachable!("{} is a prepared vector", self.model.weights.get(id).name),
         }
+    }
+
+    /// The first `rows` rows of an activation, copied to the host once the stream is done.
+    fn read_rows(&self, a: Act, rows: usize, what: &'static str) -> Result<Vec<f32>> {
+        let mut v = vec![0f32; rows * act_len(&self.model.config, a)];
+        let stream = self.gpu.stream().clone();
+        stream.memcpy_dtoh(&self.act[&a].slice(..v.len()), &mut v).map_err(self.driver(what))?;
+        stream.synchronize().map_err(self.driver(what))?;
+        Ok(v)
     }
 
     fn take(&mut self, a: Act) -> CudaSlice<f32> {
@@ -398,10 +429,11 @@ impl Executor for GpuExecutor {
             }
             Op::Quantize { x, out } => {
                 let n = t * act_len(c, x);
-                match out {
-                    Qx::X => self.gpu.quantize_q8_1_queue(&self.act[&x], &mut self.moe.xq, n),
-                    Qx::Attn => self.gpu.quantize_q8_1_queue(&self.act[&x], &mut self.attn_q, n),
-                }
+                let dst = match out {
+                    Qx::X => &mut self.moe.xq,
+                    q => self.qx.get_mut(&q).expect("allocated for the models that use it"),
+                };
+                self.gpu.quantize_q8_1_queue(&self.act[&x], dst, n)
             }
             Op::Linear { w: id, xq, x, out } => {
                 let lw = weights.get(id);
@@ -410,7 +442,7 @@ impl Executor for GpuExecutor {
                     GgmlType::Quant(format) => {
                         let q = match xq {
                             Qx::X => &self.moe.xq,
-                            Qx::Attn => &self.attn_q,
+                            q => &self.qx[&q],
                         };
                         self.gpu.mmvq_queue(self.bytes(id), format, lw.rows, lw.cols, q, t, &mut o)
                     }
@@ -441,7 +473,7 @@ impl Executor for GpuExecutor {
             Op::AttnPrep { layer, q_norm, k_norm } => {
                 let shape = attn_shape(&model, t, self.n_ctx);
                 let mut q_out = self.take(Act::Qr);
-                let (kc, vc) = &mut self.cache[layer];
+                let (kc, vc) = self.cache[layer].as_mut().expect("attention layers have a KV cache");
                 let r = self.gpu.attn_prep_queue(
                     &self.act[&Act::Q],
                     &self.act[&Act::K],
@@ -468,10 +500,83 @@ impl Executor for GpuExecutor {
             Op::Attention { layer } => {
                 let shape = attn_shape(&model, t, self.n_ctx);
                 let mut o = self.take(Act::Attn);
-                let (kc, vc) = &self.cache[layer];
+                let (kc, vc) = self.cache[layer].as_ref().expect("attention layers have a KV cache");
                 let r = self.gpu.attention_queue(&self.act[&Act::Qr], kc, vc, shape, &self.pos, w.pos0 + t, attn_scale(c.head_dim), &mut self.part, &mut o);
                 self.act.insert(Act::Attn, o);
                 r
+            }
+            Op::SigmoidMul { acc, gate } => {
+                let mut a = self.take(acc);
+                let r = self.gpu.sigmoid_mul_queue(&mut a, &self.act[&gate], t * act_len(c, acc));
+                self.act.insert(acc, a);
+                r
+            }
+            Op::GdnConv { layer, w: taps } => {
+                let h = c.hybrid.as_ref().expect("GDN ops come from a hybrid model");
+                let mut o = self.take(Act::Conv);
+                let (ring, _) = self.gdn[layer].as_mut().expect("GDN layers have their state");
+                let taps = match &self.weights[&taps] {
+                    DevWeight::F32(v) => v,
+                    DevWeight::Bytes(_) => unreachable!("conv taps are prepared vectors"),
+                };
+                let r = self.gpu.gdn_conv_queue(&self.act[&Act::Mixed], taps, ring, &mut o, &self.pos, t, h.conv_channels(), h.d_conv);
+                self.act.insert(Act::Conv, o);
+                r
+            }
+            Op::GdnRecur { layer, dt_bias, a } => {
+                let h = c.hybrid.as_ref().expect("GDN ops come from a hybrid model");
+                let shape = RecurShape { tokens: t, n_k: h.n_k_heads, n_v: h.n_v_heads, d: h.d_state };
+                let mut o = self.take(Act::Gdn);
+                let (_, state) = self.gdn[layer].as_mut().expect("GDN layers have their state");
+                let vec = |id: WeightId| match &self.weights[&id] {
+                    DevWeight::F32(v) => v,
+                    DevWeight::Bytes(_) => unreachable!("GDN biases are prepared vectors"),
+                };
+                let (act, pos) = (&self.act, &self.pos);
+                let r = self.gpu.gdn_recur_queue(&act[&Act::Conv], &act[&Act::Alpha], &act[&Act::Beta], vec(dt_bias), vec(a), state, &mut o, pos, shape, c.rms_eps, attn_scale(h.d_state));
+                self.act.insert(Act::Gdn, o);
+                r
+            }
+            Op::RmsNormGated { x, w: nw, z, out, n } => {
+                let mut o = self.take(out);
+                let rows = t * act_len(c, x) / n;
+                let r = self.gpu.rms_norm_gated_queue(&self.act[&x], self.f32s(nw), &self.act[&z], &mut o, rows, n, c.rms_eps);
+                self.act.insert(out, o);
+                r
+            }
+            Op::Swiglu { gate, up, out } => {
+                let mut o = self.take(out);
+                let r = self.gpu.swiglu_queue(&self.act[&gate], &self.act[&up], &mut o, t * act_len(c, out));
+                self.act.insert(out, o);
+                r
+            }
+            Op::AddGated { acc, y, s } => {
+                let n = act_len(c, acc);
+                if acc == Act::Experts {
+                    // The routed experts' output lives in the expert buffers.
+                    self.gpu.add_gated_queue(&mut self.moe.out, &self.act[&y], &self.act[&s], t, n)
+                } else {
+                    let mut a = self.take(acc);
+                    let r = self.gpu.add_gated_queue(&mut a, &self.act[&y], &self.act[&s], t, n);
+                    self.act.insert(acc, a);
+                    r
+                }
+            }
+            Op::Concat { a, b, out } => {
+                let mut o = self.take(out);
+                let r = self.gpu.concat_rows_queue(&self.act[&a], &self.act[&b], &mut o, t, act_len(c, a), act_len(c, b));
+                self.act.insert(out, o);
+                r
+            }
+            Op::LastRowFirst { act } => {
+                let n = act_len(c, act);
+                if t == 1 {
+                    return Ok(());
+                }
+                let buf = self.act.get_mut(&act).expect("allocated");
+                let (first, rest) = buf.split_at_mut(n);
+                let (mut first, last) = (first, rest.slice((t - 2) * n..(t - 1) * n));
+                self.gpu.stream().memcpy_dtod(&last, &mut first).map_err(self.gpu.driver_err("last row first", "copy"))
             }
             Op::RouterTopK { k } => self.gpu.router_topk_queue(&self.act[&Act::Router], t, c.n_expert, k, &mut self.moe.ids, &mut self.moe.weights),
             Op::Experts { gate, .. } => {
@@ -495,11 +600,11 @@ impl Executor for GpuExecutor {
     }
 
     fn logits(&mut self, tokens: usize) -> Result<Vec<f32>> {
-        let mut v = vec![0f32; tokens * self.model.config.n_vocab];
-        let stream = self.gpu.stream().clone();
-        stream.memcpy_dtoh(&self.act[&Act::Logits].slice(..v.len()), &mut v).map_err(self.driver("copy of the logits"))?;
-        stream.synchronize().map_err(self.driver("copy of the logits"))?;
-        Ok(v)
+        self.read_rows(Act::Logits, tokens, "copy of the logits")
+    }
+
+    fn hidden(&mut self, tokens: usize) -> Result<Vec<f32>> {
+        self.read_rows(Act::Hidden, tokens, "copy of the hidden states")
     }
 
     fn nan_rows(&mut self, tokens: usize) -> Result<Vec<bool>> {

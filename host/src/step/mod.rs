@@ -13,14 +13,16 @@ pub mod cpu;
 pub mod gpu;
 
 use crate::error::Result;
-use crate::model::qwen3moe::{WeightId, Weights};
-use crate::model::Qwen3MoeConfig;
+use crate::model::{Mixer, ModelConfig, WeightId, Weights};
 use crate::ops::route::SampleParams;
+use strata_gpu_shared::launch::gdn::gdn_conv_ring;
+use strata_gpu_shared::replica::gdn::RecurShape;
 
 /// The most tokens one step takes (a verify window).
 pub const MAX_WINDOW: usize = 8;
 
-/// The f32 activation buffers of a step, each `tokens` rows.
+/// The f32 activation buffers of a step, each `tokens` rows. An architecture uses some of them
+/// (those it lacks have [`act_len`] 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Act {
     /// The residual stream (`n_embd`).
@@ -31,22 +33,73 @@ pub enum Act {
     Q,
     K,
     V,
+    /// The gated attention's output gate (`n_head * head_dim`).
+    Gate,
     /// The queries after the per-head norm and RoPE (`n_head * head_dim`).
     Qr,
     /// Attention output, heads concatenated (`n_head * head_dim`).
     Attn,
-    /// The attention output projection (`n_embd`).
+    /// Gated DeltaNet: the conv input (`attn_qkv`) and output (q, k, v heads), the output gate
+    /// `z` and the recurrence's output before and after its gated norm (`n_v * d_state`), the
+    /// beta and alpha projections (`n_v`).
+    Mixed,
+    Conv,
+    Z,
+    Gdn,
+    GdnNormed,
+    Beta,
+    Alpha,
+    /// The mixer's output projection (`n_embd`).
     Proj,
     /// Router logits (`n_expert`).
     Router,
-    /// The routed experts' combined output (`n_embd`).
+    /// The routed experts' combined output (`n_embd`), the shared expert's added in.
     Experts,
+    /// The shared expert: gate and up projections and their SwiGLU (`n_ff_shexp`), its output
+    /// (`n_embd`) and its gate logit (1).
+    ShGate,
+    ShUp,
+    ShAct,
+    ShOut,
+    ShScale,
+    /// The output-normed hidden state (`n_embd`): the head's input, and what the MTP block
+    /// reads (the trunk's) and writes (its own, for the next draft).
+    Hidden,
+    /// The MTP block's input, `[enorm(embedding); hnorm(hidden)]` (`2 * n_embd`).
+    Eh,
     /// Head logits (`n_vocab`).
     Logits,
 }
 
 impl Act {
-    pub const ALL: [Act; 11] = [Act::X, Act::Xn, Act::Q, Act::K, Act::V, Act::Qr, Act::Attn, Act::Proj, Act::Router, Act::Experts, Act::Logits];
+    pub const ALL: [Act; 26] = [
+        Act::X,
+        Act::Xn,
+        Act::Q,
+        Act::K,
+        Act::V,
+        Act::Gate,
+        Act::Qr,
+        Act::Attn,
+        Act::Mixed,
+        Act::Conv,
+        Act::Z,
+        Act::Gdn,
+        Act::GdnNormed,
+        Act::Beta,
+        Act::Alpha,
+        Act::Proj,
+        Act::Router,
+        Act::Experts,
+        Act::ShGate,
+        Act::ShUp,
+        Act::ShAct,
+        Act::ShOut,
+        Act::ShScale,
+        Act::Hidden,
+        Act::Eh,
+        Act::Logits,
+    ];
 }
 
 /// The q8_1 activation buffers.
@@ -54,26 +107,82 @@ impl Act {
 pub enum Qx {
     /// `Xn` quantized (`n_embd` values a row): the input of Q/K/V, the router, the experts, the head.
     X,
-    /// `Attn` quantized: the input of the output projection.
+    /// `Attn` or `GdnNormed` quantized: the input of the mixer's output projection.
     Attn,
+    /// `ShAct` quantized: the input of the shared expert's down projection.
+    Sh,
+    /// `Eh` quantized: the input of the MTP block's `eh_proj`.
+    Eh,
 }
 
-/// Values per token row of an activation.
-pub fn act_len(c: &Qwen3MoeConfig, a: Act) -> usize {
+impl Qx {
+    pub const ALL: [Qx; 4] = [Qx::X, Qx::Attn, Qx::Sh, Qx::Eh];
+}
+
+/// Values per token row of an activation (0: the architecture has no such buffer).
+pub fn act_len(c: &ModelConfig, a: Act) -> usize {
+    let h = c.hybrid.as_ref();
+    let gated = if h.is_some() { c.n_head * c.head_dim } else { 0 };
     match a {
-        Act::X | Act::Xn | Act::Proj | Act::Experts => c.n_embd,
+        Act::X | Act::Xn | Act::Proj | Act::Experts | Act::Hidden => c.n_embd,
+        Act::Eh => h.filter(|h| h.mtp).map_or(0, |_| 2 * c.n_embd),
         Act::Q | Act::Qr | Act::Attn => c.n_head * c.head_dim,
+        Act::Gate => gated,
         Act::K | Act::V => c.n_head_kv * c.head_dim,
+        Act::Mixed | Act::Conv => h.map_or(0, |h| h.conv_channels()),
+        Act::Z | Act::Gdn | Act::GdnNormed => h.map_or(0, |h| h.inner()),
+        Act::Beta | Act::Alpha => h.map_or(0, |h| h.n_v_heads),
         Act::Router => c.n_expert,
+        Act::ShGate | Act::ShUp | Act::ShAct => h.map_or(0, |h| h.n_ff_shexp),
+        Act::ShOut => h.map_or(0, |_| c.n_embd),
+        Act::ShScale => h.map_or(0, |_| 1),
         Act::Logits => c.n_vocab,
     }
 }
 
-/// Values per token row of a q8_1 buffer (before quantization).
-pub fn qx_len(c: &Qwen3MoeConfig, q: Qx) -> usize {
+/// Values per token row of a q8_1 buffer (before quantization; 0: not used).
+pub fn qx_len(c: &ModelConfig, q: Qx) -> usize {
     match q {
         Qx::X => c.n_embd,
-        Qx::Attn => c.n_head * c.head_dim,
+        Qx::Attn => (c.n_head * c.head_dim).max(act_len(c, Act::GdnNormed)),
+        Qx::Sh => act_len(c, Act::ShAct),
+        Qx::Eh => act_len(c, Act::Eh),
+    }
+}
+
+/// What a layer keeps from step to step, in elements: its K and V caches (`kv` f16 values
+/// each), or its Gated DeltaNet conv ring and recurrent states (`ring`, `state` f32 values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerState {
+    pub kv: usize,
+    pub ring: usize,
+    pub state: usize,
+}
+
+/// Every cache layer's [`LayerState`] for a context of `n_ctx` positions (the MTP block's
+/// attention last).
+pub struct StateSizes {
+    pub layers: Vec<LayerState>,
+}
+
+impl StateSizes {
+    pub fn of(c: &ModelConfig, n_ctx: usize) -> StateSizes {
+        let kv = n_ctx * c.n_head_kv * c.head_dim;
+        let layers = (0..c.cache_layers())
+            .map(|i| match &c.hybrid {
+                Some(h) if h.recurrent.get(i) == Some(&true) => {
+                    let shape = RecurShape { tokens: 0, n_k: h.n_k_heads, n_v: h.n_v_heads, d: h.d_state };
+                    LayerState { kv: 0, ring: gdn_conv_ring(h.d_conv) * h.conv_channels(), state: shape.state_len() }
+                }
+                _ => LayerState { kv, ring: 0, state: 0 },
+            })
+            .collect();
+        StateSizes { layers }
+    }
+
+    /// Bytes of all of it.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|l| 2 * 2 * l.kv + 4 * (l.ring + l.state)).sum()
     }
 }
 
@@ -104,6 +213,24 @@ pub enum Op {
     AttnPrep { layer: usize, q_norm: WeightId, k_norm: WeightId },
     /// Causal GQA attention of each window token over the layer's cache: `Qr` to `Attn`.
     Attention { layer: usize },
+    /// `acc = acc * sigmoid(gate)` (the gated attention's output gate).
+    SigmoidMul { acc: Act, gate: Act },
+    /// Gated DeltaNet conv step over the window (`Mixed` to `Conv`), the layer's conv ring kept.
+    GdnConv { layer: usize, w: WeightId },
+    /// Gated DeltaNet delta rule over the window (`Conv`, `Alpha`, `Beta` to `Gdn`), the
+    /// layer's recurrent state kept per position.
+    GdnRecur { layer: usize, dt_bias: WeightId, a: WeightId },
+    /// `out = rms_norm(x) * w * silu(z)` per row of `n` values (the GDN output norm per head).
+    RmsNormGated { x: Act, w: WeightId, z: Act, out: Act, n: usize },
+    /// `out = silu(gate) * up`.
+    Swiglu { gate: Act, up: Act, out: Act },
+    /// `acc += sigmoid(s) * y`, `s` one value per row (the shared expert's gate).
+    AddGated { acc: Act, y: Act, s: Act },
+    /// `out = [a | b]` per row (the MTP block's input).
+    Concat { a: Act, b: Act, out: Act },
+    /// Row `tokens - 1` of `act` copied to row 0: the MTP block's last hidden state, where the
+    /// next one-token draft step reads it.
+    LastRowFirst { act: Act },
     /// Softmax over the router logits, top-k, renormalised: the window's expert selections.
     RouterTopK { k: usize },
     /// The routed experts of the window (`Qx::X` in, `Act::Experts` out).
@@ -113,6 +240,20 @@ pub enum Op {
     /// Verify-window acceptance: how many of the window's drafts (rows 1..) the model's own
     /// choices confirm, and the tokens the window emits.
     Accept,
+}
+
+impl Op {
+    /// The weights the op reads.
+    pub fn weights(&self) -> Vec<WeightId> {
+        match *self {
+            Op::Embed { table, .. } => vec![table],
+            Op::RmsNorm { w, .. } | Op::Linear { w, .. } | Op::AddWeight { w, .. } | Op::GdnConv { w, .. } | Op::RmsNormGated { w, .. } => vec![w],
+            Op::AttnPrep { q_norm, k_norm, .. } => vec![q_norm, k_norm],
+            Op::GdnRecur { dt_bias, a, .. } => vec![dt_bias, a],
+            Op::Experts { gate, up, down } => vec![gate, up, down],
+            _ => vec![],
+        }
+    }
 }
 
 /// Where a step runs in the sequence.
@@ -165,6 +306,10 @@ pub trait Executor {
     /// The logits of the last step's `tokens` rows (`n_vocab` each), after [`Self::next_ids`]
     /// or [`Self::emitted`] of that step.
     fn logits(&mut self, tokens: usize) -> Result<Vec<f32>>;
+    /// The output-normed hidden states (`Act::Hidden`, `n_embd` each) of the last step's
+    /// `tokens` rows, after [`Self::next_ids`] or [`Self::emitted`] of that step (an MTP step
+    /// leaves its last row's in row 0 as well).
+    fn hidden(&mut self, tokens: usize) -> Result<Vec<f32>>;
     /// Per row of the last step: whether greedy picking found its logits all NaN (false for
     /// every row when the step sampled).
     fn nan_rows(&mut self, tokens: usize) -> Result<Vec<bool>>;
@@ -221,18 +366,28 @@ pub fn check_window(w: Window, loaded: usize) -> Result<()> {
 }
 
 /// The phases of the time split (`strata decode --profile`), in step order.
-pub const PHASES: [&str; 6] = ["attention", "router", "experts", "head", "sampling", "other"];
+pub const PHASES: [&str; 9] = ["attention", "deltanet", "router", "experts", "shared expert", "head", "mtp", "sampling", "other"];
 
-/// The phase an op belongs to: attention (its projections included), router (its matvec
-/// included), experts, head (the output matvec), sampling, or other (embedding, norms,
-/// quantization, residual adds).
+/// The phase an op belongs to: attention or deltanet (the mixer, its projections and gates
+/// included), router (its matvec included), experts, shared expert (its matvecs, activation and
+/// gate), head (the output matvec), sampling, or other (embedding, norms, quantization, residual
+/// adds).
 pub fn phase_of(op: &Op, weights: &Weights) -> &'static str {
+    let deltanet = |w: WeightId| {
+        weights.all_layers().any(|l| matches!(&l.mixer, Mixer::DeltaNet(d) if [d.qkv, d.z, d.beta, d.alpha, d.out].contains(&w)))
+    };
+    let shared = |w: WeightId| weights.all_layers().filter_map(|l| l.shared.as_ref()).any(|s| [s.gate_inp, s.gate, s.up, s.down].contains(&w));
     match op {
-        Op::AttnPrep { .. } | Op::Attention { .. } => "attention",
+        Op::AttnPrep { .. } | Op::Attention { .. } | Op::SigmoidMul { .. } => "attention",
+        Op::GdnConv { .. } | Op::GdnRecur { .. } | Op::RmsNormGated { .. } => "deltanet",
         Op::RouterTopK { .. } => "router",
         Op::Experts { .. } => "experts",
+        Op::Swiglu { .. } | Op::AddGated { .. } => "shared expert",
+        Op::Concat { .. } | Op::LastRowFirst { .. } => "mtp",
         Op::Pick(_) | Op::Accept => "sampling",
         Op::Linear { w, .. } if *w == weights.output => "head",
+        Op::Linear { w, .. } if shared(*w) => "shared expert",
+        Op::Linear { w, .. } if deltanet(*w) => "deltanet",
         Op::Linear { w, .. } if weights.get(*w).name.contains("ffn_gate_inp") => "router",
         Op::Linear { .. } => "attention",
         _ => "other",
