@@ -218,6 +218,53 @@ fn decode_refuses_bad_input_clearly() {
     }
 }
 
+/// A qwen35moe file the engine cannot mean is refused with the file and the key or tensor named,
+/// status 2, no panic; `--draft mtp` on a file without an MTP block says so.
+#[test]
+fn qwen35moe_files_are_refused_clearly() {
+    let hybrid = |name: &str, edit: &dyn Fn(&mut Vec<(String, Value)>, &mut Vec<common::TensorParts>)| {
+        let t = Temp::new(name);
+        std::fs::write(&t.0, common::rewritten(&SynthSpec::qwen35moe_tiny(), edit)).expect("write the model");
+        t
+    };
+    let set = |key: &'static str, value: Value| {
+        move |meta: &mut Vec<(String, Value)>, _: &mut Vec<common::TensorParts>| {
+            for (k, v) in meta.iter_mut() {
+                if k == key {
+                    *v = value.clone();
+                }
+            }
+        }
+    };
+    let positive_a = hybrid("a.gguf", &|_, t| {
+        let a = t.iter_mut().find(|x| x.0 == "blk.0.ssm_a").unwrap();
+        a.3[..4].copy_from_slice(&0.5f32.to_le_bytes());
+    });
+    let inner = hybrid("inner.gguf", &set("qwen35moe.ssm.inner_size", Value::U32(200)));
+    let mtp2 = hybrid("mtp2.gguf", &set("qwen35moe.nextn_predict_layers", Value::U32(2)));
+    let groups = hybrid("groups.gguf", &set("qwen35moe.ssm.group_count", Value::U32(3)));
+    let state = hybrid("state.gguf", &set("qwen35moe.ssm.state_size", Value::U32(48)));
+    let no_conv = hybrid("conv.gguf", &|_, t| t.retain(|x| x.0 != "blk.2.ssm_conv1d.weight"));
+    let plain = Temp::new("plain.gguf");
+    std::fs::write(&plain.0, build_in_memory(&SynthSpec::tiny())).unwrap();
+    let cases: [(&Temp, &[&str], &str); 7] = [
+        (&positive_a, &[], "tensor blk.0.ssm_a: holds 0.5: the decay's A (-exp(A_log)) must not be positive"),
+        (&inner, &[], "key qwen35moe.ssm.inner_size: 200 is not state size 64 x 4 value heads"),
+        (&mtp2, &[], "key qwen35moe.nextn_predict_layers: 2 MTP blocks: one is supported"),
+        (&groups, &[], "4 value heads are not a multiple of 3 key heads"),
+        (&state, &[], "key qwen35moe.ssm.state_size: 48: supported are multiples of 32"),
+        (&no_conv, &[], "tensor blk.2.ssm_conv1d.weight: missing"),
+        (&plain, &["--draft", "mtp", "--spec", "4"], "has no MTP block"),
+    ];
+    for (file, extra, want) in cases {
+        let mut all = vec!["decode", "--backend", "cpu", "-n", "2", "--prompt-ids", "1,2", "--model", file.path()];
+        all.extend(extra);
+        let (code, _, err) = strata(&all);
+        assert_eq!(code, 2, "{all:?}: {err}");
+        assert!(err.contains(want) && err.contains(file.path()) && !err.contains("panicked"), "{all:?}: want `{want}` and the file in:\n{err}");
+    }
+}
+
 /// `--chat` wraps the prompt in ChatML turns when the vocabulary has them; the text streams and
 /// sampling with a seed is repeatable.
 #[test]
