@@ -275,9 +275,30 @@ pub struct ExpertRow {
     pub identical: bool,
 }
 
+/// How the bench's windows select experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// The window's tokens share a pool of `k` to `k + 3` experts (few distinct experts: the
+    /// most weight reuse a window can have).
+    Shared,
+    /// Each token selects `k` distinct experts uniformly from all of them, independently (up to
+    /// `T x k` distinct experts a window).
+    Uniform,
+}
+
+impl Routing {
+    pub fn name(self) -> &'static str {
+        match self {
+            Routing::Shared => "shared",
+            Routing::Uniform => "uniform",
+        }
+    }
+}
+
 /// The routed experts of one layer shape on `g`: for each token count and each variant of
-/// `variants`, 12 random windows (different experts each, so the weights are read cold; the
-/// layer is sized so that all its experts exceed the L2) cycled through; median of `rounds`.
+/// `variants`, 12 random windows routed as `routing` says (different experts each, so the
+/// weights are read cold; the layer is sized so that all its experts exceed the L2) cycled
+/// through; median of `rounds`.
 #[allow(clippy::too_many_arguments)]
 pub fn experts(
     g: &mut GpuBackend,
@@ -285,6 +306,7 @@ pub fn experts(
     (n_embd, n_ff, n_expert, k): (usize, usize, usize, usize),
     token_counts: &[usize],
     variants: &[(String, crate::knobs::ExpertKnobs)],
+    routing: Routing,
     rounds: usize,
     seed: u64,
 ) -> Result<Vec<ExpertRow>> {
@@ -300,7 +322,10 @@ pub fn experts(
         let mut wins = Vec::new();
         let mut bytes = 0.0;
         for _ in 0..WINDOWS {
-            let (ids, weights, x) = MoeCase::random_window(&mut rng, n_expert, n_embd, t, k);
+            let (ids, weights, x) = match routing {
+                Routing::Shared => MoeCase::random_window(&mut rng, n_expert, n_embd, t, k),
+                Routing::Uniform => MoeCase::uniform_window(&mut rng, n_expert, n_embd, t, k),
+            };
             let mut xq = vec![0u8; t * n_embd / GROUP * q8_1::BYTES];
             quantize(&x, &mut xq);
             let mut distinct = ids.clone();

@@ -490,6 +490,26 @@ impl MoeCase {
         (ids, weights, x)
     }
 
+    /// A window whose `tokens` each select `k` distinct experts drawn uniformly from all
+    /// `n_expert` (independently per token, as a trained router's windows roughly do), random
+    /// renormalised weights and activations: the expert bench's uniform routing.
+    pub fn uniform_window(rng: &mut SmallRng, n_expert: usize, n_embd: usize, tokens: usize, k: usize) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
+        let (mut ids, mut weights) = (Vec::new(), Vec::new());
+        let mut all: Vec<u32> = (0..n_expert as u32).collect();
+        for _ in 0..tokens {
+            for i in 0..k {
+                let j = rng.random_range(i..n_expert);
+                all.swap(i, j);
+            }
+            ids.extend(&all[..k]);
+            let raw: Vec<f32> = (0..k).map(|_| rng.random_range(0.05f32..1.0)).collect();
+            let sum: f32 = raw.iter().sum();
+            weights.extend(raw.iter().map(|w| w / sum));
+        }
+        let x: Vec<f32> = (0..tokens * n_embd).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        (ids, weights, x)
+    }
+
     /// A window of 8 tokens x 10 selections over 16 experts whose groups have 0 to 11 entries:
     /// expert `order[e]` gets `e + 1` selections for `e < 11` (66), expert `order[11]` none, and
     /// the other 14 selections spread over the last four. Selections are shuffled over the
@@ -648,4 +668,35 @@ pub fn moe_against(reference: (&str, &[u32]), b: &dyn Backend, name: &str, case:
     let mut unwritten = Vec::new();
     note_unwritten(&mut unwritten, name, left.into_iter());
     Ok(moe_outcome(case, seed, vec![(reference.0.to_string(), reference.1.to_vec()), (name.to_string(), words)], unwritten, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Uniform routing: each token's `k` experts are distinct and in range, and over many
+    /// tokens every expert is chosen about `tokens * k / n_expert` times (the shared routing
+    /// would keep to `k + 3` of them).
+    #[test]
+    fn uniform_windows_spread_over_every_expert() {
+        let (n_expert, k, tokens) = (128, 8, 2000);
+        let mut rng = SmallRng::seed_from_u64(5);
+        let (ids, weights, x) = MoeCase::uniform_window(&mut rng, n_expert, 64, tokens, k);
+        assert_eq!((ids.len(), weights.len(), x.len()), (tokens * k, tokens * k, tokens * 64));
+        let mut count = vec![0usize; n_expert];
+        for token in ids.chunks_exact(k) {
+            let mut t = token.to_vec();
+            t.sort_unstable();
+            t.dedup();
+            assert_eq!(t.len(), k, "a token selected an expert twice: {token:?}");
+            for &e in token {
+                count[e as usize] += 1;
+            }
+        }
+        let mean = (tokens * k / n_expert) as f64;
+        assert!(count.iter().all(|&c| (c as f64 - mean).abs() < 0.35 * mean), "{count:?}");
+        for w in weights.chunks_exact(k) {
+            assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        }
+    }
 }

@@ -114,6 +114,11 @@ pub struct ExpertsArgs {
     /// Window sizes (tokens), comma-separated.
     #[arg(long, default_value = "1,2,3,4,8")]
     pub tokens: String,
+    /// How the windows select experts, comma-separated: `uniform` (each token k distinct
+    /// experts drawn from all, independently: a window of T reads up to T x k experts) or
+    /// `shared` (the tokens share k to k + 3 experts).
+    #[arg(long, default_value = "uniform,shared")]
+    pub routing: String,
     /// Variants, comma-separated: `plain` (the default kernels: EXPDEC, EXPDEC_DOWN and
     /// EXPDEC_D20 off), `knobs` (the knobs in force), or `KNOB=VALUE[+KNOB=VALUE...]` over the
     /// knobs in force.
@@ -459,6 +464,7 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
         (v.len() == 4 && v[0] % 256 == 0 && v[1] % 32 == 0).then(|| (v[0], v[1], v[2], v[3]))
     })?;
     let tokens = list(&a.tokens, "token count (1..8)", |t| t.parse().ok().filter(|t| (1..=8).contains(t)))?;
+    let routings = list(&a.routing, "routing (uniform, shared)", |r| [bench::Routing::Uniform, bench::Routing::Shared].into_iter().find(|x| x.name() == r))?;
     let base = ExpertKnobs::process().map_err(anyhow::Error::msg)?;
     let variants: Vec<_> =
         a.variants.split(',').map(str::trim).filter(|v| !v.is_empty()).map(|v| variant(v, base)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
@@ -467,36 +473,39 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
     let copy = bench::copy_bandwidth(open_gpus(&found, &a.run.backends)?[0], 1 << 30, 5)?;
     println!("device-to-device copy: {copy:.0} GB/s; knobs in force: {}", base.describe());
     println!(
-        "{:<15} {:<17} {:>1} {:<4} {:<16} {:<22} {:<24} {:>8} {:>8} {:>8} {:>6} {:>5} {:>5}",
-        "pair", "shape", "T", "be", "variant", "gate/up kernel (rb)", "down kernel (drb)", "all us", "gu us", "down us", "GB/s", "%copy", "ident"
+        "{:<15} {:<17} {:<7} {:>1} {:<4} {:<16} {:<22} {:<24} {:>8} {:>8} {:>8} {:>6} {:>5} {:>5}",
+        "pair", "shape", "routing", "T", "be", "variant", "gate/up kernel (rb)", "down kernel (drb)", "all us", "gu us", "down us", "GB/s", "%copy", "ident"
     );
     for &(gf, df) in &pairs {
         for &(n_embd, n_ff, n_expert, k) in &shapes {
-            for (name, b) in [("cuda", &mut found.cuda), ("hip", &mut found.hip)] {
-                if !wanted.contains(&name) {
-                    continue;
-                }
-                let g = b.as_mut().map_err(|e| anyhow::anyhow!("{e}"))?;
-                eprint!("\rbench experts: {}/{} {n_embd}/{n_ff} on {name}...      ", gf.name(), df.name());
-                let rows = bench::experts(g, (gf, df), (n_embd, n_ff, n_expert, k), &tokens, &variants, a.run.rounds, 1)?;
-                eprint!("\r{:60}\r", "");
-                for r in rows {
-                    println!(
-                        "{:<15} {:<17} {:>1} {:<4} {:<16} {:<22} {:<24} {:>8.2} {:>8.2} {:>8.2} {:>6.0} {:>5.1} {:>5}",
-                        format!("{}/{}", gf.name(), df.name()),
-                        format!("{n_embd}/{n_ff} {k}of{n_expert}"),
-                        r.tokens,
-                        r.backend,
-                        r.variant,
-                        format!("{} ({})", r.plan.gu.kernel, r.plan.gu.rows_per_block),
-                        format!("{} ({})", r.plan.down.kernel, r.plan.down.rows_per_block),
-                        r.all_us,
-                        r.gu_us,
-                        r.down_us,
-                        r.gbps,
-                        100.0 * r.gbps / copy,
-                        if r.identical { "yes" } else { "NO" }
-                    );
+            for &routing in &routings {
+                for (name, b) in [("cuda", &mut found.cuda), ("hip", &mut found.hip)] {
+                    if !wanted.contains(&name) {
+                        continue;
+                    }
+                    let g = b.as_mut().map_err(|e| anyhow::anyhow!("{e}"))?;
+                    eprint!("\rbench experts: {}/{} {n_embd}/{n_ff} {} on {name}...      ", gf.name(), df.name(), routing.name());
+                    let rows = bench::experts(g, (gf, df), (n_embd, n_ff, n_expert, k), &tokens, &variants, routing, a.run.rounds, 1)?;
+                    eprint!("\r{:60}\r", "");
+                    for r in rows {
+                        println!(
+                            "{:<15} {:<17} {:<7} {:>1} {:<4} {:<16} {:<22} {:<24} {:>8.2} {:>8.2} {:>8.2} {:>6.0} {:>5.1} {:>5}",
+                            format!("{}/{}", gf.name(), df.name()),
+                            format!("{n_embd}/{n_ff} {k}of{n_expert}"),
+                            routing.name(),
+                            r.tokens,
+                            r.backend,
+                            r.variant,
+                            format!("{} ({})", r.plan.gu.kernel, r.plan.gu.rows_per_block),
+                            format!("{} ({})", r.plan.down.kernel, r.plan.down.rows_per_block),
+                            r.all_us,
+                            r.gu_us,
+                            r.down_us,
+                            r.gbps,
+                            100.0 * r.gbps / copy,
+                            if r.identical { "yes" } else { "NO" }
+                        );
+                    }
                 }
             }
         }
