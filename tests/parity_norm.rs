@@ -1,9 +1,8 @@
-//! The norm family (`embed_rows_<tag>`, `rms_norm`, `add_f32`, `add_rms_norm_q8_1`): the CPU
-//! replica against float64, its written spec and the dequantization `strata dump` writes (which
-//! tests/gguf_files.rs checks against the `gguf` package), NaN rows for ids past the table, the
-//! fused kernel as the three launches it replaces, shape errors; then `cuda` and `hip` against the
-//! replica bit for bit, with and without padded grids (skipped without a GPU unless
-//! `STRATA_REQUIRE_GPU=1`).
+//! The norm family (`embed_rows_<tag>`, `rms_norm`, `add_f32`): the CPU replica against float64,
+//! its written spec and the dequantization `strata dump` writes (which tests/gguf_files.rs checks
+//! against the `gguf` package), NaN rows for ids past the table, shape errors; then `cuda` and
+//! `hip` against the replica bit for bit, with and without padded grids (skipped without a GPU
+//! unless `STRATA_REQUIRE_GPU=1`).
 mod common;
 
 use rand::rngs::SmallRng;
@@ -13,12 +12,11 @@ use strata::host::cpu::CpuBackend;
 use strata::host::gguf::GgmlType;
 use strata::host::ops::norm::{embed_table, parity_cases, random_table, NormOps};
 use strata::host::reference::{dequant_row_f32, nmse, rms_norm_f64};
-use strata::host::{Backend, Error};
+use strata::host::Error;
 use strata_gpu_shared::f16::f16_to_f32;
-use strata_gpu_shared::formats::{q8_1, WeightFormat};
+use strata_gpu_shared::formats::WeightFormat;
 use strata_gpu_shared::launch::norm::{EMBED_NAN, NORM_MAX_N};
-use strata_gpu_shared::replica::norm::{add, add_rms_norm_q8_1_row, rms_norm_row};
-use strata_gpu_shared::replica::quantize_q8_1::quantize;
+use strata_gpu_shared::replica::norm::rms_norm_row;
 use strata_gpu_shared::replica::row_group;
 
 
@@ -105,73 +103,6 @@ fn rms_norm_replica_follows_its_written_spec() {
             let want = (x[j] * scale) * w[j];
             assert_eq!(got[j].to_bits(), want.to_bits(), "seed {seed}: n {n} value {j}: {} vs {want}", got[j]);
         }
-    }
-}
-
-/// `rows` rows of `n` values, each at its own scale (1e-4 to 1e4), row 1 of two or more zero.
-fn scaled_rows(rng: &mut SmallRng, rows: usize, n: usize) -> Vec<f32> {
-    let mut x = Vec::with_capacity(rows * n);
-    for r in 0..rows {
-        let scale = if r == 1 { 0.0 } else { 10f32.powf(rng.random_range(-4.0..4.0)) };
-        x.extend((0..n).map(|_| rng.random_range(-1.0f32..1.0) * scale));
-    }
-    x
-}
-
-/// `add_rms_norm_q8_1` is the three launches it replaces: the replica's fused row equals `add`,
-/// then `rms_norm_row` on the sum, then `quantize` of the output, bit for bit (with and without
-/// `b`); and the CPU backend's fused call over several rows equals its `add`, `rms_norm` and
-/// `quantize_q8_1` calls one after another, all three outputs.
-#[test]
-fn add_rms_norm_q8_1_is_add_then_rms_norm_then_quantize() {
-    let seed = common::seed("add_rms_norm_q8_1_is_add_then_rms_norm_then_quantize");
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let cpu = CpuBackend::new();
-    for case in 0..200 {
-        let n = match case % 4 {
-            0 => NORM_MAX_N,
-            _ => 32 * rng.random_range(1..=NORM_MAX_N / 32),
-        };
-        let eps = rng.random_range(1e-7f32..1e-4);
-        let w: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-        let at = |what: &str| format!("seed {seed}: case {case} n {n}: {what}");
-
-        // One row, replica against replica.
-        let acc = scaled_rows(&mut rng, 1, n);
-        let b = rng.random_bool(0.75).then(|| scaled_rows(&mut rng, 1, n));
-        let (mut got_acc, mut got_out, mut got_q) = (acc.clone(), vec![f32::NAN; n], vec![0xa5u8; n / 32 * q8_1::BYTES]);
-        add_rms_norm_q8_1_row(&mut got_acc, b.as_deref(), &w, eps, &mut got_out, &mut got_q);
-        let mut sum = acc.clone();
-        if let Some(b) = &b {
-            add(&acc, b, &mut sum);
-        }
-        let mut want_out = vec![0f32; n];
-        rms_norm_row(&sum, &w, eps, &mut want_out);
-        let mut want_q = vec![0x5au8; n / 32 * q8_1::BYTES];
-        quantize(&want_out, &mut want_q);
-        assert!(got_acc.iter().zip(&sum).all(|(a, c)| a.to_bits() == c.to_bits()), "{}", at("replica accumulator"));
-        assert!(got_out.iter().zip(&want_out).all(|(a, c)| a.to_bits() == c.to_bits()), "{}", at("replica output"));
-        assert_eq!(got_q, want_q, "{}", at("replica q8_1"));
-
-        // Several rows, the CPU backend's fused call against its three calls.
-        let rows = rng.random_range(1..=8);
-        let acc = scaled_rows(&mut rng, rows, n);
-        let b = rng.random_bool(0.75).then(|| scaled_rows(&mut rng, rows, n));
-        let qlen = rows * n / 32 * q8_1::BYTES;
-        let (mut got_acc, mut got_out, mut got_q) = (vec![f32::NAN; rows * n], vec![f32::NAN; rows * n], vec![0xa5u8; qlen]);
-        cpu.add_rms_norm_q8_1(&acc, b.as_deref(), &w, n, eps, &mut got_acc, &mut got_out, &mut got_q).unwrap();
-        let mut sum = acc.clone();
-        if let Some(b) = &b {
-            cpu.add(&acc, b, &mut sum).unwrap();
-        }
-        let mut want_out = vec![0f32; rows * n];
-        cpu.rms_norm(&sum, &w, n, eps, &mut want_out).unwrap();
-        let mut want_q = vec![0x5au8; qlen];
-        cpu.quantize_q8_1(&want_out, &mut want_q).unwrap();
-        let rows_at = |what: &str| at(&format!("{rows} rows, {} b: {what}", if b.is_some() { "with" } else { "no" }));
-        assert!(got_acc.iter().zip(&sum).all(|(a, c)| a.to_bits() == c.to_bits()), "{}", rows_at("backend accumulator"));
-        assert!(got_out.iter().zip(&want_out).all(|(a, c)| a.to_bits() == c.to_bits()), "{}", rows_at("backend output"));
-        assert_eq!(got_q, want_q, "{}", rows_at("backend q8_1"));
     }
 }
 
@@ -298,31 +229,6 @@ fn shape_errors_are_errors() {
 
     shape_err(cpu.add(&x, &x[1..], &mut y), "b one short");
     shape_err(cpu.add(&x[1..], &x[1..], &mut y), "output one long");
-
-    // add_rms_norm_q8_1: 4 rows of 64 (2 q8_1 blocks a row).
-    let (mut a, mut o, mut q) = (vec![0f32; 4 * 64], vec![0f32; 4 * 64], vec![0u8; 4 * 2 * q8_1::BYTES]);
-    let qb = q8_1::BYTES;
-    let fused = |acc: &[f32], b: Option<&[f32]>, w: &[f32], n: usize, a: &mut [f32], o: &mut [f32], q: &mut [u8]| cpu.add_rms_norm_q8_1(acc, b, w, n, 1e-6, a, o, q);
-    assert!(fused(&x, Some(&x), &w, 64, &mut a, &mut o, &mut q).is_ok());
-    assert!(fused(&x, None, &w, 64, &mut a, &mut o, &mut q).is_ok());
-    assert!(fused(&[], None, &w, 64, &mut [], &mut [], &mut []).is_ok(), "no rows");
-    shape_err(fused(&x[..96], Some(&x[..96]), &w[..48], 48, &mut a[..96], &mut o[..96], &mut q[..3 * 48 / 32 * qb]), "row not whole warps");
-    shape_err(fused(&x[..96], None, &w[..48], 48, &mut a[..96], &mut o[..96], &mut q[..3 * 48 / 32 * qb]), "row not whole warps, no b");
-    shape_err(fused(&x, None, &w, 0, &mut a, &mut o, &mut q), "empty rows");
-    shape_err(fused(&x[..64 * 3 + 32], None, &w, 64, &mut a[..64 * 3 + 32], &mut o[..64 * 3 + 32], &mut q[..7 * qb]), "not whole rows");
-    shape_err(fused(&x, Some(&x[1..]), &w, 64, &mut a, &mut o, &mut q), "b one short");
-    shape_err(fused(&x[..192], Some(&x[..193]), &w, 64, &mut a[..192], &mut o[..192], &mut q[..3 * 2 * qb]), "b one long");
-    assert!(fused(&x[..192], Some(&x[..192]), &w, 64, &mut a[..192], &mut o[..192], &mut q[..3 * 2 * qb]).is_ok(), "three rows");
-    shape_err(fused(&x, None, &w[..32], 64, &mut a, &mut o, &mut q), "weights of another length");
-    shape_err(fused(&x, None, &w, 64, &mut a[1..], &mut o, &mut q), "accumulator output one short");
-    shape_err(fused(&x, None, &w, 64, &mut a, &mut o[1..], &mut q), "output one short");
-    shape_err(fused(&x, None, &w, 64, &mut a, &mut o, &mut q[1..]), "q8_1 output one byte short");
-    shape_err(fused(&x, None, &w, 64, &mut a, &mut o, &mut [q.clone(), vec![0]].concat()), "q8_1 output one byte long");
-    shape_err(fused(&x, None, &w, 64, &mut a, &mut o, &mut q[..3 * 2 * qb]), "q8_1 output a row short");
-    let mut big_q = vec![0u8; (NORM_MAX_N + 32) / 32 * qb];
-    let mut big_out2 = big.clone();
-    shape_err(fused(&big, Some(&big), &big, NORM_MAX_N + 32, &mut big_out, &mut big_out2, &mut big_q), "row past NORM_MAX_N");
-    assert!(fused(&big[..NORM_MAX_N], Some(&big[..NORM_MAX_N]), &big[..NORM_MAX_N], NORM_MAX_N, &mut big_out[..NORM_MAX_N], &mut big_out2[..NORM_MAX_N], &mut big_q[..NORM_MAX_N / 32 * qb]).is_ok());
 }
 
 

@@ -1,13 +1,10 @@
-//! `rms_norm` (one warp per row), `add_f32` (the residual add, in place allowed) and
-//! `add_rms_norm_q8_1` (the residual add, `rms_norm` and `quantize_q8_1` of a row fused into one
-//! block). Specs: `strata_gpu_shared::replica::norm`.
+//! `rms_norm` (one warp per row) and `add_f32` (the residual add, in place allowed). Specs:
+//! `strata_gpu_shared::replica::norm`.
 //!
 //! [`warp_rms_scale`] is the RMSNorm scale of one row as a warp computes it; attention's
 //! per-head norm calls it too.
-use crate::arch::{convert, index, mem, sync, warp};
-use crate::kernels::quantize_q8_1::quantize_group;
-use strata_gpu_shared::formats::{q8_1, GROUP};
-use strata_gpu_shared::launch::norm::{ADD_NORM_WARPS, ADD_THREADS, NORM_AHEAD, NORM_WARPS};
+use crate::arch::{convert, index, mem, warp};
+use strata_gpu_shared::launch::norm::{ADD_THREADS, NORM_AHEAD, NORM_WARPS};
 
 /// `x[j]` through the coherent path: the norm helper may read rows its caller's launch wrote
 /// (in an earlier phase of the same kernel), and `add_f32` reads `a` where it writes `out`.
@@ -100,74 +97,4 @@ pub unsafe extern "ptx-kernel" fn add_f32(a: *const f32, b: *const f32, out: *mu
     }
     let bi = f32::from_bits(mem::ld_nc_u32(b.add(i as usize) as *const u8));
     mem::st_f32(out.add(i as usize), ld(a, i) + bi);
-}
-
-/// The residual add, `rms_norm` and `quantize_q8_1` of `rows` rows of `n` values in one launch
-/// (spec: `replica::norm`, `add_rms_norm_q8_1`): for row `r`, `acc[r * n + j] += b[r * n + j]`
-/// when `b` is not null, `out[r * n + j] = (acc[r * n + j] * scale_r) * w[j]` with `scale_r` the
-/// RMSNorm scale of the row of `acc` after the add, and q8_1 block `r * n / 32 + i` of `xq` the
-/// quantized group `i` of the row of `out`. Launch: `rows` blocks of `32 * ADD_NORM_WARPS`
-/// threads, one block a row, 4 bytes of dynamic shared memory.
-///
-/// The add and the quantization are spread over the block's warps (warp `w` takes the 32-value
-/// groups `w, w + ADD_NORM_WARPS, ...`); the scale is warp 0's alone, so its sum follows the
-/// one-warp order of the spec, and reaches the others through shared memory. The barrier after
-/// the add makes every warp's writes to `acc` visible to warp 0's (coherent) loads.
-///
-/// # Safety
-/// `acc` and `out`: `rows * n` f32; `b`: null or `rows * n` f32; `w`: `n` f32; all 4-byte
-/// aligned; `xq`: `rows * n / 32` q8_1 blocks, 4-byte aligned; `n` a positive multiple of 32.
-/// `out` and `xq` overlap nothing; `b` does not overlap `acc`. The launch gives the block at
-/// least 4 bytes of dynamic shared memory.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn add_rms_norm_q8_1(
-    acc: *mut f32,
-    b: *const f32,
-    w: *const f32,
-    out: *mut f32,
-    xq: *mut u8,
-    rows: u32,
-    n: u32,
-    eps: f32,
-) {
-    let row = index::block_idx();
-    if row >= rows {
-        return; // the whole block: no barrier is reached
-    }
-    let at = row as usize * n as usize;
-    let (accr, outr, xqr) = (acc.add(at), out.add(at), xq.add(at / GROUP * q8_1::BYTES));
-    let nc = |p: *const f32, j: u32| f32::from_bits(mem::ld_nc_u32(p.add(j as usize) as *const u8));
-    let (warp_id, lane) = (index::warp_in_block(), index::lane());
-    let groups = n / GROUP as u32;
-    // 1. acc += b, a 32-value group per warp at a time.
-    if !b.is_null() {
-        let br = b.add(at);
-        let mut g = warp_id;
-        while g < groups {
-            let j = g * GROUP as u32 + lane;
-            mem::st_f32(accr.add(j as usize), ld(accr, j) + nc(br, j));
-            g += ADD_NORM_WARPS;
-        }
-    }
-    sync::sync_threads();
-    // 2. The scale of the row as it is now: warp 0, in the spec's one-warp order.
-    let smem = mem::Smem::dynamic();
-    if warp_id == 0 {
-        let scale = warp_rms_scale::<{ NORM_AHEAD as usize }>(accr, n, eps);
-        if lane == 0 {
-            smem.st_u32(0, scale.to_bits());
-        }
-    }
-    sync::sync_threads();
-    let scale = f32::from_bits(smem.ld_u32(0));
-    // 3-4. Group `g`: lane `l` holds value `32 g + l`, stores it to `out` and quantizes the
-    // group with its warp (every lane, converged: the loop bound is warp-uniform).
-    let mut g = warp_id;
-    while g < groups {
-        let j = g * GROUP as u32 + lane;
-        let v = (ld(accr, j) * scale) * nc(w, j);
-        mem::st_f32(outr.add(j as usize), v);
-        quantize_group(v, xqr.add(g as usize * q8_1::BYTES));
-        g += ADD_NORM_WARPS;
-    }
 }

@@ -1,6 +1,5 @@
-//! Launch bounds and geometry of the embedding rows, RMSNorm, residual add and the fused
-//! `add_rms_norm_q8_1` of the decode step (the float matvec, `matvec_f16` included, keeps the
-//! `mmvq` geometry in [`super::BASE`]).
+//! Launch bounds and geometry of the embedding rows, RMSNorm and residual add of the decode step
+//! (the float matvec, `matvec_f16` included, keeps the `mmvq` geometry in [`super::BASE`]).
 use super::Bounds;
 use crate::formats::{FloatFormat, WeightFormat};
 
@@ -9,12 +8,6 @@ use crate::formats::{FloatFormat, WeightFormat};
 pub const EMBED_THREADS: u32 = 256;
 /// Warps (one row each) per `rms_norm` block.
 pub const NORM_WARPS: u32 = 4;
-/// Warps of an `add_rms_norm_q8_1` block (one block a row): they share the add and the q8_1
-/// groups of the row, warp 0 alone sums its squares. With one warp a row (the `rms_norm`
-/// geometry) the fused kernel made the 30b-a3b step slower than the three kernels it replaces:
-/// a 2048-value row's 64 q8_1 groups then quantize one after another (tg128 171 tok/s against
-/// 219, H200, 2026-12-02).
-pub const ADD_NORM_WARPS: u32 = 8;
 /// Elements per lane an RMSNorm warp loads before using them (in order), to keep loads in
 /// flight: each `32 * NORM_AHEAD` values of a row cost one memory latency per pass (2,048
 /// values four). At 8 the one-warp norm of a decode step took 10 us a launch under ncu on the
@@ -97,7 +90,7 @@ const fn embed(kernel: &'static str) -> Bounds {
 }
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
-pub const BOUNDS: [Bounds; 16] = [
+pub const BOUNDS: [Bounds; 15] = [
     embed("embed_rows_q8_0"),
     embed("embed_rows_q6_k"),
     embed("embed_rows_iq2_xxs"),
@@ -114,8 +107,6 @@ pub const BOUNDS: [Bounds; 16] = [
     // 4 blocks: room for the `2 * NORM_AHEAD` values a lane keeps in flight.
     Bounds { kernel: "rms_norm", threads: 32 * NORM_WARPS, min_blocks: 4, smem_bytes: 0 },
     Bounds { kernel: "add_f32", threads: ADD_THREADS, min_blocks: 4, smem_bytes: 0 },
-    // One block a row; 4 shared bytes for the row's scale.
-    Bounds { kernel: "add_rms_norm_q8_1", threads: 32 * ADD_NORM_WARPS, min_blocks: 4, smem_bytes: 4 },
 ];
 
 /// Sizes the HIP sources read as `STRATA_<NAME>`.
@@ -124,7 +115,6 @@ pub const GEOMETRY: &[(&str, usize)] = &[
     ("EMBED_NAN", EMBED_NAN as usize),
     ("NORM_WARPS", NORM_WARPS as usize),
     ("NORM_AHEAD", NORM_AHEAD as usize),
-    ("ADD_NORM_WARPS", ADD_NORM_WARPS as usize),
     ("ADD_THREADS", ADD_THREADS as usize),
 ];
 

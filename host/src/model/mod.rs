@@ -63,17 +63,16 @@ impl Model {
 
     /// The MTP block's step (drafts for the verify windows), where the model has one.
     pub fn mtp_ops(&self) -> Option<Vec<Op>> {
-        qwen35moe::mtp_ops(self).map(crate::step::fuse)
+        qwen35moe::mtp_ops(self)
     }
 
     /// One step over a window as an op list (the window size and position are given when it
     /// runs): every backend runs this same list.
-    /// Described unfused by the architecture's module, then fused ([`crate::step::fuse`]).
     pub fn step_ops(&self, pick: Op) -> Vec<Op> {
-        crate::step::fuse(match self.arch {
+        match self.arch {
             qwen35moe::ARCH => qwen35moe::step_ops(self, pick),
             _ => qwen3moe::step_ops(self, pick),
-        })
+        }
     }
 
     /// The architecture and shapes in one line: `qwen35moe, 4 layers (2 Gated DeltaNet), 8

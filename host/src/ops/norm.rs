@@ -1,13 +1,10 @@
 //! The norm family of the decode step: the embedding rows (`embed_rows_<tag>`), RMSNorm
-//! (`rms_norm`), the residual add (`add_f32`) and the three fused (`add_rms_norm_q8_1`: the
-//! residual add, RMSNorm and q8_1 of a row in one launch). [`NormOps`] (host slices, what parity
-//! runs) for the CPU replica and the GPU backends, the typed launchers on device buffers
-//! (`embed_rows_queue`, `rms_norm_queue`, `add_into_queue`, `add_rms_norm_q8_1_queue`), and
-//! [`parity_cases`].
+//! (`rms_norm`) and the residual add (`add_f32`). [`NormOps`] (host slices, what parity runs) for
+//! the CPU replica and the GPU backends, the typed launchers on device buffers
+//! (`embed_rows_queue`, `rms_norm_queue`, `add_into_queue`), and [`parity_cases`].
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use rayon::prelude::*;
 
 use crate::cpu::CpuBackend;
 use crate::backend::{exact_len, shape_err};
@@ -16,13 +13,12 @@ use crate::gguf::GgmlType;
 use crate::gpu::{holds, GpuBackend};
 use crate::parity::{compare_bits, note_unwritten, random_weights, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::{nmse, rms_norm_f64};
-use strata_gpu_shared::formats::{q8_1, FloatFormat, GROUP};
+use strata_gpu_shared::formats::FloatFormat;
 use strata_gpu_shared::launch::norm::{EmbedTable, ADD_THREADS, EMBED_THREADS, NORM_MAX_N, NORM_WARPS};
 use strata_gpu_shared::replica;
 
 const RMS: &str = "rms_norm";
 const ADD: &str = "add_f32";
-const FUSED: &str = "add_rms_norm_q8_1";
 /// Grid blocks one launch may take.
 const MAX_BLOCKS: usize = i32::MAX as usize;
 
@@ -40,13 +36,6 @@ pub trait NormOps {
 
     /// `out[i] = a[i] + b[i]`.
     fn add(&self, a: &[f32], b: &[f32], out: &mut [f32]) -> Result<()>;
-
-    /// The residual add, RMSNorm and q8_1 of each row of `n` values in one
-    /// (`replica::norm::add_rms_norm_q8_1_row`): `acc_out = acc + b` (`acc` itself without `b`),
-    /// `out` the RMSNorm of `acc_out` times `w`, `xq` the q8_1 blocks of `out` (`n / 32` a row).
-    /// `n` a multiple of 32, at most `NORM_MAX_N`.
-    #[allow(clippy::too_many_arguments)]
-    fn add_rms_norm_q8_1(&self, acc: &[f32], b: Option<&[f32]>, w: &[f32], n: usize, eps: f32, acc_out: &mut [f32], out: &mut [f32], xq: &mut [u8]) -> Result<()>;
 }
 
 /// The embedding table type of a GGUF tensor type.
@@ -79,23 +68,13 @@ fn check_embed(ty: GgmlType, n_rows: usize, n: usize, tokens: usize) -> Result<(
 
 /// Checks an `rms_norm` shape.
 fn check_rms(rows: usize, n: usize) -> Result<()> {
-    check_rows_of(RMS, rows, n)
-}
-
-/// Checks the shape of a kernel with the `rms_norm` geometry (one warp a row of `n` values).
-fn check_rows_of(kernel: &'static str, rows: usize, n: usize) -> Result<()> {
     if n == 0 || n % 32 != 0 || n > NORM_MAX_N {
-        return Err(shape_err(kernel, format!("row length {n} is not a multiple of 32 in 32..={NORM_MAX_N}")));
+        return Err(shape_err(RMS, format!("row length {n} is not a multiple of 32 in 32..={NORM_MAX_N}")));
     }
-    if rows > u32::MAX as usize || rows.div_ceil(NORM_WARPS as usize) > MAX_BLOCKS {
-        return Err(shape_err(kernel, format!("{rows} rows exceed one launch")));
+    if rows.div_ceil(NORM_WARPS as usize) > MAX_BLOCKS {
+        return Err(shape_err(RMS, format!("{rows} rows exceed one launch")));
     }
     Ok(())
-}
-
-/// Bytes of the q8_1 blocks of `rows` rows of `n` values (`n` a multiple of 32).
-fn q8_1_bytes(rows: usize, n: usize) -> usize {
-    rows * (n / GROUP) * q8_1::BYTES
 }
 
 fn check_add(n: usize) -> Result<()> {
@@ -122,23 +101,6 @@ fn rms_slices(x: &[f32], w: &[f32], n: usize, out: &[f32]) -> Result<usize> {
     exact_len(RMS, "weights", w.len(), n)?;
     exact_len(RMS, "output", out.len(), x.len())?;
     Ok(x.len() / n)
-}
-
-/// The host-slice `add_rms_norm_q8_1` call's sizes, exact; returns the number of rows.
-fn fused_slices(acc: &[f32], b: Option<&[f32]>, w: &[f32], n: usize, acc_out: &[f32], out: &[f32], xq: &[u8]) -> Result<usize> {
-    if n == 0 || acc.len() % n != 0 {
-        return Err(shape_err(FUSED, format!("{} values are not whole rows of {n}", acc.len())));
-    }
-    let rows = acc.len() / n;
-    check_rows_of(FUSED, rows, n)?;
-    if let Some(b) = b {
-        exact_len(FUSED, "b", b.len(), acc.len())?;
-    }
-    exact_len(FUSED, "weights", w.len(), n)?;
-    exact_len(FUSED, "accumulator output", acc_out.len(), acc.len())?;
-    exact_len(FUSED, "output", out.len(), acc.len())?;
-    exact_len(FUSED, "q8_1 output", xq.len(), q8_1_bytes(rows, n))?;
-    Ok(rows)
 }
 
 /// The host-slice `add` call's sizes, exact.
@@ -172,21 +134,6 @@ impl NormOps for CpuBackend {
     fn add(&self, a: &[f32], b: &[f32], out: &mut [f32]) -> Result<()> {
         add_slices(a, b, out)?;
         replica::norm::add(a, b, out);
-        Ok(())
-    }
-
-    fn add_rms_norm_q8_1(&self, acc: &[f32], b: Option<&[f32]>, w: &[f32], n: usize, eps: f32, acc_out: &mut [f32], out: &mut [f32], xq: &mut [u8]) -> Result<()> {
-        let rows = fused_slices(acc, b, w, n, acc_out, out, xq)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        // The accumulator is updated in place, as on the GPU: `acc_out` starts as `acc`.
-        acc_out.copy_from_slice(acc);
-        let xrow = q8_1_bytes(1, n);
-        // Rows in parallel (three outputs a row, so rayon's zip rather than `par_chunks`).
-        acc_out.par_chunks_mut(n).zip(out.par_chunks_mut(n)).zip(xq.par_chunks_mut(xrow)).enumerate().for_each(|(r, ((a, o), q))| {
-            replica::norm::add_rms_norm_q8_1_row(a, b.map(|b| &b[r * n..(r + 1) * n]), w, eps, o, q);
-        });
         Ok(())
     }
 }
@@ -263,53 +210,6 @@ impl GpuBackend {
         // is unwritten during the launch. Blocks past `n` return at once.
         unsafe { self.launch_async(ADD, self.padded_grid(ADD, n.div_ceil(ADD_THREADS)), a) }
     }
-
-    /// Queues `add_rms_norm_q8_1` over `rows` rows of `n` values: `acc += b` in place (no add
-    /// with `b` of `None`), `out` the RMSNorm of `acc` times `w`, `xq` the `n / 32` q8_1 blocks
-    /// a row of `out`. Buffers may be longer than needed.
-    #[allow(clippy::too_many_arguments)]
-    pub fn add_rms_norm_q8_1_queue(
-        &self,
-        acc: &mut CudaSlice<f32>,
-        b: Option<&CudaSlice<f32>>,
-        w: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        xq: &mut CudaSlice<u8>,
-        rows: usize,
-        n: usize,
-        eps: f32,
-    ) -> Result<()> {
-        check_rows_of(FUSED, rows, n)?;
-        holds(FUSED, "accumulator", acc.len(), rows * n)?;
-        if let Some(b) = b {
-            holds(FUSED, "b", b.len(), rows * n)?;
-        }
-        holds(FUSED, "weights", w.len(), n)?;
-        holds(FUSED, "output", out.len(), rows * n)?;
-        holds(FUSED, "q8_1 output", xq.len(), q8_1_bytes(rows, n))?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let (rows, n, null) = (rows as u32, n as u32, 0u64);
-        let mut a = self.builder(FUSED);
-        a.arg(acc);
-        // A missing `b` is the null pointer: a u64 0 in the parameter's place (a given `b` goes
-        // in as the slice, so the stream's use of it is tracked as for any other argument).
-        match b {
-            Some(b) => a.arg(b),
-            None => a.arg(&null),
-        };
-        a.arg(w).arg(out).arg(xq).arg(&rows).arg(&n).arg(&eps);
-        // SAFETY: the kernel's parameters in order; `acc`, `out` (and `b` when given) checked to
-        // hold `rows * n` values, `w` `n`, `xq` `rows * n / 32` blocks, `n` a multiple of 32. `acc`,
-        // `out` and `xq` are distinct allocations from each other and from `b` and `w` (Rust does
-        // not hand out `&mut` and `&` to one buffer), so `b` and `w` are unwritten during the
-        // launch, as the read-only loads need, and `out` and `xq` overlap nothing. A row's block
-        // alone touches that row; its warps write `acc` before a barrier and read it (coherent
-        // loads) after. The bounds give the block its 4 shared bytes. Blocks past the last row
-        // return at once, before any barrier, so a padded grid is covered.
-        unsafe { self.launch_async(FUSED, self.padded_grid(FUSED, rows), a) }
-    }
 }
 
 impl NormOps for GpuBackend {
@@ -353,24 +253,6 @@ impl NormOps for GpuBackend {
         self.add_into_queue(&mut acc, &db, a.len())?;
         self.synchronize(ADD)?;
         self.download_out(ADD, &acc, out)
-    }
-
-    /// Runs the step's in-place path: `acc` uploaded as the accumulator (with guard elements),
-    /// downloaded into `acc_out` after the launch.
-    fn add_rms_norm_q8_1(&self, acc: &[f32], b: Option<&[f32]>, w: &[f32], n: usize, eps: f32, acc_out: &mut [f32], out: &mut [f32], xq: &mut [u8]) -> Result<()> {
-        let rows = fused_slices(acc, b, w, n, acc_out, out, xq)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let mut dacc = self.upload_out(FUSED, acc)?;
-        let db = b.map(|b| self.upload(FUSED, b)).transpose()?;
-        let dw = self.upload(FUSED, w)?;
-        let (mut dout, mut dxq) = (self.upload_out(FUSED, out)?, self.upload_out(FUSED, xq)?);
-        self.add_rms_norm_q8_1_queue(&mut dacc, db.as_ref(), &dw, &mut dout, &mut dxq, rows, n, eps)?;
-        self.synchronize(FUSED)?;
-        self.download_out(FUSED, &dacc, acc_out)?;
-        self.download_out(FUSED, &dout, out)?;
-        self.download_out(FUSED, &dxq, xq)
     }
 }
 
@@ -468,94 +350,10 @@ fn add_case(backends: &[&dyn NormOps], n: usize, seed: u64) -> Result<Outcome> {
     Ok(outcome(ADD, format!("{n}"), seed, n, outs, unwritten, Some(e)))
 }
 
-/// `rms_norm_f64` of the float64 sum `acc + b` (of `acc` alone without `b`).
-fn add_rms_norm_f64(acc: &[f32], b: Option<&[f32]>, w: &[f32], n: usize, eps: f32) -> Vec<f64> {
-    let sum: Vec<f64> = match b {
-        Some(b) => acc.iter().zip(b).map(|(&x, &y)| x as f64 + y as f64).collect(),
-        None => acc.iter().map(|&x| x as f64).collect(),
-    };
-    sum.chunks_exact(n)
-        .flat_map(|row| {
-            let mean = row.iter().map(|v| v * v).sum::<f64>() / n as f64;
-            let scale = 1.0 / (mean + eps as f64).sqrt();
-            row.iter().zip(w).map(move |(&v, &wj)| v * scale * wj as f64)
-        })
-        .collect()
-}
-
-/// `add_rms_norm_q8_1` of `rows` rows of `n`, with or without `b`: each row of `acc` and of `b`
-/// at its own scale (1e-3 to 1e3), the second of two or more summing to all zero (`b = -acc`
-/// there; `acc` zero without `b`), weights of either sign. Each backend runs twice, the f32
-/// outputs poisoned with [`POISON_F32`] both times and `xq` filled with 0x00 and then 0xff (a
-/// byte the runs disagree on was not written); the three outputs are compared bit for bit as one
-/// sequence (`acc`, then `out`, then the `xq` bytes); NMSE of the reference's `out` against
-/// float64.
-fn add_rms_norm_q8_1_case(backends: &[&dyn NormOps], rows: usize, n: usize, with_b: bool, seed: u64) -> Result<Outcome> {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let scaled_rows = |rng: &mut SmallRng| -> Vec<f32> {
-        let mut x = Vec::with_capacity(rows * n);
-        for _ in 0..rows {
-            let scale = 10f32.powf(rng.random_range(-3.0..3.0));
-            x.extend((0..n).map(|_| rng.random_range(-1.0f32..1.0) * scale));
-        }
-        x
-    };
-    let mut acc = scaled_rows(&mut rng);
-    let mut b = with_b.then(|| scaled_rows(&mut rng));
-    if rows >= 2 {
-        match &mut b {
-            Some(b) => (0..n).for_each(|j| b[n + j] = -acc[n + j]),
-            None => acc[n..2 * n].fill(0.0),
-        }
-    }
-    let w: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-    let eps = if rng.random_bool(0.5) { 1e-6 } else { 1e-5 };
-    let (len, xlen) = (rows * n, q8_1_bytes(rows, n));
-    let (mut outs, mut unwritten) = (Vec::new(), Vec::new());
-    for &be in backends {
-        let mut runs = Vec::new();
-        for fill in [0x00u8, 0xff] {
-            let (mut a, mut o, mut q) = (vec![f32::from_bits(POISON_F32); len], vec![f32::from_bits(POISON_F32); len], vec![fill; xlen]);
-            be.add_rms_norm_q8_1(&acc, b.as_deref(), &w, n, eps, &mut a, &mut o, &mut q)?;
-            runs.push((a, o, q));
-        }
-        let ((a, o, q), (a2, o2, q2)) = (&runs[0], &runs[1]);
-        let poisoned = |v: &f32, v2: &f32| v.to_bits() == POISON_F32 || v2.to_bits() == POISON_F32;
-        let left = a.iter().zip(a2).chain(o.iter().zip(o2)).map(|(v, v2)| poisoned(v, v2)).chain(q.iter().zip(q2).map(|(x, y)| x != y));
-        note_unwritten(&mut unwritten, be.name(), left);
-        let words = a.iter().chain(o).map(|v| v.to_bits()).chain(q.iter().map(|&x| x as u32)).collect();
-        outs.push((be.name().to_string(), words));
-    }
-    let mismatch = compare_bits(&outs, |i, v| {
-        if i < 2 * len {
-            let what = if i < len { "acc" } else { "out" };
-            let i = i % len;
-            format!("{what} row {} value {}: {:e} ({v:#010x})", i / n, i % n, f32::from_bits(v))
-        } else {
-            let i = i - 2 * len;
-            format!("xq block {} byte {}: {v:#04x}", i / q8_1::BYTES, i % q8_1::BYTES)
-        }
-    });
-    let out0: Vec<f32> = outs[0].1[len..2 * len].iter().map(|&v| f32::from_bits(v)).collect();
-    let e = nmse(&out0, &add_rms_norm_f64(&acc, b.as_deref(), &w, n, eps));
-    let shape = format!("{rows}x{n} {} eps {eps:e}", if with_b { "with b" } else { "no b" });
-    Ok(Outcome {
-        kernel: FUSED.into(),
-        shape,
-        seed,
-        backends: outs.into_iter().map(|o| o.0).collect(),
-        mismatch,
-        unwritten,
-        nmse: Some(e),
-        nmse_max: NMSE_MAX,
-    })
-}
-
 /// The family's parity suite from `seed`: `embed_rows` for every table type at one block, 4096
 /// and a random multiple of the block; `rms_norm` at n = 32, 128, 2048 and 4096 for 1..=8 rows,
-/// and at `NORM_MAX_N`; `add` at 1, 255, 256, 257, 32768 and a random length;
-/// `add_rms_norm_q8_1` at n = 256, 2048, 4096 and `NORM_MAX_N` for 1..=8 rows, with and without
-/// `b`. `backends[0]` is the reference.
+/// and at `NORM_MAX_N`; `add` at 1, 255, 256, 257, 32768 and a random length. `backends[0]` is
+/// the reference.
 pub fn parity_cases(backends: &[&dyn NormOps], seed: u64) -> Result<Vec<Outcome>> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut out = Vec::new();
@@ -573,13 +371,6 @@ pub fn parity_cases(backends: &[&dyn NormOps], seed: u64) -> Result<Vec<Outcome>
     out.push(rms_norm_case(backends, 3, NORM_MAX_N, rng.random())?);
     for n in [1, 255, 256, 257, 32768, rng.random_range(2..300_000)] {
         out.push(add_case(backends, n, rng.random())?);
-    }
-    for n in [256, 2048, 4096, NORM_MAX_N] {
-        for rows in 1..=8 {
-            for with_b in [false, true] {
-                out.push(add_rms_norm_q8_1_case(backends, rows, n, with_b, rng.random())?);
-            }
-        }
     }
     Ok(out)
 }

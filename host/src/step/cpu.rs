@@ -155,18 +155,6 @@ impl Executor for CpuExecutor {
                 self.put(out, o);
                 r
             }
-            Op::AddNormQuant { add, acc, w: nw, out, q } => {
-                let n = act_len(c, acc);
-                let (mut a, mut o) = (self.take(acc), self.take(out));
-                let mut qb = std::mem::take(self.qx.get_mut(&q).expect("allocated"));
-                let prev = a[..t * n].to_vec();
-                let b = add.map(|b| self.rows(b, t));
-                let r = self.cpu.add_rms_norm_q8_1(&prev, b, weights.f32s(nw), n, c.rms_eps, &mut a[..t * n], &mut o[..t * n], &mut qb[..t * n / 32 * q8_1::BYTES]);
-                self.qx.insert(q, qb);
-                self.put(acc, a);
-                self.put(out, o);
-                r
-            }
             Op::Quantize { x, out } => {
                 let mut q = std::mem::take(self.qx.get_mut(&out).expect("allocated"));
                 let n = act_len(c, x);

@@ -427,28 +427,6 @@ impl Executor for GpuExecutor {
                 self.act.insert(out, o);
                 r
             }
-            Op::AddNormQuant { add, acc, w: nw, out, q } => {
-                let n = act_len(c, acc);
-                let (mut a, mut o) = (self.take(acc), self.take(out));
-                let b = match add {
-                    // The routed experts' output lives in the expert buffers.
-                    Some(Act::Experts) => Some(&self.moe.out),
-                    Some(b) => Some(&self.act[&b]),
-                    None => None,
-                };
-                let xq = match q {
-                    Qx::X => &mut self.moe.xq,
-                    q => self.qx.get_mut(&q).expect("allocated for the models that use it"),
-                };
-                let w = match &self.weights[&nw] {
-                    DevWeight::F32(v) => v,
-                    DevWeight::Bytes(_) => unreachable!("norms are prepared vectors"),
-                };
-                let r = self.gpu.add_rms_norm_q8_1_queue(&mut a, b, w, &mut o, xq, t, n, c.rms_eps);
-                self.act.insert(acc, a);
-                self.act.insert(out, o);
-                r
-            }
             Op::Quantize { x, out } => {
                 let n = t * act_len(c, x);
                 let dst = match out {

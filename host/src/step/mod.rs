@@ -203,10 +203,6 @@ pub enum Op {
     RmsNorm { x: Act, w: WeightId, out: Act },
     /// `out = q8_1(x)` per row.
     Quantize { x: Act, out: Qx },
-    /// `acc += add` (where given), then `out = rms_norm(acc) * w` and `q = q8_1(out)` per row:
-    /// a residual add, the norm after it and the quantization of the norm's output in one
-    /// kernel ([`fuse`] makes it from the three).
-    AddNormQuant { add: Option<Act>, acc: Act, w: WeightId, out: Act, q: Qx },
     /// `out = w * input` per row: quantized weights read `xq`, float weights read `x`.
     Linear { w: WeightId, xq: Qx, x: Act, out: Act },
     /// `acc += w` (a weight of [`MAX_WINDOW`] repeated rows: a bias).
@@ -251,38 +247,13 @@ impl Op {
     pub fn weights(&self) -> Vec<WeightId> {
         match *self {
             Op::Embed { table, .. } => vec![table],
-            Op::RmsNorm { w, .. } | Op::AddNormQuant { w, .. } | Op::Linear { w, .. } | Op::AddWeight { w, .. } | Op::GdnConv { w, .. } | Op::RmsNormGated { w, .. } => vec![w],
+            Op::RmsNorm { w, .. } | Op::Linear { w, .. } | Op::AddWeight { w, .. } | Op::GdnConv { w, .. } | Op::RmsNormGated { w, .. } => vec![w],
             Op::AttnPrep { q_norm, k_norm, .. } => vec![q_norm, k_norm],
             Op::GdnRecur { dt_bias, a, .. } => vec![dt_bias, a],
             Op::Experts { gate, up, down } => vec![gate, up, down],
             _ => vec![],
         }
     }
-}
-
-/// The op list with each residual add, RMSNorm and quantization of that norm's output that
-/// follow each other (`AddInto { acc }`, `RmsNorm { x: acc, out }`, `Quantize { x: out }`), and
-/// each norm followed by its quantization, made one [`Op::AddNormQuant`]: the same bits in one
-/// launch instead of three.
-pub fn fuse(ops: Vec<Op>) -> Vec<Op> {
-    let mut out: Vec<Op> = Vec::with_capacity(ops.len());
-    for op in ops {
-        let fused = match (out.as_slice(), op) {
-            ([.., Op::AddInto { acc, b }, Op::RmsNorm { x, w, out: n }], Op::Quantize { x: qx, out: q }) if x == acc && qx == *n => {
-                Some((2, Op::AddNormQuant { add: Some(*b), acc: *acc, w: *w, out: *n, q }))
-            }
-            ([.., Op::RmsNorm { x, w, out: n }], Op::Quantize { x: qx, out: q }) if qx == *n => Some((1, Op::AddNormQuant { add: None, acc: *x, w: *w, out: *n, q })),
-            _ => None,
-        };
-        match fused {
-            Some((drop, f)) => {
-                out.truncate(out.len() - drop);
-                out.push(f);
-            }
-            None => out.push(op),
-        }
-    }
-    out
 }
 
 /// Where a step runs in the sequence.
