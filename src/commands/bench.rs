@@ -59,8 +59,9 @@ pub enum What {
 
 #[derive(clap::Args)]
 pub struct DecodeArgs {
-    /// A qwen3moe GGUF file (default: $STRATA_BENCH_MODEL). The Qwen3-30B-A3B-shaped synthetic
-    /// model: `strata synth --preset 30b-a3b --out F`.
+    /// A qwen3moe or qwen35moe GGUF file (default: $STRATA_BENCH_MODEL). The Qwen3-30B-A3B-shaped
+    /// synthetic model: `strata synth --preset 30b-a3b --out F`; the Qwen3.5-35B-A3B-shaped one:
+    /// `strata synth --arch qwen35moe --preset 35b-a3b --out F`.
     #[arg(value_name = "FILE", conflicts_with = "builtin")]
     pub file: Option<PathBuf>,
     /// Bench the small built-in random-weight model instead of a file.

@@ -1,4 +1,4 @@
-//! `strata decode`: load a qwen3moe GGUF (or build the built-in random model), prefill the
+//! `strata decode`: load a qwen3moe or qwen35moe GGUF (or build the built-in random model), prefill the
 //! prompt in windows, generate, stream the text, report speed.
 use std::io::Write;
 use std::path::PathBuf;
@@ -33,7 +33,7 @@ const DEFAULT_SPEC: u8 = 3;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A qwen3moe GGUF file. Without it, a small random-weight model is built in memory (its
+    /// A qwen3moe or qwen35moe GGUF file. Without it, a small random-weight qwen3moe is built in memory (its
     /// output is noise: it shows the engine runs).
     #[arg(long, short)]
     pub model: Option<PathBuf>,
@@ -94,8 +94,8 @@ pub struct Args {
     /// Wrap the prompt in the file's ChatML turns (user, then assistant).
     #[arg(long)]
     pub chat: bool,
-    /// Time each phase of the step on the GPU (attention, router, experts, head, sampling,
-    /// other) and print the split at the end. Profiled steps launch their kernels one by one
+    /// Time each phase of the step on the GPU (attention, deltanet, router, experts, shared
+    /// expert, head, mtp, sampling, other) and print the split at the end. Profiled steps launch their kernels one by one
     /// (as --no-graph), so they are slower than unprofiled ones.
     #[arg(long)]
     pub profile: bool,
