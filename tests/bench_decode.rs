@@ -244,3 +244,20 @@ fn gpu_phases_and_copy_bandwidth() {
         assert!(rows.iter().filter(|l| l.contains("\"phase\":")).all(|l| figure(l, "us_per_step").is_some_and(|u| u > 0.0)), "{out}");
     }
 }
+
+/// `strata bench attention`'s measurement: one row per (depth, window), in order, each with a
+/// positive time and the GB/s of the keys and values it must read (positions `0..depth + T` of
+/// every KV head, f16, K and V) over that time.
+#[test]
+fn attention_bench_measures_every_depth_and_window() {
+    for name in ["cuda", "hip"] {
+        let Some(g) = common::open_gpu(name) else { continue };
+        let rows = strata::host::bench::attention(&g, (8, 2, 64), &[0, 1000], &[1, 3], 1, 7).expect("bench");
+        let got: Vec<(usize, usize)> = rows.iter().map(|r| (r.depth, r.tokens)).collect();
+        assert_eq!(got, [(0, 1), (0, 3), (1000, 1), (1000, 3)], "{name}");
+        for r in &rows {
+            let bytes = ((r.depth + r.tokens) * 2 * 64 * 2 * 2) as f64;
+            assert!(r.us > 0.0 && (r.gbps - bytes / (r.us * 1e-6) / 1e9).abs() < 1e-6 * r.gbps, "{name}: {r:?}");
+        }
+    }
+}

@@ -384,3 +384,54 @@ pub fn experts(
     g.set_expert_knobs(saved);
     Ok(rows)
 }
+
+/// One line of `strata bench attention`.
+#[derive(Clone, Debug)]
+pub struct AttnRow {
+    pub backend: &'static str,
+    pub depth: usize,
+    pub tokens: usize,
+    /// Microseconds of one layer's attention (`attn_chunk` + `attn_merge`) for the window.
+    pub us: f64,
+    /// The f16 keys and values the window attends to (positions `0..depth + tokens` of the
+    /// layer's `n_kv` heads), read once, over `us`: GB/s.
+    pub gbps: f64,
+}
+
+/// A layer's attention (`attention_queue`, as the decode step launches it) for windows of
+/// `tokens` at `depth`, heads `(n_q, n_kv, hd)`, over random f16 caches of `depth + tokens`
+/// positions; two layers' caches alternate, so that the keys and values are read cold once they
+/// exceed half the L2; median of `rounds`.
+pub fn attention(g: &GpuBackend, (n_q, n_kv, hd): (usize, usize, usize), depths: &[usize], token_counts: &[usize], rounds: usize, seed: u64) -> Result<Vec<AttnRow>> {
+    use crate::ops::attention::{attn_part_len, AttnShape};
+    use strata_gpu_shared::f16::f32_to_f16;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut rows = Vec::new();
+    for &depth in depths {
+        let max_t = token_counts.iter().copied().max().unwrap_or(1);
+        let n_ctx = depth + max_t;
+        let mut cache = || -> Result<CudaSlice<u16>> {
+            let v: Vec<u16> = (0..n_ctx * n_kv * hd).map(|_| f32_to_f16(rng.random_range(-1.0f32..1.0))).collect();
+            g.upload("bench attention", &v)
+        };
+        let layers = [(cache()?, cache()?), (cache()?, cache()?)];
+        for &t in token_counts {
+            let shape = AttnShape { tokens: t, n_q, n_kv, hd, n_rot: hd, n_ctx };
+            let q: Vec<f32> = (0..shape.q_len()).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let q = g.upload("bench attention", &q)?;
+            let pos = g.upload("bench attention", &[depth as u32])?;
+            let mut part = g.scratch::<f32>("bench attention", attn_part_len(shape))?;
+            let mut out = g.scratch::<f32>("bench attention", shape.q_len())?;
+            let scale = (1.0 / (hd as f64).sqrt()) as f32;
+            let mut i = 0;
+            let us = median_us(g, rounds, || {
+                i += 1;
+                let (k, v) = &layers[i % 2];
+                g.attention_queue(&q, k, v, shape, &pos, depth + t, scale, &mut part, &mut out)
+            })?;
+            let bytes = ((depth + t) * n_kv * hd * 2 * 2) as f64;
+            rows.push(AttnRow { backend: g.name_static(), depth, tokens: t, us, gbps: bytes / (us * 1e-6) / 1e9 });
+        }
+    }
+    Ok(rows)
+}

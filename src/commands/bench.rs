@@ -49,6 +49,10 @@ pub enum What {
     /// whole layer, gate/up and down, GB/s of expert weights read, % of the copy bandwidth, and
     /// `identical` (the variant's outputs equal the first variant's byte for byte).
     Experts(ExpertsArgs),
+    /// A layer's attention at depth (`attn_chunk` + `attn_merge`, as the decode step launches
+    /// them) for windows of T tokens, on `cuda` and `hip`: microseconds and the GB/s of the f16
+    /// keys and values it must read, against the copy bandwidth.
+    Attention(AttentionArgs),
     /// The decode loop on a model, like llama-bench: one-token steps (`tg N`) at several depths,
     /// full verify windows of T tokens, prompt-lookup speculation (acceptance, tokens per step),
     /// prefill, and the time per phase (GPU); tok/s median and min..max over `--runs`, and the
@@ -144,6 +148,21 @@ pub struct RunArgs {
 }
 
 #[derive(clap::Args)]
+pub struct AttentionArgs {
+    /// Heads `N_Q/N_KV/HEAD_DIM` (default: Qwen3-30B-A3B's).
+    #[arg(long, default_value = "32/4/128")]
+    pub heads: String,
+    /// Depths (the window's first position), comma-separated.
+    #[arg(long, default_value = "4096,32768")]
+    pub depths: String,
+    /// Window sizes (tokens), comma-separated (1..8).
+    #[arg(long, default_value = "1,4,8")]
+    pub tokens: String,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(clap::Args)]
 pub struct HeadArgs {
     #[command(flatten)]
     pub run: RunArgs,
@@ -184,6 +203,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     match &args.what {
         What::Mmvq(a) => mmvq(a),
         What::Head(a) => head(a),
+        What::Attention(a) => attention(a),
         What::Experts(a) => experts(a),
         What::Decode(a) => Ok(match decode(a) {
             Ok(()) => ExitCode::SUCCESS,
@@ -579,6 +599,31 @@ fn head(a: &HeadArgs) -> anyhow::Result<ExitCode> {
         for len in [4 << 10, 64 << 10, 1 << 20, 4 << 20] {
             for g in &gpus {
                 print(&bench::mapped_copy(g, n, len, a.run.rounds)?);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn attention(a: &AttentionArgs) -> anyhow::Result<ExitCode> {
+    let heads = list(&a.heads, "heads (N_Q/N_KV/HEAD_DIM)", |s| {
+        let v: Vec<usize> = s.split('/').map(|x| x.parse().ok().filter(|&x| x > 0)).collect::<Option<_>>()?;
+        (v.len() == 3 && v[0] % v[1] == 0 && v[2] % 32 == 0).then(|| (v[0], v[1], v[2]))
+    })?;
+    let depths = list(&a.depths, "depth", |d| d.parse::<usize>().ok())?;
+    let tokens = list(&a.tokens, "token count (1..8)", |t| t.parse().ok().filter(|t| (1..=8).contains(t)))?;
+    let found = Available::open(a.run.device);
+    let gpus = open_gpus(&found, &a.run.backends)?;
+    let copy = bench::copy_bandwidth(gpus[0], 1 << 30, 5)?;
+    println!("device-to-device copy: {copy:.0} GB/s (1 GiB, read + write bytes, median of 5)");
+    println!("{:<12} {:>6} {:>2} {:<4} {:>9} {:>7} {:>5}", "heads", "depth", "T", "be", "us", "GB/s", "%copy");
+    for &(n_q, n_kv, hd) in &heads {
+        for g in &gpus {
+            eprint!("\rbench attention: {n_q}/{n_kv}/{hd} on {}...        ", g.name_static());
+            let rows = bench::attention(g, (n_q, n_kv, hd), &depths, &tokens, a.run.rounds, 1)?;
+            eprint!("\r{:60}\r", "");
+            for r in rows {
+                println!("{:<12} {:>6} {:>2} {:<4} {:>9.2} {:>7.0} {:>5.1}", format!("{n_q}/{n_kv}/{hd}"), r.depth, r.tokens, r.backend, r.us, r.gbps, 100.0 * r.gbps / copy);
             }
         }
     }
