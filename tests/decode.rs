@@ -29,8 +29,13 @@ fn model(seed: u64, heads: (usize, usize), head_dim: usize, experts: (usize, usi
     (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_vocab) = (experts.0, experts.1, 64, 512);
     spec.formats.gu = GgmlType::Quant(formats.0);
     spec.formats.down = GgmlType::Quant(formats.1);
-    let file = GgufFile::from_bytes(build_in_memory(&spec), format!("<synthetic seed {seed}>")).expect("a synthetic file parses");
-    Arc::new(Model::load(Arc::new(file)).expect("a synthetic model loads"))
+    load(build_in_memory(&spec), &format!("<synthetic seed {seed}>"))
+}
+
+/// A model from GGUF bytes (`name` in errors).
+fn load(bytes: Vec<u8>, name: &str) -> Arc<Model> {
+    let file = GgufFile::from_bytes(bytes, name).unwrap_or_else(|e| panic!("{name} parses: {e}"));
+    Arc::new(Model::load(Arc::new(file)).unwrap_or_else(|e| panic!("{name} loads: {e}")))
 }
 
 /// A small qwen35moe (`SynthSpec::qwen35moe_tiny`: GDN, attention, GDN, attention, shared
@@ -41,8 +46,7 @@ fn hybrid(seed: u64, heads: (usize, usize), d_state: usize, d_conv: usize) -> Ar
     spec.config.n_vocab = 512;
     let h = spec.hybrid.as_mut().expect("a hybrid preset");
     (h.n_v_heads, h.n_k_heads, h.d_state, h.d_conv) = (heads.0, heads.1, d_state, d_conv);
-    let file = GgufFile::from_bytes(build_in_memory(&spec), format!("<synthetic qwen35moe seed {seed}>")).expect("a synthetic file parses");
-    Arc::new(Model::load(Arc::new(file)).expect("a synthetic qwen35moe loads"))
+    load(build_in_memory(&spec), &format!("<synthetic qwen35moe seed {seed}>"))
 }
 
 /// Two qwen3moe shapes and two qwen35moe ones (value heads tiled over key heads; as many of
@@ -58,7 +62,7 @@ fn models(seed: u64) -> Vec<Arc<Model>> {
 
 /// The built-in model (`SynthSpec::tiny()`: 4 layers, with its vocabulary).
 fn builtin() -> Arc<Model> {
-    Arc::new(Model::load(Arc::new(GgufFile::from_bytes(build_in_memory(&SynthSpec::tiny()), "<built-in>").unwrap())).unwrap())
+    load(build_in_memory(&SynthSpec::tiny()), "<built-in>")
 }
 
 fn gpu_executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>> {
@@ -442,8 +446,7 @@ fn speculation_keeps_the_tokens_hip() {
 
 /// The built-in model without its vocabulary, its tensors rewritten by `edit`, loaded.
 fn rewritten(edit: impl Fn(&mut Vec<common::TensorParts>)) -> Arc<Model> {
-    let bytes = common::rewritten_tiny(false, |_, t| edit(t));
-    Arc::new(Model::load(Arc::new(GgufFile::from_bytes(bytes, "rewritten").unwrap())).unwrap())
+    load(common::rewritten_tiny(false, |_, t| edit(t)), "rewritten")
 }
 
 /// A fused `attn_qkv` (and `attn_qkv.bias`) means exactly the separate q, k, v tensors (and
@@ -502,8 +505,7 @@ fn fused_gate_up_experts_mean_the_separate_tensors() {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut spec = SynthSpec::qwen35moe_tiny();
     spec.seed = seed;
-    let load = |bytes: Vec<u8>| Arc::new(Model::load(Arc::new(GgufFile::from_bytes(bytes, "rewritten").unwrap())).unwrap());
-    let separate = load(common::rewritten(&spec, |_, _| {}));
+    let separate = load(common::rewritten(&spec, |_, _| {}), "separate gate/up");
     let c = &separate.config;
     let (n_expert, n_ff, n_embd) = (c.n_expert, c.n_ff_exp, c.n_embd);
     let fused = load(common::rewritten(&spec, |_, t| {
@@ -517,7 +519,7 @@ fn fused_gate_up_experts_mean_the_separate_tensors() {
             let data: Vec<u8> = (0..n_expert).flat_map(|e| gate.3[e * per..(e + 1) * per].iter().chain(&up.3[e * per..(e + 1) * per]).copied()).collect();
             t.push((format!("blk.{i}.ffn_gate_up_exps.weight"), vec![n_embd as u64, 2 * n_ff as u64, n_expert as u64], gate.2, data));
         }
-    }));
+    }), "fused gate/up");
     let seq: Vec<u32> = (0..24).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
     let logits = |m: &Arc<Model>| {
         let mut exec = CpuExecutor::new(m.clone(), 64).unwrap();

@@ -23,7 +23,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::llama::{f32_rows, llama_python, row_argmax, s, strata, Stats, SPIKE_NMSE};
+use common::llama::{f32_rows, llama_python, row_argmax, s, strata, Stats};
 
 /// Generated tokens per model: the rows compared.
 /// The one-token prompt.
@@ -339,18 +339,7 @@ fn check(case: &Case) {
     });
 
     let mut failures = Vec::new();
-    if correct.median > MEDIAN_NMSE_MAX {
-        failures.push(format!("median NMSE {:.2e} > {MEDIAN_NMSE_MAX:.0e}", correct.median));
-    }
-    if correct.spike_rate > SPIKE_RATE_MAX {
-        failures.push(format!("{:.0} % of positions above NMSE {SPIKE_NMSE:.0e} > {:.0} %", correct.spike_rate * 100.0, SPIKE_RATE_MAX * 100.0));
-    }
-    if correct.max > NMSE_MAX {
-        failures.push(format!("NMSE {:.2e} at position {} > {NMSE_MAX}", correct.max, correct.worst));
-    }
-    if correct.top1 < TOP1_MIN {
-        failures.push(format!("top-1 agreement {:.1} % < {:.0} %", correct.top1 * 100.0, TOP1_MIN * 100.0));
-    }
+    correct.judge(&mut failures, "same positions", MEDIAN_NMSE_MAX, SPIKE_RATE_MAX, NMSE_MAX, TOP1_MIN);
     match broken {
         Some(comparisons) => {
             for (what, stats) in comparisons {

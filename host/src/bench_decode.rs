@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::generate::{chain, generate, Draft, Request};
-use crate::step::{Executor, Op, Window, MAX_WINDOW, PHASES};
+use crate::step::{add_phase_time, Executor, Op, Window, MAX_WINDOW, PHASES};
 
 /// The token pattern of the speculation and prefill prompts, repeated to their length.
 pub const PATTERN: [u32; 8] = [11, 12, 13, 14, 15, 16, 17, 18];
@@ -373,10 +373,7 @@ pub fn phases(exec: &mut dyn Executor, ops: &[Op], first: u32, n: usize, runs: u
         one_token_steps(exec, ops, first, 0, n, |e| match e.phase_times() {
             Some(times) => {
                 for (p, ms) in times {
-                    match sums.iter_mut().find(|(q, _)| *q == p) {
-                        Some((_, t)) => *t += ms,
-                        None => sums.push((p, ms)),
-                    }
+                    add_phase_time(&mut sums, p, ms);
                 }
             }
             None => measured = false,

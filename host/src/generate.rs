@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::step::{Executor, Op, Window, MAX_WINDOW};
+use crate::step::{add_phase_time, Executor, Op, Window, MAX_WINDOW};
 
 /// What to decode.
 #[derive(Clone, Debug)]
@@ -176,13 +176,8 @@ pub fn generate(exec: &mut dyn Executor, ops: &[Op], req: &Request, mut on_token
         }
         let rows = if req.want_logits { Some(exec.logits(w.tokens)?) } else { None };
         (stats.steps, stats.drafted, stats.accepted) = (stats.steps + 1, stats.drafted + w.tokens - 1, stats.accepted + out.ids.len() - 1);
-        if let Some(times) = exec.phase_times() {
-            for (p, ms) in times {
-                match stats.phases.iter_mut().find(|(q, _)| *q == p) {
-                    Some((_, t)) => *t += ms,
-                    None => stats.phases.push((p, ms)),
-                }
-            }
+        for (p, ms) in exec.phase_times().unwrap_or_default() {
+            add_phase_time(&mut stats.phases, p, ms);
         }
         let n_vocab = rows.as_ref().map_or(0, |r| r.len() / w.tokens);
         for (i, &id) in out.ids.iter().enumerate() {
@@ -265,11 +260,7 @@ fn mtp_step(exec: &mut dyn Executor, mtp: &[Op], after: &[u32], pos: usize, stat
     exec.run(mtp, Window { tokens: after.len(), pos0: pos })?;
     let draft = *exec.next_ids(after.len())?.last().expect("a window has a token");
     if let Some(times) = exec.phase_times() {
-        let ms: f64 = times.iter().map(|(_, ms)| ms).sum();
-        match stats.phases.iter_mut().find(|(q, _)| *q == "mtp") {
-            Some((_, t)) => *t += ms,
-            None => stats.phases.push(("mtp", ms)),
-        }
+        add_phase_time(&mut stats.phases, "mtp", times.iter().map(|(_, ms)| ms).sum());
     }
     Ok(draft)
 }

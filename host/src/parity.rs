@@ -469,45 +469,25 @@ impl MoeCase {
     pub fn random_window(rng: &mut SmallRng, n_expert: usize, n_embd: usize, tokens: usize, k: usize) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
         let pool_size = rng.random_range(k..=n_expert.min(k + 3));
         let mut pool: Vec<u32> = (0..n_expert as u32).collect();
-        for i in 0..pool_size {
-            let j = rng.random_range(i..n_expert);
-            pool.swap(i, j);
-        }
+        first_k(rng, &mut pool, pool_size);
         pool.truncate(pool_size);
-        let (mut ids, mut weights) = (Vec::new(), Vec::new());
-        for _ in 0..tokens {
+        window_of(rng, n_embd, tokens, k, |rng| {
             let mut mine = pool.clone();
-            for i in 0..k {
-                let j = rng.random_range(i..mine.len());
-                mine.swap(i, j);
-            }
-            ids.extend(&mine[..k]);
-            let raw: Vec<f32> = (0..k).map(|_| rng.random_range(0.05f32..1.0)).collect();
-            let sum: f32 = raw.iter().sum();
-            weights.extend(raw.iter().map(|w| w / sum));
-        }
-        let x: Vec<f32> = (0..tokens * n_embd).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-        (ids, weights, x)
+            first_k(rng, &mut mine, k);
+            mine.truncate(k);
+            mine
+        })
     }
 
     /// A window whose `tokens` each select `k` distinct experts drawn uniformly from all
     /// `n_expert` (independently per token, as a trained router's windows roughly do), random
     /// renormalised weights and activations: the expert bench's uniform routing.
     pub fn uniform_window(rng: &mut SmallRng, n_expert: usize, n_embd: usize, tokens: usize, k: usize) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
-        let (mut ids, mut weights) = (Vec::new(), Vec::new());
         let mut all: Vec<u32> = (0..n_expert as u32).collect();
-        for _ in 0..tokens {
-            for i in 0..k {
-                let j = rng.random_range(i..n_expert);
-                all.swap(i, j);
-            }
-            ids.extend(&all[..k]);
-            let raw: Vec<f32> = (0..k).map(|_| rng.random_range(0.05f32..1.0)).collect();
-            let sum: f32 = raw.iter().sum();
-            weights.extend(raw.iter().map(|w| w / sum));
-        }
-        let x: Vec<f32> = (0..tokens * n_embd).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-        (ids, weights, x)
+        window_of(rng, n_embd, tokens, k, |rng| {
+            first_k(rng, &mut all, k);
+            all[..k].to_vec()
+        })
     }
 
     /// A window of 8 tokens x 10 selections over 16 experts whose groups have 0 to 11 entries:
@@ -668,6 +648,28 @@ pub fn moe_against(reference: (&str, &[u32]), b: &dyn Backend, name: &str, case:
     let mut unwritten = Vec::new();
     note_unwritten(&mut unwritten, name, left.into_iter());
     Ok(moe_outcome(case, seed, vec![(reference.0.to_string(), reference.1.to_vec()), (name.to_string(), words)], unwritten, None))
+}
+
+/// Puts `k` distinct elements of `v`, drawn uniformly, in `v[..k]` (a partial Fisher-Yates).
+fn first_k(rng: &mut SmallRng, v: &mut [u32], k: usize) {
+    for i in 0..k {
+        let j = rng.random_range(i..v.len());
+        v.swap(i, j);
+    }
+}
+
+/// A window of `tokens` tokens, each `select`ing its `k` experts, with random weights
+/// renormalised to sum 1 per token, then `tokens x n_embd` random activations.
+fn window_of(rng: &mut SmallRng, n_embd: usize, tokens: usize, k: usize, mut select: impl FnMut(&mut SmallRng) -> Vec<u32>) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
+    let (mut ids, mut weights) = (Vec::new(), Vec::new());
+    for _ in 0..tokens {
+        ids.extend(select(rng));
+        let raw: Vec<f32> = (0..k).map(|_| rng.random_range(0.05f32..1.0)).collect();
+        let sum: f32 = raw.iter().sum();
+        weights.extend(raw.iter().map(|w| w / sum));
+    }
+    let x: Vec<f32> = (0..tokens * n_embd).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    (ids, weights, x)
 }
 
 #[cfg(test)]

@@ -51,6 +51,24 @@ impl Stats {
         )
     }
 
+    /// Adds to `failures` each bar the comparison `what` misses: its median NMSE above
+    /// `median_max`, its share of spiking positions above `spike_rate_max`, a position above
+    /// `nmse_max`, its top-1 agreement below `top1_min`.
+    pub fn judge(&self, failures: &mut Vec<String>, what: &str, median_max: f64, spike_rate_max: f64, nmse_max: f64, top1_min: f64) {
+        if self.median > median_max {
+            failures.push(format!("{what}: median NMSE {:.2e} > {median_max:.0e}", self.median));
+        }
+        if self.spike_rate > spike_rate_max {
+            failures.push(format!("{what}: {:.0} % of positions above NMSE {SPIKE_NMSE:.0e} > {:.0} %", self.spike_rate * 100.0, spike_rate_max * 100.0));
+        }
+        if self.max > nmse_max {
+            failures.push(format!("{what}: NMSE {:.2e} at position {} > {nmse_max}", self.max, self.worst));
+        }
+        if self.top1 < top1_min {
+            failures.push(format!("{what}: top-1 agreement {:.1} % < {:.0} %", self.top1 * 100.0, top1_min * 100.0));
+        }
+    }
+
     pub fn line(&self) -> String {
         format!(
             "NMSE median {:.2e}, mean {:.2e}, max {:.2e} (position {}), {:.0} % over {SPIKE_NMSE:.0e}; top-1 agreement {:.1} %",

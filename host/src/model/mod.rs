@@ -22,6 +22,7 @@ mod trunk;
 pub mod vocab;
 pub mod weights;
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -141,15 +142,8 @@ impl Model {
     /// (the MTP block's weights are not the trunk's).
     pub fn step_weight_bytes(&self) -> usize {
         let w = &self.weights;
-        let mut ids: Vec<WeightId> = Vec::new();
-        for op in self.step_ops(Op::Pick(crate::step::Pick::Greedy)) {
-            for id in op.weights() {
-                if !ids.contains(&id) {
-                    ids.push(id);
-                }
-            }
-        }
-        let experts: Vec<WeightId> = w.layers.iter().flat_map(|l| [l.gate, l.up, l.down]).collect();
+        let ids: HashSet<WeightId> = self.step_ops(Op::Pick(crate::step::Pick::Greedy)).iter().flat_map(Op::weights).collect();
+        let experts: HashSet<WeightId> = w.layers.iter().flat_map(|l| [l.gate, l.up, l.down]).collect();
         ids.into_iter()
             .map(|id| {
                 let weight = w.get(id);

@@ -132,7 +132,7 @@ fn deltanet(l: &mut Loader, i: usize, c: &ModelConfig, h: &HybridConfig) -> Resu
     let name = |t: &str| format!("blk.{i}.{t}");
     let (n_embd, n_v, cd, vd) = (c.n_embd, h.n_v_heads, h.conv_channels(), h.inner());
     let a = l.vector(&name("ssm_a"), n_v, 1)?;
-    if let Some(bad) = l.list[a.0].data_f32().iter().find(|&&v| v > 0.0) {
+    if let Some(bad) = l.list[a.0].f32s().iter().find(|&&v| v > 0.0) {
         return Err(l.err(format!("tensor {}", name("ssm_a")), format!("holds {bad}: the decay's A (-exp(A_log)) must not be positive")));
     }
     Ok(DeltaNetWeights {

@@ -29,11 +29,11 @@ pub struct Weight {
 }
 
 impl Weight {
-    /// The values of a prepared vector (empty for a matrix).
-    pub fn data_f32(&self) -> &[f32] {
+    /// The values of a prepared vector (a norm, a repeated bias, conv taps).
+    pub fn f32s(&self) -> &[f32] {
         match &self.data {
             Data::F32(v) => v,
-            _ => &[],
+            _ => unreachable!("{} is a matrix, not a prepared vector", self.name),
         }
     }
 
@@ -157,10 +157,7 @@ impl Weights {
 
     /// A prepared vector (a norm, a repeated bias, conv taps).
     pub fn f32s(&self, id: WeightId) -> &[f32] {
-        match &self.list[id.0].data {
-            Data::F32(v) => v,
-            _ => unreachable!("{} is a matrix, not a prepared vector", self.list[id.0].name),
-        }
+        self.get(id).f32s()
     }
 
     /// The trunk's layers, then the MTP block's.

@@ -368,6 +368,14 @@ pub fn check_window(w: Window, loaded: usize) -> Result<()> {
 /// The phases of the time split (`strata decode --profile`), in step order.
 pub const PHASES: [&str; 9] = ["attention", "deltanet", "router", "experts", "shared expert", "head", "mtp", "sampling", "other"];
 
+/// Adds `ms` to `phase`'s sum in `sums` (appending the phase the first time).
+pub fn add_phase_time(sums: &mut Vec<(&'static str, f64)>, phase: &'static str, ms: f64) {
+    match sums.iter_mut().find(|(p, _)| *p == phase) {
+        Some((_, t)) => *t += ms,
+        None => sums.push((phase, ms)),
+    }
+}
+
 /// The phase an op belongs to: attention or deltanet (the mixer, its projections and gates
 /// included), router (its matvec included), experts, shared expert (its matvecs, activation and
 /// gate), head (the output matvec), sampling, or other (embedding, norms, quantization, residual
