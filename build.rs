@@ -106,6 +106,25 @@ fn add_launch_bounds(ptx: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// Architectures whose launches the host chains by programmatic dependent launch
+/// (`host/src/launch.rs`): every entry of their image must begin with `griddepcontrol.wait`
+/// (`device/src/arch/sync.rs` `chain_grids`).
+const CHAINED: [&str; 1] = ["sm_90"];
+
+/// Checks that every entry of `ptx` waits for the previous grid (its text up to the next entry
+/// holds `griddepcontrol.wait`).
+fn check_chained(ptx: &str) -> Result<(), String> {
+    for entry in ptx.split(".visible .entry ").skip(1) {
+        if !entry.contains("griddepcontrol.wait") {
+            let name = entry.split('(').next().unwrap_or("").trim();
+            return Err(format!(
+                "kernel `{name}` does not begin with `crate::arch::sync::chain_grids()`: its launches are chained, so it must wait for the previous grid"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn build_arch(tc: &Toolchain, root: &Path, target_dir: &Path, arch: &str) -> Result<String, String> {
     let mut path = tc.path.clone();
     path.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
@@ -159,6 +178,9 @@ fn main() {
     for arch in ARCHS {
         let ptx = build_arch(&tc, &root, &target_dir, arch).unwrap_or_else(|e| fail(&e));
         let ptx = add_launch_bounds(&ptx).unwrap_or_else(|e| fail(&e));
+        if CHAINED.contains(&arch) {
+            check_chained(&ptx).unwrap_or_else(|e| fail(&e));
+        }
         std::fs::write(out_dir.join(format!("strata_{arch}.ptx")), ptx).unwrap_or_else(|e| fail(&e.to_string()));
     }
 }

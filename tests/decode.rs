@@ -1,5 +1,6 @@
 //! The whole decode step on random models: window invariance (a position's logits are the same
-//! bits whatever window it is decoded in) on every backend, graph replay = eager launches,
+//! bits whatever window it is decoded in) on every backend, graph replay = eager launches =
+//! launches unchained (where the backend chains them by programmatic dependent launch),
 //! cuda = hip = cpu bit for bit at every position of a decode, and speculation keeping the
 //! tokens. GPU cases skip without a GPU unless `STRATA_REQUIRE_GPU=1`.
 mod common;
@@ -66,16 +67,31 @@ fn builtin() -> Arc<Model> {
 }
 
 fn gpu_executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>> {
-    gpu_executor_graphs(name, m, n_ctx, true)
+    gpu_executor_with(name, m, n_ctx, Launches { graphs: true, chained: true }).map(|(_, e)| e)
 }
 
-/// A GPU executor replaying captured graphs (`graphs`) or launching eagerly (`--no-graph`).
-fn gpu_executor_graphs(name: &str, m: Arc<Model>, n_ctx: usize, graphs: bool) -> Option<Box<dyn Executor>> {
-    let g = common::open_gpu(name)?;
+/// How a GPU executor launches the step: replaying captured graphs or eagerly (`--no-graph`),
+/// chained by programmatic dependent launch where the backend can, or not (`STRATA_PDL=0`).
+#[derive(Clone, Copy)]
+struct Launches {
+    graphs: bool,
+    chained: bool,
+}
+
+/// A GPU executor launching as `how` asks, labelled (None without the GPU, and for unchained
+/// launches where the backend never chains: its other executors already are).
+fn gpu_executor_with(name: &str, m: Arc<Model>, n_ctx: usize, how: Launches) -> Option<(String, Box<dyn Executor>)> {
+    let mut g = common::open_gpu(name)?;
+    let chains = g.set_chained(true);
+    if !how.chained && !chains {
+        return None;
+    }
+    g.set_chained(how.chained);
     let mut exec = GpuExecutor::new(g, m, n_ctx, false).expect("the model fits the GPU");
-    exec.set_graphs(graphs);
-    assert_eq!(exec.graphs_on(), graphs);
-    Some(Box::new(exec))
+    exec.set_graphs(how.graphs);
+    assert_eq!(exec.graphs_on(), how.graphs);
+    let label = format!("{name} {}{}", if how.graphs { "graphs" } else { "eager" }, if exec.backend().chained() { ", chained" } else { "" });
+    Some((label, Box::new(exec)))
 }
 
 fn executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>> {
@@ -86,13 +102,13 @@ fn executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>
 }
 
 /// The executors a backend's same-results tests run on: the CPU's one, or a GPU's with graphs
-/// and without (labelled).
+/// and without, and (where the backend chains its launches) with graphs unchained (labelled).
 fn executors(name: &str, m: &Arc<Model>, n_ctx: usize) -> Vec<(String, Box<dyn Executor>)> {
     match name {
         "cpu" => vec![("cpu".into(), executor("cpu", m.clone(), n_ctx).expect("cpu executor"))],
-        gpu => [true, false]
+        gpu => [(true, true), (false, true), (true, false)]
             .into_iter()
-            .filter_map(|graphs| Some((format!("{gpu} {}", if graphs { "graphs" } else { "eager" }), gpu_executor_graphs(gpu, m.clone(), n_ctx, graphs)?)))
+            .filter_map(|(graphs, chained)| gpu_executor_with(gpu, m.clone(), n_ctx, Launches { graphs, chained }))
             .collect(),
     }
 }

@@ -10,6 +10,9 @@ pub struct PtxImage {
     pub arch: &'static str,
     /// Lowest compute capability it runs on.
     pub min_cc: (i32, i32),
+    /// Every entry begins with `griddepcontrol.wait` (sm_90 and later; build.rs checks it), so
+    /// its launches may be chained ([`crate::launch`]).
+    pub chains_grids: bool,
     pub ptx: &'static str,
 }
 
@@ -30,7 +33,7 @@ pub fn open(ordinal: usize, images: &[PtxImage]) -> Result<GpuBackend> {
             images.iter().map(|i| format!("{}.{}+ ({})", i.min_cc.0, i.min_cc.1, i.arch)).collect::<Vec<_>>().join(" or ")
         ),
     })?;
-    GpuBackend::new("cuda", ctx, info, image.ptx.to_string(), image.arch.to_string())
+    GpuBackend::new("cuda", ctx, info, image.ptx.to_string(), image.arch.to_string(), image.chains_grids)
 }
 
 #[cfg(test)]
@@ -40,8 +43,8 @@ mod tests {
     #[test]
     fn picks_newest_runnable_image() {
         let imgs = [
-            PtxImage { arch: "sm_80", min_cc: (8, 0), ptx: "" },
-            PtxImage { arch: "sm_90", min_cc: (9, 0), ptx: "" },
+            PtxImage { arch: "sm_80", min_cc: (8, 0), chains_grids: false, ptx: "" },
+            PtxImage { arch: "sm_90", min_cc: (9, 0), chains_grids: true, ptx: "" },
         ];
         assert_eq!(pick(&imgs, (9, 0)).unwrap().arch, "sm_90");
         assert_eq!(pick(&imgs, (12, 0)).unwrap().arch, "sm_90");

@@ -5,8 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    sys::CUdevice_attribute, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchArgs,
-    DriverError, LaunchConfig, PushKernelArg,
+    sys::CUdevice_attribute, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -15,6 +14,7 @@ use crate::backend::{
     MoeWindow, Variant, Weights,
 };
 use crate::error::{Error, Result};
+use crate::launch::KernelArgs;
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::knobs::{ExpertKnobs, Launch};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
@@ -161,6 +161,16 @@ pub fn probe() -> std::result::Result<usize, String> {
     }
 }
 
+/// `STRATA_PDL`: `0` launches every kernel after the previous one has completed, `1` (the
+/// default) chains them where the kernels allow it ([`crate::launch`]).
+fn pdl_wanted() -> std::result::Result<bool, String> {
+    match std::env::var("STRATA_PDL").as_deref() {
+        Err(_) | Ok("1") => Ok(true),
+        Ok("0") => Ok(false),
+        Ok(other) => Err(format!("`{other}` is not 0 or 1")),
+    }
+}
+
 /// Opens device `ordinal` and reads what `strata info` shows.
 pub fn open_device(backend: &'static str, ordinal: usize) -> Result<(Arc<CudaContext>, DeviceInfo)> {
     probe().map_err(|reason| Error::NoGpu { backend, reason })?;
@@ -203,12 +213,18 @@ pub struct GpuBackend {
     pad: Option<WaveSlots>,
     /// Which expert kernels run.
     experts: ExpertKnobs,
+    /// Every kernel waits for the previous grid first, so launches may be chained.
+    chains_grids: bool,
+    /// Launches are chained by programmatic dependent launch ([`crate::launch`]).
+    chained: bool,
     _module: Arc<CudaModule>,
 }
 
 impl GpuBackend {
     /// Loads `ptx` into `ctx` and looks up every kernel of the launch-bounds table.
-    pub fn new(name: &'static str, ctx: Arc<CudaContext>, info: DeviceInfo, ptx: String, ptx_arch: String) -> Result<Self> {
+    /// `chains_grids`: every kernel of `ptx` waits for the previous grid before it touches
+    /// memory, so launches may be chained ([`crate::launch`]; `STRATA_PDL=0` turns it off).
+    pub fn new(name: &'static str, ctx: Arc<CudaContext>, info: DeviceInfo, ptx: String, ptx_arch: String, chains_grids: bool) -> Result<Self> {
         let module = ctx.load_module(Ptx::from_src(ptx)).map_err(|e| Error::Setup {
             backend: name,
             what: format!("loading {ptx_arch} PTX on {}", info.name),
@@ -228,7 +244,8 @@ impl GpuBackend {
         let experts = ExpertKnobs::process().map_err(|detail| Error::Setup { backend: name, what: "expert knobs".into(), detail })?;
         // A stream of its own: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(|e| Error::Setup { backend: name, what: "creating a stream".into(), detail: e.to_string() })?;
-        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, _module: module })
+        let chained = chains_grids && pdl_wanted().map_err(|detail| Error::Setup { backend: name, what: "STRATA_PDL".into(), detail })?;
+        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, chains_grids, chained, _module: module })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -252,6 +269,18 @@ impl GpuBackend {
 
     pub fn grid_pad_on(&self) -> bool {
         self.pad.is_some()
+    }
+
+    /// Whether launches are chained by programmatic dependent launch.
+    pub fn chained(&self) -> bool {
+        self.chained
+    }
+
+    /// Turns chained launches off, or back on where the kernels allow it (tests and benches
+    /// compare both). Returns whether they are on.
+    pub fn set_chained(&mut self, on: bool) -> bool {
+        self.chained = on && self.chains_grids;
+        self.chained
     }
 
     pub(crate) fn driver_err<'a>(&self, kernel: &'a str, what: &'static str) -> impl Fn(DriverError) -> Error + 'a {
@@ -279,14 +308,14 @@ impl GpuBackend {
 
     /// A launch of `kernel`; the caller pushes its parameters in order and hands it to
     /// [`Self::run`] or [`Self::launch_async`].
-    pub(crate) fn builder(&self, kernel: &'static str) -> LaunchArgs<'_> {
+    pub(crate) fn builder(&self, kernel: &'static str) -> KernelArgs<'_> {
         self.builder_on(&self.stream, kernel)
     }
 
     /// As [`Self::builder`], on another stream of the same context (graph capture cannot use
     /// the default stream).
-    pub(crate) fn builder_on<'a>(&'a self, stream: &'a CudaStream, kernel: &'static str) -> LaunchArgs<'a> {
-        stream.launch_builder(&self.functions[kernel].0)
+    pub(crate) fn builder_on<'a>(&'a self, stream: &'a CudaStream, kernel: &'static str) -> KernelArgs<'a> {
+        KernelArgs::new(stream, &self.functions[kernel].0)
     }
 
     /// Queues the launch over `blocks` blocks of the kernel's table thread count, without
@@ -295,7 +324,7 @@ impl GpuBackend {
     /// # Safety
     /// `args` holds exactly the parameters the kernel declares, with device buffers of the sizes
     /// its contract names (the shape checks in `backend` establish them for the safe callers).
-    pub(crate) unsafe fn launch_async(&self, kernel: &'static str, blocks: u32, args: LaunchArgs) -> Result<()> {
+    pub(crate) unsafe fn launch_async(&self, kernel: &'static str, blocks: u32, args: KernelArgs) -> Result<()> {
         let smem = self.bounds_of(kernel).smem_bytes;
         self.launch_async_smem(kernel, blocks, smem, args)
     }
@@ -305,20 +334,21 @@ impl GpuBackend {
     ///
     /// # Safety
     /// As [`Self::launch_async`], and `smem` is what the kernel needs for this launch's shape.
-    pub(crate) unsafe fn launch_async_smem(&self, kernel: &'static str, blocks: u32, smem: u32, mut args: LaunchArgs) -> Result<()> {
-        let b = self.bounds_of(kernel);
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (b.threads, 1, 1), shared_mem_bytes: smem };
-        args.launch(cfg).map(|_| ()).map_err(self.driver_err(kernel, "launch"))
+    pub(crate) unsafe fn launch_async_smem(&self, kernel: &'static str, blocks: u32, smem: u32, args: KernelArgs) -> Result<()> {
+        let threads = self.bounds_of(kernel).threads;
+        // SAFETY: the caller's contract; `chained` only where every kernel waits for the grid
+        // before it (`new`).
+        unsafe { args.launch(blocks, threads, smem, self.chained) }.map_err(self.driver_err(kernel, "launch"))
     }
 
     /// Launches (on a padded grid when padding is on) and waits, so an execution error is
     /// reported against this kernel.
-    pub(crate) fn run(&self, kernel: &'static str, blocks: u32, args: LaunchArgs) -> Result<()> {
+    pub(crate) fn run(&self, kernel: &'static str, blocks: u32, args: KernelArgs) -> Result<()> {
         self.run_smem(kernel, blocks, self.bounds_of(kernel).smem_bytes, args)
     }
 
     /// As [`Self::run`] with the dynamic shared memory given.
-    pub(crate) fn run_smem(&self, kernel: &'static str, blocks: u32, smem: u32, args: LaunchArgs) -> Result<()> {
+    pub(crate) fn run_smem(&self, kernel: &'static str, blocks: u32, smem: u32, args: KernelArgs) -> Result<()> {
         // SAFETY: every caller pushes exactly the parameters the kernel declares, device
         // buffers sized by the shape checks in `backend` and the shared memory its shape needs;
         // every kernel returns at once in blocks past its real work, so a padded grid is covered.

@@ -159,5 +159,7 @@ pub fn open(ordinal: usize) -> Result<GpuBackend> {
     let (ctx, info) = open_device("hip", ordinal)?;
     let cc = info.compute_capability;
     let ptx = compile_nvrtc(cc)?;
-    GpuBackend::new("hip", ctx, info, ptx, format!("compute_{}{} (NVRTC)", cc.0, cc.1))
+    // The HIP sources have no grid-dependency wait (AMD has no programmatic dependent launch):
+    // their launches are never chained.
+    GpuBackend::new("hip", ctx, info, ptx, format!("compute_{}{} (NVRTC)", cc.0, cc.1), false)
 }

@@ -7,6 +7,7 @@
 //! | [`cpu`] | the CPU replicas (gpu-shared), multi-threaded |
 //! | [`gpu`] | a CUDA driver context + module: what `cuda` and `hip` have in common |
 //! | [`cuda`] | the Rust PTX from `device/` |
+//! | [`launch`] | one kernel launch: parameters, driver call, programmatic dependent launch |
 //! | [`knobs`] | the routed-expert kernel knobs and the launch plan they give |
 //! | [`hip`] | the `device/hip/*.hip` sources, compiled at run time by NVRTC |
 //! | [`bench`] | `strata bench`: kernels against the device copy bandwidth |
@@ -25,6 +26,7 @@ pub mod error;
 pub mod gpu;
 pub mod hip;
 pub mod knobs;
+pub mod launch;
 pub mod lookup;
 pub mod mapped;
 pub mod model;

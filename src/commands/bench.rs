@@ -265,6 +265,7 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         Opened::Gpu(g) => (Some(g.backend().info().name.clone()), Some(bench::copy_bandwidth(g.backend(), 1 << 30, 5)?)),
         Opened::Cpu(_) => (None, None),
     };
+    let chained = matches!(&opened, Opened::Gpu(g) if g.backend().chained());
     let set = Setting { model: model.weights.file.path.display().to_string(), backend: opened.executor().name(), gpu, copy, bytes: model.step_weight_bytes() };
     let header = [
         format!(
@@ -276,7 +277,12 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         ),
         format!("formats: {}", model.formats_summary()),
         match (&set.gpu, set.copy) {
-            (Some(gpu), Some(copy)) => format!("backend: {} on {gpu} (device {}); device-to-device copy {copy:.0} GB/s (1 GiB, read + write, median of 5)", set.backend, a.device),
+            (Some(gpu), Some(copy)) => format!(
+                "backend: {} on {gpu} (device {}), launches {}; device-to-device copy {copy:.0} GB/s (1 GiB, read + write, median of 5)",
+                set.backend,
+                a.device,
+                if chained { "chained (STRATA_PDL=0: unchained)" } else { "unchained" }
+            ),
             _ => "backend: cpu (the replica); copy bandwidth n/a".to_string(),
         },
         format!(

@@ -20,7 +20,7 @@ fn gpu_line(b: &Result<GpuBackend, Error>) -> String {
         Ok(g) => {
             let i = g.info();
             format!(
-                "{} (device {}), compute capability {}.{}, {:.1} GiB, {} SMs, L2 {:.0} MiB; kernels from {}",
+                "{} (device {}), compute capability {}.{}, {:.1} GiB, {} SMs, L2 {:.0} MiB; kernels from {}, launches {}",
                 i.name,
                 i.ordinal,
                 i.compute_capability.0,
@@ -28,7 +28,8 @@ fn gpu_line(b: &Result<GpuBackend, Error>) -> String {
                 i.total_mem as f64 / (1u64 << 30) as f64,
                 i.sm_count,
                 i.l2_bytes as f64 / (1u64 << 20) as f64,
-                g.ptx_arch
+                g.ptx_arch,
+                if g.chained() { "chained (programmatic dependent launch)" } else { "in stream order" }
             )
         }
         Err(e) => format!("unavailable: {e}"),

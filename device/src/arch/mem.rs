@@ -43,6 +43,25 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// Asks L2 to fetch the 128-byte lines of `bytes` bytes at `start`, spread over the warp's
+/// lanes (every lane calls it with the same range). A hint: it reads nothing into registers and
+/// changes no value, so a kernel calls it on its constant weights before `sync::chain_grids`,
+/// to bring them from DRAM while the grid before it still runs.
+#[inline(always)]
+pub fn prefetch_l2_warp(start: *const u8, bytes: usize) {
+    if bytes == 0 {
+        return;
+    }
+    let (start, end) = (start as usize, start as usize + bytes);
+    let mut line = (start & !127) + 128 * crate::arch::index::lane() as usize;
+    while line < end {
+        // SAFETY: a prefetch does not fault and writes nothing visible; the address is in the
+        // caller's range (the first line's, clamped to its start).
+        unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) line.max(start), options(nostack, readonly, preserves_flags)) };
+        line += 128 * 32;
+    }
+}
+
 /// Coherent global loads (memory the host may write between launches: device-mapped host
 /// memory), 1, 4 and 16 bytes, aligned to their size.
 #[inline(always)]

@@ -24,3 +24,19 @@ pub fn trap() -> ! {
     // SAFETY: `trap` ends the thread; nothing after it runs.
     unsafe { asm!("trap;", options(noreturn, nostack)) }
 }
+
+/// The first statement of every kernel entry: on sm_90 and later, waits until the grid launched
+/// before this one on the stream has completed and its writes are visible
+/// (`griddepcontrol.wait`), then lets the grid after this one start launching
+/// (`griddepcontrol.launch_dependents`). A no-op where the launch was not chained, and on
+/// older targets (whose launches never are). The host chains launches only for images built
+/// for sm_90 (`host/src/launch.rs`); build.rs checks every entry of that image has the wait.
+#[inline(always)]
+pub fn chain_grids() {
+    // SAFETY: both instructions only order this grid against its neighbours on the stream; the
+    // asm is not `nomem`, so no memory access is moved above the wait.
+    #[cfg(target_feature = "sm_90")]
+    unsafe {
+        asm!("griddepcontrol.wait;", "griddepcontrol.launch_dependents;", options(nostack))
+    }
+}

@@ -91,6 +91,7 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
     k_cache: *mut u16,
     v_cache: *mut u16,
 ) {
+    crate::arch::sync::chain_grids();
     let heads = n_q + 2 * n_kv;
     let r = index::block_idx() * ATTN_PREP_WARPS + index::warp_in_block();
     if r >= tokens * heads {
@@ -165,6 +166,7 @@ pub unsafe extern "ptx-kernel" fn attn_chunk(
     split: u32,
     part: *mut f32,
 ) {
+    crate::arch::sync::chain_grids();
     let b = index::block_idx();
     if b >= tokens * n_q * split {
         return; // the whole block
@@ -266,6 +268,7 @@ unsafe fn chunk(qr: &[f32; 8], k_cache: *const u16, v_cache: *const u16, n_kv: u
 /// `tokens * n_q * hd` f32; `hd <= ATTN_THREADS`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q: u32, hd: u32, pos: *const u32, n_ctx: u32, out: *mut f32) {
+    crate::arch::sync::chain_grids();
     let th = index::block_idx();
     let d = index::thread_idx();
     if th >= tokens * n_q || d >= hd {

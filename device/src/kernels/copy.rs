@@ -21,6 +21,7 @@ unsafe fn word(table: *const u64, seg: u32, field: usize) -> u64 {
 /// writable for its length, 4-byte aligned, destinations not overlapping anything read.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn copy_from_mapped_multi(table: *const u64, segments: u32, total: u32) {
+    crate::arch::sync::chain_grids();
     let b = index::block_idx();
     if b >= total || segments == 0 {
         return; // the whole block

@@ -77,6 +77,7 @@ macro_rules! embed_entries {
         pub unsafe extern "ptx-kernel" fn $name(
             table: *const u8, row_bytes: u64, n_rows: u32, ids: *const u32, tokens: u32, n: u32, out: *mut f32,
         ) {
+            crate::arch::sync::chain_grids();
             embed_rows::<$row>(table, row_bytes, n_rows, ids, tokens, n, out)
         }
     )*};

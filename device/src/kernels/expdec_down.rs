@@ -120,6 +120,7 @@ macro_rules! expdec_down_entries {
         /// As `moe_down_*`; `ff_groups <= EXPDEC_DOWN_MAX_GROUPS`, `drb > 0`.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, drb: u32, y: *mut f32) {
+            crate::arch::sync::chain_grids();
             expdec_down::<$block, $dr>(w, expert_bytes, hq, table, n, ff_groups, n_embd, drb, y)
         }
     )*};

@@ -139,6 +139,7 @@ macro_rules! expdec_gu_entries {
         /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, hq: *mut u8) {
+            crate::arch::sync::chain_grids();
             expdec_gu::<$block, $r>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq)
         }
     )*};

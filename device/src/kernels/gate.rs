@@ -24,6 +24,7 @@ const _: () = assert!(GATED_AHEAD == 4, "the unroll lists of rms_norm_gated name
 /// aligned; `1 <= n`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn rms_norm_gated(x: *const f32, w: *const f32, z: *const f32, out: *mut f32, rows: u32, n: u32, eps: f32) {
+    crate::arch::sync::chain_grids();
     let row = index::block_idx() * NORM_WARPS + index::warp_in_block();
     if row >= rows {
         return; // whole warp
@@ -62,6 +63,7 @@ pub unsafe extern "ptx-kernel" fn rms_norm_gated(x: *const f32, w: *const f32, z
 /// or does not overlap it.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn sigmoid_mul(a: *const f32, g: *const f32, out: *mut f32, n: u32) {
+    crate::arch::sync::chain_grids();
     let i = index::block_idx() * GATE_THREADS + index::thread_idx();
     if i >= n {
         return;
@@ -78,6 +80,7 @@ pub unsafe extern "ptx-kernel" fn sigmoid_mul(a: *const f32, g: *const f32, out:
 /// `g`, `u`, `out`: `n` f32, 4-byte aligned; `out` overlaps neither input.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn swiglu_f32(g: *const f32, u: *const f32, out: *mut f32, n: u32) {
+    crate::arch::sync::chain_grids();
     let i = index::block_idx() * GATE_THREADS + index::thread_idx();
     if i >= n {
         return;
@@ -95,6 +98,7 @@ pub unsafe extern "ptx-kernel" fn swiglu_f32(g: *const f32, u: *const f32, out: 
 /// `1 <= n`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn add_gated(acc: *mut f32, y: *const f32, s: *const f32, rows: u32, n: u32) {
+    crate::arch::sync::chain_grids();
     let i = index::block_idx() * GATE_THREADS + index::thread_idx();
     if i as u64 >= rows as u64 * n as u64 {
         return;
@@ -115,6 +119,7 @@ pub unsafe extern "ptx-kernel" fn add_gated(acc: *mut f32, y: *const f32, s: *co
 /// neither input; all 4-byte aligned.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn concat_rows(a: *const f32, b: *const f32, out: *mut f32, rows: u32, n_a: u32, n_b: u32) {
+    crate::arch::sync::chain_grids();
     let i = index::block_idx() * GATE_THREADS + index::thread_idx();
     let n = n_a as u64 + n_b as u64;
     if i as u64 >= rows as u64 * n {

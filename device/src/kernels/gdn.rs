@@ -37,6 +37,7 @@ pub unsafe extern "ptx-kernel" fn gdn_conv(
     channels: u32,
     d_conv: u32,
 ) {
+    crate::arch::sync::chain_grids();
     let c = index::block_idx() * GDN_CONV_THREADS + index::thread_idx();
     if c >= channels {
         return;
@@ -106,6 +107,7 @@ pub unsafe extern "ptx-kernel" fn gdn_recur(
     eps: f32,
     scale: f32,
 ) {
+    crate::arch::sync::chain_grids();
     let wi = index::block_idx() * GDN_WARPS + index::warp_in_block();
     if wi >= n_v * d {
         return; // the whole warp (the kernel has no block barrier)

@@ -89,6 +89,7 @@ unsafe fn range_best(x: *const f32, start: u32, end: u32) -> (f32, u32) {
 /// `x`: `rows * n` f32 (`n >= 1`), `idx` and `flag`: `rows` u32.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn argmax_rows_ref(x: *const f32, n: u32, rows: u32, idx: *mut u32, flag: *mut u32) {
+    crate::arch::sync::chain_grids();
     if index::block_idx() >= rows {
         return; // the whole block
     }
@@ -107,6 +108,7 @@ pub unsafe extern "ptx-kernel" fn argmax_rows_ref(x: *const f32, n: u32, rows: u
 /// blocks, `chunks = ceil(n / HEAD_CHUNK)`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn argmax_rows_split(x: *const f32, n: u32, rows: u32, chunks: u32, part_val: *mut f32, part_idx: *mut u32) {
+    crate::arch::sync::chain_grids();
     let Some((_, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
     let best = range_best(xr, start, end);
     if index::thread_idx() == 0 {
@@ -121,6 +123,7 @@ pub unsafe extern "ptx-kernel" fn argmax_rows_split(x: *const f32, n: u32, rows:
 /// As `argmax_rows_split`'s scratch; `idx`, `flag`: `rows` u32; at least `rows` blocks.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn argmax_rows_final(part_val: *const f32, part_idx: *const u32, rows: u32, chunks: u32, idx: *mut u32, flag: *mut u32) {
+    crate::arch::sync::chain_grids();
     let row = index::block_idx();
     if row >= rows {
         return; // the whole block
@@ -203,6 +206,7 @@ fn prob(total: f32) -> f32 {
 /// `x`: `rows * n` f32 (`n >= 1`); `p`: `rows` f32; at least `rows` blocks.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn row_top_prob_ref(x: *const f32, n: u32, rows: u32, p: *mut f32) {
+    crate::arch::sync::chain_grids();
     if index::block_idx() >= rows {
         return; // the whole block
     }
@@ -226,6 +230,7 @@ pub unsafe extern "ptx-kernel" fn row_top_prob_ref(x: *const f32, n: u32, rows: 
 /// `x`: `rows * n` f32; `part_max`: `rows * chunks`; at least `rows * chunks` blocks.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn row_top_prob_max(x: *const f32, n: u32, rows: u32, chunks: u32, part_max: *mut f32) {
+    crate::arch::sync::chain_grids();
     let Some((_, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
     let m = range_max(xr, start, end);
     if index::thread_idx() == 0 {
@@ -240,6 +245,7 @@ pub unsafe extern "ptx-kernel" fn row_top_prob_max(x: *const f32, n: u32, rows: 
 /// As `row_top_prob_max`, plus `part_sum`: `rows * chunks`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn row_top_prob_sum(x: *const f32, n: u32, rows: u32, chunks: u32, part_max: *const f32, part_sum: *mut f32) {
+    crate::arch::sync::chain_grids();
     let Some((row, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
     let mut m = f32::NEG_INFINITY;
     for i in 0..chunks {
@@ -257,6 +263,7 @@ pub unsafe extern "ptx-kernel" fn row_top_prob_sum(x: *const f32, n: u32, rows: 
 /// `part_sum`: `rows * chunks`; `p`: `rows`; at least `rows` blocks.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn row_top_prob_final(part_sum: *const f32, rows: u32, chunks: u32, p: *mut f32) {
+    crate::arch::sync::chain_grids();
     let row = index::block_idx();
     if row < rows && index::thread_idx() == 0 {
         let mut total = 0.0f32;

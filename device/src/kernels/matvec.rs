@@ -41,6 +41,17 @@ impl FloatWeight for F16 {
     }
 }
 
+/// The warp's weight row, brought towards L2 before the grid waits for the one before it
+/// (weights are constant; as `mmvq::prefetch_row`).
+#[inline(always)]
+fn prefetch_row<W: FloatWeight>(w: *const u8, m: u32, k: u32) {
+    let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
+    if row < m {
+        let bytes = k as usize * W::BYTES;
+        mem::prefetch_l2_warp(w.wrapping_add(row as usize * bytes), bytes);
+    }
+}
+
 /// # Safety
 /// `w`: `m * k` elements of `W`; `x`: `rows * k` f32, 4-byte aligned; `y`: `rows * m` f32, not
 /// overlapping the inputs; `1 <= rows <= MMVQ_MAX_ROWS`.
@@ -95,6 +106,8 @@ unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u3
 /// As `matvec`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn matvec_f32(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+    prefetch_row::<F32>(w, m, k);
+    crate::arch::sync::chain_grids();
     matvec::<F32>(w, x, y, m, k, rows)
 }
 
@@ -104,6 +117,8 @@ pub unsafe extern "ptx-kernel" fn matvec_f32(w: *const u8, x: *const f32, y: *mu
 /// As `matvec`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn matvec_bf16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+    prefetch_row::<Bf16>(w, m, k);
+    crate::arch::sync::chain_grids();
     matvec::<Bf16>(w, x, y, m, k, rows)
 }
 
@@ -113,5 +128,7 @@ pub unsafe extern "ptx-kernel" fn matvec_bf16(w: *const u8, x: *const f32, y: *m
 /// As `matvec`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn matvec_f16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+    prefetch_row::<F16>(w, m, k);
+    crate::arch::sync::chain_grids();
     matvec::<F16>(w, x, y, m, k, rows)
 }

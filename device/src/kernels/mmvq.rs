@@ -61,6 +61,17 @@ pub unsafe fn row_partials<F: Block>(wrow: *const u8, groups: u32, rows: u32, ac
     acc
 }
 
+/// The warp's weight row (`mmvq`'s geometry), brought towards L2 before the grid waits for the
+/// one before it: weights are constant, so this may overlap that grid.
+#[inline(always)]
+pub fn prefetch_row<F: Block>(w: *const u8, m: u32, groups: u32) {
+    let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
+    if row < m {
+        let bytes = (groups / F::GROUPS) as usize * F::BYTES;
+        mem::prefetch_l2_warp(w.wrapping_add(row as usize * bytes), bytes);
+    }
+}
+
 /// The shared body of every `mmvq_*` entry.
 ///
 /// # Safety
@@ -88,6 +99,8 @@ macro_rules! mmvq_entries {
         /// As `mmvq`: buffers of the documented sizes, `1 <= rows <= 8`.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32) {
+            prefetch_row::<$block>(w, m, groups);
+            crate::arch::sync::chain_grids();
             mmvq::<$block>(w, x, y, m, groups, rows)
         }
     )*};

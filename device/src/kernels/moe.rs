@@ -36,6 +36,7 @@ pub(super) unsafe fn ld(p: *const u32, i: usize) -> u32 {
 /// threads.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn moe_group(ids: *const u32, n: u32, n_expert: u32, table: *mut u32) {
+    crate::arch::sync::chain_grids();
     if index::block_idx() != 0 {
         return; // the whole block
     }
@@ -203,6 +204,7 @@ unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: 
 /// `y`: `tokens * k` rows of `n_embd` f32; `weights`: `tokens * k`; `out`: `tokens * n_embd`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn moe_combine(y: *const f32, weights: *const f32, tokens: u32, k: u32, n_embd: u32, out: *mut f32) {
+    crate::arch::sync::chain_grids();
     let i = index::block_idx() * index::block_dim() + index::thread_idx();
     if i >= tokens * n_embd {
         return;
@@ -227,6 +229,7 @@ macro_rules! moe_entries {
         /// As `gu`.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $gu(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, embd_groups: u32, n_ff: u32, hq: *mut u8) {
+            crate::arch::sync::chain_grids();
             gu::<$block>(gate, up, expert_bytes, xq, table, n, k, embd_groups, n_ff, hq)
         }
 
@@ -237,6 +240,7 @@ macro_rules! moe_entries {
         /// As `down`.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $down(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, y: *mut f32) {
+            crate::arch::sync::chain_grids();
             down::<$block>(w, expert_bytes, hq, table, n, ff_groups, n_embd, y)
         }
     )*};

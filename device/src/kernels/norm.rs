@@ -57,6 +57,7 @@ pub unsafe fn warp_rms_scale<const AHEAD: usize>(x: *const f32, n: u32, eps: f32
 /// `x`, `out`: `rows * n` f32, not overlapping; `w`: `n` f32; all 4-byte aligned; `1 <= n`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn rms_norm(x: *const f32, w: *const f32, out: *mut f32, rows: u32, n: u32, eps: f32) {
+    crate::arch::sync::chain_grids();
     let row = index::block_idx() * NORM_WARPS + index::warp_in_block();
     if row >= rows {
         return; // whole warp
@@ -91,6 +92,7 @@ pub unsafe extern "ptx-kernel" fn rms_norm(x: *const f32, w: *const f32, out: *m
 /// does not overlap it.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn add_f32(a: *const f32, b: *const f32, out: *mut f32, n: u32) {
+    crate::arch::sync::chain_grids();
     let i = index::block_idx() * ADD_THREADS + index::thread_idx();
     if i >= n {
         return;

@@ -30,6 +30,7 @@ fn quant(v: f32, df: f32) -> i32 {
 /// column; `out`: `groups` Q8_0 blocks, not overlapping the inputs.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn quantize_q8_0_scaled(x: *const f32, k: u32, scales: *const f32, per_column: u32, groups: u32, out: *mut u8) {
+    crate::arch::sync::chain_grids();
     let g = index::block_idx() * QUANTIZE_WARPS + index::warp_in_block();
     if g >= groups {
         return; // whole warp
@@ -51,6 +52,7 @@ pub unsafe extern "ptx-kernel" fn quantize_q8_0_scaled(x: *const f32, k: u32, sc
 /// As [`quantize_q8_0_scaled`].
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn quantize_q8_0_scaled_ref(x: *const f32, k: u32, scales: *const f32, per_column: u32, groups: u32, out: *mut u8) {
+    crate::arch::sync::chain_grids();
     let g = index::block_idx() * index::block_dim() + index::thread_idx();
     if g >= groups {
         return;

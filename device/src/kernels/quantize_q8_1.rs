@@ -32,6 +32,7 @@ pub unsafe fn quantize_group(v: f32, block: *mut u8) {
 /// `x` and `out` must be device buffers of the sizes above; `out` must not overlap `x`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn quantize_q8_1(x: *const f32, out: *mut u8, groups: u32) {
+    crate::arch::sync::chain_grids();
     let g = index::block_idx() * QUANTIZE_WARPS + index::warp_in_block();
     if g >= groups {
         return; // the whole warp leaves together; nothing below needs the others

@@ -22,6 +22,7 @@ const _: () = assert!(ROUTER_PER_LANE == 16);
 /// `ids`, `weights`: `tokens * k` with `1 <= k <= min(ROUTER_MAX_K, n_expert)`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32) {
+    crate::arch::sync::chain_grids();
     let t = index::block_idx() * ROUTER_WARPS + index::warp_in_block();
     if t >= tokens {
         return; // the whole warp

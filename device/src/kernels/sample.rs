@@ -41,6 +41,7 @@ pub unsafe extern "ptx-kernel" fn sample_rows(
     pos: *const u32,
     ids: *mut u32,
 ) {
+    crate::arch::sync::chain_grids();
     let row = index::block_idx();
     if row >= rows {
         return; // the whole block

@@ -13,6 +13,7 @@ use crate::arch::index;
 /// none overlapping another.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn spec_accept(window: *mut u32, next: *const u32, tokens: u32, out: *mut u32, pos: *mut u32) {
+    crate::arch::sync::chain_grids();
     if index::block_idx() != 0 || index::thread_idx() != 0 {
         return;
     }

@@ -1,0 +1,126 @@
+//! One kernel launch: its parameters, and the driver call that queues it, chained to the launch
+//! before it on the stream by programmatic dependent launch (PDL) where the backend's kernels
+//! allow it.
+//!
+//! With PDL (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`), a grid may start while the
+//! grid before it on the stream still runs, once every block of that grid has signalled
+//! `griddepcontrol.launch_dependents`. What makes that safe is the kernels' side: every entry of
+//! the `sm_90` image begins with `arch::sync::chain_grids` (`griddepcontrol.wait`, which returns
+//! when the previous grid has completed and its memory is visible, then the signal), before it
+//! reads or writes any buffer, in every block. build.rs refuses an `sm_90` image with an entry
+//! that lacks the wait. A grid therefore only overlaps its predecessor's tail with its own launch
+//! and start-up, and completes after it: the order, and so every bit, is the stream's.
+use std::ffi::c_void;
+
+use cudarc::driver::sys::{
+    self, CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
+};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DriverError, PushKernelArg};
+
+/// The most buffer parameters one kernel takes (the largest has 17 parameters in all).
+const MAX_BUFFERS: usize = 24;
+
+/// The parameters of one launch, pushed in the kernel's order with [`PushKernelArg::arg`].
+pub struct KernelArgs<'a> {
+    stream: &'a CudaStream,
+    func: &'a CudaFunction,
+    /// The device addresses of the buffer parameters: the driver reads each parameter through a
+    /// pointer, so they live here, boxed, at addresses that do not move while more are pushed.
+    buffers: Box<[sys::CUdeviceptr; MAX_BUFFERS]>,
+    n_buffers: usize,
+    /// One pointer per parameter, in order: into `buffers`, or at the caller's scalar (borrowed
+    /// for `'a`).
+    params: Vec<*mut c_void>,
+}
+
+impl<'a> KernelArgs<'a> {
+    pub(crate) fn new(stream: &'a CudaStream, func: &'a CudaFunction) -> Self {
+        KernelArgs { stream, func, buffers: Box::new([0; MAX_BUFFERS]), n_buffers: 0, params: Vec::with_capacity(20) }
+    }
+
+    fn push_buffer(&mut self, ptr: sys::CUdeviceptr) -> &mut Self {
+        assert!(self.n_buffers < MAX_BUFFERS, "a kernel with more than {MAX_BUFFERS} buffer parameters");
+        self.buffers[self.n_buffers] = ptr;
+        self.params.push(&mut self.buffers[self.n_buffers] as *mut sys::CUdeviceptr as *mut c_void);
+        self.n_buffers += 1;
+        self
+    }
+
+    /// Queues the kernel over `grid` blocks of `threads` threads with `smem` bytes of dynamic
+    /// shared memory; `chained`: with programmatic dependent launch.
+    ///
+    /// # Safety
+    /// The parameters are exactly the ones the kernel declares, its buffers hold what its
+    /// contract asks for this shape, and when `chained`, the kernel waits for the previous grid
+    /// (`griddepcontrol.wait`) before it touches memory, in every block.
+    pub(crate) unsafe fn launch(mut self, grid: u32, threads: u32, smem: u32, chained: bool) -> Result<(), DriverError> {
+        self.stream.context().bind_to_thread()?;
+        let mut attr = CUlaunchAttribute {
+            id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            // SAFETY: a plain C union of integers and arrays: all zeros is a valid value of it.
+            value: unsafe { std::mem::zeroed::<CUlaunchAttributeValue>() },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: chained as u32,
+        };
+        // SAFETY: `config` and `attr` outlive the call; every parameter pointer points at a live
+        // value of the parameter's type (the caller's contract for the kernel's signature).
+        unsafe { sys::cuLaunchKernelEx(&config, self.func.cu_function(), self.params.as_mut_ptr(), std::ptr::null_mut()) }.result()
+    }
+}
+
+// The kernels' scalar parameters: by address, as the driver reads them.
+macro_rules! scalar_params {
+    ($($t:ty),*) => {$(
+        // SAFETY: a plain value the kernel takes by value; the borrow outlives the launch call.
+        unsafe impl<'a, 'b: 'a> PushKernelArg<&'b $t> for KernelArgs<'a> {
+            fn arg(&mut self, arg: &'b $t) -> &mut Self {
+                self.params.push(arg as *const $t as *mut c_void);
+                self
+            }
+        }
+    )*};
+}
+scalar_params!(u32, i32, u64, f32);
+
+// Buffers: their device address (cudarc's per-buffer event tracking is off, `gpu::open_device`,
+// so the guards these calls return do nothing).
+// SAFETY (all four): the device address of a live allocation, which the borrow keeps alive.
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b CudaSlice<T>> for KernelArgs<'a> {
+    fn arg(&mut self, arg: &'b CudaSlice<T>) -> &mut Self {
+        let ptr = arg.device_ptr(self.stream).0;
+        self.push_buffer(ptr)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut CudaSlice<T>> for KernelArgs<'a> {
+    fn arg(&mut self, arg: &'b mut CudaSlice<T>) -> &mut Self {
+        let ptr = arg.device_ptr_mut(self.stream).0;
+        self.push_buffer(ptr)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b CudaView<'c, T>> for KernelArgs<'a> {
+    fn arg(&mut self, arg: &'b CudaView<'c, T>) -> &mut Self {
+        let ptr = arg.device_ptr(self.stream).0;
+        self.push_buffer(ptr)
+    }
+}
+
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaViewMut<'c, T>> for KernelArgs<'a> {
+    fn arg(&mut self, arg: &'b mut CudaViewMut<'c, T>) -> &mut Self {
+        let ptr = arg.device_ptr_mut(self.stream).0;
+        self.push_buffer(ptr)
+    }
+}
