@@ -1,8 +1,9 @@
 //! The whole decode step on random models: window invariance (a position's logits are the same
 //! bits whatever window it is decoded in) on every backend, graph replay = eager launches =
 //! launches unchained (where the backend chains them by programmatic dependent launch),
-//! cuda = hip = cpu bit for bit at every position of a decode, and speculation keeping the
-//! tokens. GPU cases skip without a GPU unless `STRATA_REQUIRE_GPU=1`.
+//! cuda = hip = cpu bit for bit at every position of a decode, speculation keeping the tokens,
+//! and one q/k/v matrix giving the bits of three. GPU cases skip without a GPU unless
+//! `STRATA_REQUIRE_GPU=1`.
 mod common;
 
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use strata::host::generate::{forced_logits, generate, Draft, Request, Stop};
 use strata::host::gguf::{GgmlType, GgufFile};
 use strata::host::model::synth::{build_in_memory, SynthSpec};
-use strata::host::model::Model;
+use strata::host::model::{LoadOptions, Mixer, Model, QkvProj};
 use strata::host::ops::route::SampleParams;
 use strata::host::step::cpu::CpuExecutor;
 use strata::host::step::gpu::GpuExecutor;
@@ -64,6 +65,33 @@ fn models(seed: u64) -> Vec<Arc<Model>> {
 /// The built-in model (`SynthSpec::tiny()`: 4 layers, with its vocabulary).
 fn builtin() -> Arc<Model> {
     load(build_in_memory(&SynthSpec::tiny()), "<built-in>")
+}
+
+/// `m`'s file loaded again with every layer's q, k and v kept as three matrices (the split
+/// path, which files whose q, k, v types differ take).
+fn split_qkv(m: &Model) -> Arc<Model> {
+    Arc::new(Model::load_with(m.weights.file.clone(), LoadOptions { fuse_qkv: false }).expect("loads with q, k, v split"))
+}
+
+/// Per attention layer (the MTP block's last): whether its q, k and v are one matrix.
+fn fused_layers(m: &Model) -> Vec<bool> {
+    let fused = |l: &strata::host::model::LayerWeights| match &l.mixer {
+        Mixer::Attention(a) => Some(matches!(a.proj, QkvProj::Fused { .. })),
+        Mixer::DeltaNet(_) => None,
+    };
+    m.weights.all_layers().filter_map(fused).collect()
+}
+
+/// The built-in model without its vocabulary, layer 0's `attn_v` rewritten as F32 (random): its
+/// q, k and v types differ, so that layer keeps three matrices and the others fuse theirs.
+fn mixed_qkv(seed: u64) -> Arc<Model> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let c = SynthSpec::tiny().config;
+    let v: Vec<u8> = (0..c.n_embd * c.n_head_kv * c.head_dim).flat_map(|_| (rng.random_range(-1.0f32..1.0) / 16.0).to_le_bytes()).collect();
+    rewritten(|t| {
+        let x = t.iter_mut().find(|x| x.0 == "blk.0.attn_v.weight").unwrap();
+        (x.2, x.3) = (GgmlType::F32, v.clone());
+    })
 }
 
 fn gpu_executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>> {
@@ -466,7 +494,9 @@ fn rewritten(edit: impl Fn(&mut Vec<common::TensorParts>)) -> Arc<Model> {
 }
 
 /// A fused `attn_qkv` (and `attn_qkv.bias`) means exactly the separate q, k, v tensors (and
-/// biases): the logits of both files are the same bits, and the biases do change them.
+/// biases): the logits of both files are the same bits, and the biases do change them. Both
+/// load as one matrix and one bias a layer; loaded split (three of each), the separate tensors
+/// give the same bits, and so do biases of q and k alone, fused or split.
 #[test]
 fn fused_qkv_and_biases_mean_the_separate_tensors() {
     let seed = common::seed("fused_qkv");
@@ -475,13 +505,16 @@ fn fused_qkv_and_biases_mean_the_separate_tensors() {
     let (q_dim, kv_dim) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
     let bias = |n: usize, rng: &mut SmallRng| -> Vec<u8> { (0..n).flat_map(|_| rng.random_range(-0.5f32..0.5).to_le_bytes()).collect() };
     let biases: Vec<[Vec<u8>; 3]> = (0..c.n_layer).map(|_| [bias(q_dim, &mut rng), bias(kv_dim, &mut rng), bias(kv_dim, &mut rng)]).collect();
-    let separate = rewritten(|t| {
-        for (i, b) in biases.iter().enumerate() {
-            for (part, (name, n)) in b.iter().zip([("q", q_dim), ("k", kv_dim), ("v", kv_dim)]) {
-                t.push((format!("blk.{i}.attn_{name}.bias"), vec![n as u64], GgmlType::F32, part.clone()));
+    let with_biases = |parts: usize| {
+        rewritten(|t| {
+            for (i, b) in biases.iter().enumerate() {
+                for (part, (name, n)) in b.iter().zip([("q", q_dim), ("k", kv_dim), ("v", kv_dim)]).take(parts) {
+                    t.push((format!("blk.{i}.attn_{name}.bias"), vec![n as u64], GgmlType::F32, part.clone()));
+                }
             }
-        }
-    });
+        })
+    };
+    let separate = with_biases(3);
     let fused = rewritten(|t| {
         for (i, b) in biases.iter().enumerate() {
             let mut data = Vec::new();
@@ -506,9 +539,64 @@ fn fused_qkv_and_biases_mean_the_separate_tensors() {
     if let Some(d) = first_difference(&a, &b, c.n_vocab) {
         panic!("fused attn_qkv differs from separate q/k/v (seed {seed}) at {d}");
     }
-    assert!(first_difference(&a, &logits(&plain), c.n_vocab).is_some(), "the biases changed nothing");
-    // The fused matrix is not kept beside its slices: both models hold the same bytes.
+    let plain = logits(&plain);
+    assert!(first_difference(&a, &plain, c.n_vocab).is_some(), "the biases changed nothing");
+    // Each holds one matrix and one bias a layer (the file's fused ones are not kept beside
+    // slices of them): the same bytes.
     assert_eq!(separate.weights.total_bytes(), fused.weights.total_bytes());
+    if let Some(d) = first_difference(&a, &logits(&split_qkv(&separate)), c.n_vocab) {
+        panic!("q, k, v and their biases split differ from fused (seed {seed}) at {d}");
+    }
+    // v's part of the fused bias, where the file has none, leaves the values as they are.
+    let partial = with_biases(2);
+    let p = logits(&partial);
+    if let Some(d) = first_difference(&p, &logits(&split_qkv(&partial)), c.n_vocab) {
+        panic!("q and k biases split differ from fused (seed {seed}) at {d}");
+    }
+    assert!(first_difference(&p, &plain, c.n_vocab).is_some() && first_difference(&p, &a, c.n_vocab).is_some(), "the partial biases changed nothing");
+}
+
+/// One q/k/v matrix gives the bits of three: the models of [`models`] (every layer fused) and
+/// [`mixed_qkv`] (layer 0 split by its types) against the same files loaded with every layer
+/// split, logits of a 40-token sequence in windows of 3, on the CPU or on a GPU with graphs and
+/// eagerly.
+fn fused_qkv_gives_the_split_bits(backend: &str) {
+    let seed = common::seed(&format!("fused_qkv_gives_the_split_bits_{backend}"));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mixed = mixed_qkv(seed);
+    let mut cases: Vec<(Arc<Model>, Vec<bool>)> = models(seed).into_iter().map(|m| (m.clone(), vec![true; fused_layers(&m).len()])).collect();
+    cases.push((mixed, vec![false, true, true, true]));
+    for (m, want) in cases {
+        let split = split_qkv(&m);
+        assert_eq!(fused_layers(&m), want, "{}: the layers that fuse q/k/v", m.describe());
+        assert!(fused_layers(&split).iter().all(|f| !f), "{}: split on request", m.describe());
+        let n_vocab = m.config.n_vocab;
+        let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..n_vocab as u32)).collect();
+        let logits = |m: &Arc<Model>| -> Vec<(String, Vec<f32>)> {
+            let ops = m.step_ops(Op::Pick(Pick::Greedy));
+            executors(backend, m, 64).into_iter().map(|(label, mut exec)| (label, forced_logits(exec.as_mut(), &ops, &seq, 3).expect("decode"))).collect()
+        };
+        for ((label, a), (_, b)) in logits(&split).into_iter().zip(logits(&m)) {
+            if let Some(d) = first_difference(&a, &b, n_vocab) {
+                panic!("{label}, seed {seed}, {}: fused q/k/v differ from split at {d}", m.describe());
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_qkv_gives_the_split_bits_cpu() {
+    fused_qkv_gives_the_split_bits("cpu");
+}
+
+#[test]
+fn fused_qkv_gives_the_split_bits_cuda() {
+    fused_qkv_gives_the_split_bits("cuda");
+}
+
+#[test]
+fn fused_qkv_gives_the_split_bits_hip() {
+    fused_qkv_gives_the_split_bits("hip");
 }
 
 /// A fused `ffn_gate_up_exps` (each expert's gate rows, then its up rows) means exactly the
@@ -588,10 +676,12 @@ fn greedy_refuses_all_nan_logits_hip() {
 }
 
 /// Every weight a model loads is read by its step or its MTP step (nothing is uploaded for
-/// nothing, such as a matrix that was split into others), on qwen3moe and qwen35moe models.
+/// nothing, such as a matrix that was split into others or fused into one), on qwen3moe and
+/// qwen35moe models, with q, k and v fused, split, and both (by layer).
 #[test]
 fn every_loaded_weight_is_read() {
-    for m in models(1).into_iter().chain([builtin()]) {
+    let fused = models(1).into_iter().chain([builtin(), mixed_qkv(1)]);
+    for m in fused.flat_map(|m| [split_qkv(&m), m]) {
         let mut read = vec![false; m.weights.list.len()];
         let mtp = m.mtp_ops().unwrap_or_default();
         for op in m.step_ops(Op::Pick(Pick::Greedy)).iter().chain(&mtp) {

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 
 use strata::host::cpu::CpuBackend;
 use strata::host::ops::attention::{
-    attention_case, attn_part_len, parity_cases, prep_case, rope_table, window_case, AttentionOps, AttnCase, AttnShape,
+    attention_case, attn_part_len, parity_cases, prep_case, rope_table, window_case, AttentionOps, AttnCase, AttnShape, QkvStrides,
     BOUNDARY_WINDOWS,
 };
 use strata::host::parity::Outcome;
@@ -97,7 +97,7 @@ fn partial_rope_keeps_the_tail(b: &dyn AttentionOps, seed: u64) {
         let mut q_out = vec![0f32; s.q_len()];
         let (mut kc, mut vc) = (case.k_cache.clone(), case.v_cache.clone());
         let rope = rope_table(s.n_ctx, n_rot, case.freq_base);
-        b.attn_prep(&case.q, &case.k, &case.v, &case.q_norm, &case.k_norm, &rope, s, case.pos0, case.eps, &mut q_out, &mut kc, &mut vc).unwrap();
+        b.attn_prep(&case.q, &case.k, &case.v, s.dense(), &case.q_norm, &case.k_norm, &rope, s, case.pos0, case.eps, &mut q_out, &mut kc, &mut vc).unwrap();
         q_out.iter().map(|v| v.to_bits()).chain(kc[window.clone()].iter().map(|&h| h as u32)).collect()
     };
     let plain = prep(0);
@@ -120,12 +120,31 @@ fn shape_errors_are_errors(b: &dyn AttentionOps) {
     let mut rng = SmallRng::seed_from_u64(7);
     let c = AttnCase::random(&mut rng, 4, 100);
     let s = c.shape;
+    let prep_strided = |strides: QkvStrides, s: AttnShape, q: &[f32], k: &[f32], v: &[f32], q_out: &mut [f32]| {
+        let (mut kc, mut vc) = (c.k_cache.clone(), c.v_cache.clone());
+        b.attn_prep(q, k, v, strides, &c.q_norm, &c.k_norm, &c.rope, s, c.pos0, c.eps, q_out, &mut kc, &mut vc)
+    };
     let prep = |s: AttnShape, pos0: usize, q_out: &mut [f32], rope: &[f32]| {
         let (mut kc, mut vc) = (c.k_cache.clone(), c.v_cache.clone());
-        b.attn_prep(&c.q, &c.k, &c.v, &c.q_norm, &c.k_norm, rope, s, pos0, c.eps, q_out, &mut kc, &mut vc)
+        b.attn_prep(&c.q, &c.k, &c.v, s.dense(), &c.q_norm, &c.k_norm, rope, s, pos0, c.eps, q_out, &mut kc, &mut vc)
     };
     let mut q_out = vec![0f32; s.q_len()];
     prep(s, c.pos0, &mut q_out, &c.rope).unwrap();
+    // Strides below a row or past u32 (the inputs cut to what they span, so only the strides are
+    // wrong), and packed inputs too short for fused strides.
+    let d = s.dense();
+    let cut = |strides: QkvStrides, s: AttnShape, q_out: &mut [f32]| {
+        let span = |stride: usize, row: usize| (s.tokens - 1) * stride + row;
+        let (kv, q_out_len) = (span(strides.kv, d.kv), s.q_len());
+        prep_strided(strides, s, &c.q[..span(strides.q, d.q)], &c.k[..kv], &c.v[..kv], &mut q_out[..q_out_len])
+    };
+    let one = AttnShape { tokens: 1, ..s };
+    cut(d, one, &mut q_out).unwrap();
+    assert!(is_shape(cut(QkvStrides { q: d.q - 1, ..d }, s, &mut q_out)));
+    assert!(is_shape(cut(QkvStrides { kv: d.kv - 1, ..d }, s, &mut q_out)));
+    assert!(is_shape(cut(QkvStrides { q: 1 << 32, ..d }, one, &mut q_out)));
+    assert!(is_shape(cut(QkvStrides { kv: 1 << 32, ..d }, one, &mut q_out)));
+    assert!(is_shape(prep_strided(s.fused(), s, &c.q, &c.k, &c.v, &mut q_out)));
     assert!(is_shape(prep(s, c.pos0, &mut q_out[1..], &c.rope)));
     assert!(is_shape(prep(s, c.pos0, &mut q_out, &c.rope[1..])));
     assert!(is_shape(prep(s, s.n_ctx - 3, &mut q_out, &c.rope))); // window past the cache
@@ -210,7 +229,9 @@ fn launchers_check_device_buffers() {
     let mut dvc = gpu.upload("attention", &c.v_cache).unwrap();
     let mut short = gpu.upload("attention", &vec![0f32; s.q_len() - 1]).unwrap();
     let dpos = gpu.upload("attention", &[c.pos0 as u32]).unwrap();
-    let prep = |q_out: &mut _, kc: &mut _, vc: &mut _, s: AttnShape, pos: &_| gpu.attn_prep_queue(&dq, &dk, &dv, &dqn, &dkn, &drope, s, pos, c.eps, q_out, kc, vc);
+    let prep = |q_out: &mut _, kc: &mut _, vc: &mut _, s: AttnShape, pos: &_| {
+        gpu.attn_prep_queue(&dq.as_view(), &dk.as_view(), &dv.as_view(), s.dense(), &dqn, &dkn, &drope, s, pos, c.eps, q_out, kc, vc)
+    };
     assert!(is_shape(prep(&mut short, &mut dkc, &mut dvc, s, &dpos)));
     assert!(is_shape(prep(&mut dq_out, &mut dkc, &mut dvc, AttnShape { tokens: 3000, ..s }, &dpos)));
 
@@ -245,9 +266,27 @@ fn launchers_check_device_buffers() {
     // The same two steps on the replica's host slices.
     let cpu = CpuBackend::new();
     let (mut q_out, mut kc, mut vc) = (vec![0f32; s.q_len()], c.k_cache.clone(), c.v_cache.clone());
-    cpu.attn_prep(&c.q, &c.k, &c.v, &c.q_norm, &c.k_norm, &c.rope, s, c.pos0, c.eps, &mut q_out, &mut kc, &mut vc).unwrap();
+    cpu.attn_prep(&c.q, &c.k, &c.v, s.dense(), &c.q_norm, &c.k_norm, &c.rope, s, c.pos0, c.eps, &mut q_out, &mut kc, &mut vc).unwrap();
     let mut want = vec![0f32; s.q_len()];
     cpu.attention(&q_out, &kc, &vc, s, c.pos0, c.scale, &mut want).unwrap();
     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&got[..s.q_len()]), bits(&want));
+
+    // The step's fused layout: views at q's, k's and v's offsets into one buffer of `[q | k |
+    // v]` token rows give the replica's bits.
+    let (q_row, kv_row) = (s.n_q * s.hd, s.n_kv * s.hd);
+    let rows: Vec<f32> = (0..s.tokens).flat_map(|t| [&c.q[t * q_row..][..q_row], &c.k[t * kv_row..][..kv_row], &c.v[t * kv_row..][..kv_row]].concat()).collect();
+    let dqkv = gpu.upload("attention", &rows).unwrap();
+    let mut fused_q = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
+    let (mut fused_k, mut fused_v) = (gpu.upload("attention", &c.k_cache).unwrap(), gpu.upload("attention", &c.v_cache).unwrap());
+    let (q, k, v) = (dqkv.slice(..), dqkv.slice(q_row..), dqkv.slice(q_row + kv_row..));
+    gpu.attn_prep_queue(&q, &k, &v, s.fused(), &dqn, &dkn, &drope, s, &dpos, c.eps, &mut fused_q, &mut fused_k, &mut fused_v).unwrap();
+    assert!(is_shape(gpu.attn_prep_queue(&q, &k, &dqkv.slice(q_row + kv_row + 1..), s.fused(), &dqn, &dkn, &drope, s, &dpos, c.eps, &mut fused_q, &mut fused_k, &mut fused_v)));
+    let mut got_q = vec![0f32; s.q_len()];
+    let (mut got_k, mut got_v) = (vec![0u16; kc.len()], vec![0u16; vc.len()]);
+    gpu.download("attention", &fused_q, &mut got_q).unwrap();
+    gpu.download("attention", &fused_k, &mut got_k).unwrap();
+    gpu.download("attention", &fused_v, &mut got_v).unwrap();
+    assert_eq!(bits(&got_q), bits(&q_out), "fused layout: q_out");
+    assert!(got_k == kc && got_v == vc, "fused layout: the caches");
 }

@@ -46,9 +46,11 @@ STRATA_FN AttnNormed attn_normed(const float* x, const float* w, uint32_t hd, fl
   return AttnNormed{x, w, warp_rms_scale<ATTN_NORM_AHEAD>(x, hd, eps)};
 }
 
+// Token t's q rows start at q + t * q_stride, its k and v rows at k, v + t * kv_stride: views
+// into one buffer of fused projection rows, or packed rows.
 STRATA_KERNEL(attn_prep)(const float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const float* rope,
-                         uint32_t tokens, uint32_t n_q, uint32_t n_kv, uint32_t hd, uint32_t n_rot, const uint32_t* pos, uint32_t n_ctx, float eps, float* q_out,
-                         uint16_t* k_cache, uint16_t* v_cache) {
+                         uint32_t tokens, uint32_t n_q, uint32_t n_kv, uint32_t hd, uint32_t n_rot, uint32_t q_stride, uint32_t kv_stride, const uint32_t* pos,
+                         uint32_t n_ctx, float eps, float* q_out, uint16_t* k_cache, uint16_t* v_cache) {
   uint32_t heads = n_q + 2 * n_kv;
   uint32_t r = block_idx() * STRATA_ATTN_PREP_WARPS + warp_in_block();
   if (r >= tokens * heads) return;  // the whole warp (the kernel has no block barrier)
@@ -57,7 +59,7 @@ STRATA_KERNEL(attn_prep)(const float* q, const float* k, const float* v, const f
   if (at >= n_ctx) return;  // the whole warp: no room in the cache (the host never asks for this)
   if (h >= n_q + n_kv) {
     uint64_t g = h - n_q - n_kv;
-    const float* src = v + ((uint64_t)t * n_kv + g) * hd;
+    const float* src = v + (uint64_t)t * kv_stride + g * hd;
     uint16_t* dst = v_cache + (at * n_kv + g) * hd;
     for (uint32_t d = lane(); d < hd; d += 32) dst[d] = f32_to_f16(attn_ld_f32(src, d));
     return;
@@ -65,11 +67,11 @@ STRATA_KERNEL(attn_prep)(const float* q, const float* k, const float* v, const f
   const float* pos_rope = rope + at * n_rot;
   if (h < n_q) {
     uint64_t row_at = ((uint64_t)t * n_q + h) * hd;
-    AttnNormed row = attn_normed(q + row_at, q_norm, hd, eps);
+    AttnNormed row = attn_normed(q + (uint64_t)t * q_stride + (uint64_t)h * hd, q_norm, hd, eps);
     for (uint32_t d = lane(); d < hd; d += 32) q_out[row_at + d] = row.roped(pos_rope, n_rot, d);
   } else {
     uint64_t g = h - n_q;
-    AttnNormed row = attn_normed(k + ((uint64_t)t * n_kv + g) * hd, k_norm, hd, eps);
+    AttnNormed row = attn_normed(k + (uint64_t)t * kv_stride + g * hd, k_norm, hd, eps);
     uint16_t* dst = k_cache + (at * n_kv + g) * hd;
     for (uint32_t d = lane(); d < hd; d += 32) dst[d] = f32_to_f16(row.roped(pos_rope, n_rot, d));
   }

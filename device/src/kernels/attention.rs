@@ -62,12 +62,16 @@ impl Normed {
 }
 
 /// One warp per head row `r` of the window: `t = r / (n_q + 2 n_kv)`; of each token's rows the
-/// first `n_q` are query heads (normed, roped, into `q_out`), the next `n_kv` key heads (normed,
-/// roped, fp16 into `k_cache` at position `pos0 + t`), the last `n_kv` value heads (fp16 into
-/// `v_cache`). `pos0 = *pos`; rows whose position is at or past `n_ctx` write nothing.
+/// first `n_q` are query heads (`q[t * q_stride + h * hd ..]`: normed, roped, into `q_out`
+/// packed), the next `n_kv` key heads (`k[t * kv_stride + g * hd ..]`: normed, roped, fp16 into
+/// `k_cache` at position `pos0 + t`), the last `n_kv` value heads (`v[t * kv_stride + g * hd
+/// ..]`: fp16 into `v_cache`). The strides let `q`, `k` and `v` be views into one buffer of
+/// fused projection rows. `pos0 = *pos`; rows whose position is at or past `n_ctx` write
+/// nothing.
 ///
 /// # Safety
-/// `q`, `q_out`: `tokens * n_q * hd` f32; `k`, `v`: `tokens * n_kv * hd` f32; `q_norm`,
+/// `q`: `(tokens - 1) * q_stride + n_q * hd` f32, `k`, `v`: `(tokens - 1) * kv_stride + n_kv *
+/// hd` f32 (they may overlap each other: only read); `q_out`: `tokens * n_q * hd` f32; `q_norm`,
 /// `k_norm`: `hd` f32; `rope`: `n_ctx * n_rot` f32; the caches: `n_ctx * n_kv * hd` u16; `pos`:
 /// one u32; `hd` a multiple of 32, `n_rot` even and at most `hd`; outputs do not overlap inputs.
 #[no_mangle]
@@ -84,6 +88,8 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
     n_kv: u32,
     hd: u32,
     n_rot: u32,
+    q_stride: u32,
+    kv_stride: u32,
     pos: *const u32,
     n_ctx: u32,
     eps: f32,
@@ -106,7 +112,7 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
     let (hdu, lane) = (hd as usize, index::lane());
     if h >= n_q + n_kv {
         let g = (h - n_q - n_kv) as usize;
-        let (src, dst) = (v.add((t as usize * n_kv as usize + g) * hdu), v_cache.add((pos * n_kv as usize + g) * hdu));
+        let (src, dst) = (v.add(t as usize * kv_stride as usize + g * hdu), v_cache.add((pos * n_kv as usize + g) * hdu));
         let mut d = lane;
         while d < hd {
             mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(mem::ld_nc_f32(src, d as usize)));
@@ -117,7 +123,7 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
     let pos_rope = rope.add(pos * n_rot as usize);
     if h < n_q {
         let at = (t as usize * n_q as usize + h as usize) * hdu;
-        let row = Normed::new(q.add(at), q_norm, hd, eps);
+        let row = Normed::new(q.add(t as usize * q_stride as usize + h as usize * hdu), q_norm, hd, eps);
         let mut d = lane;
         while d < hd {
             mem::st_f32(q_out.add(at + d as usize), row.roped(pos_rope, n_rot, d));
@@ -125,7 +131,7 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
         }
     } else {
         let g = (h - n_q) as usize;
-        let row = Normed::new(k.add((t as usize * n_kv as usize + g) * hdu), k_norm, hd, eps);
+        let row = Normed::new(k.add(t as usize * kv_stride as usize + g * hdu), k_norm, hd, eps);
         let dst = k_cache.add((pos * n_kv as usize + g) * hdu);
         let mut d = lane;
         while d < hd {

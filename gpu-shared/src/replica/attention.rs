@@ -10,6 +10,12 @@
 //!
 //! ## `attn_prep` (one head row of one token at position `pos`)
 //!
+//! Token `t`'s query head `h` is `q[t * q_stride + h * hd ..][..hd]`, its key and value heads
+//! `g` are `k[t * kv_stride + g * hd ..]` and `v[t * kv_stride + g * hd ..]`: packed rows
+//! (`q_stride = n_q * hd`, `kv_stride = n_kv * hd`), or views into one buffer of fused
+//! projection rows (both strides `(n_q + 2 n_kv) * hd`). Its `out` is
+//! `q_out[(t * n_q + h) * hd ..]`, packed.
+//!
 //! RMSNorm with weight `w` (the norm family's `rms_norm`): partial `p` (of [`LANES`](crate::order::LANES)) is the
 //! left-to-right sum from +0.0 of `x[j] * x[j]` for `j = p, p + 32, ...`; `total` =
 //! [`butterfly_sum`](crate::order::butterfly_sum) of the partials; `mean = total / hd`; `scale = 1 / sqrt_rn(mean + eps)`;

@@ -5,6 +5,7 @@ use crate::gguf::{GgmlType, GgufFile, TensorInfo, Value};
 use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
 
 use super::weights::{Data, Weight, WeightId};
+use super::LoadOptions;
 
 /// Reads keys and tensors, with errors that name the file and what is wrong.
 pub(super) struct Loader<'a> {
@@ -14,12 +15,13 @@ pub(super) struct Loader<'a> {
     /// The file's tensors by name (one lookup per tensor, whatever the file's tensor count).
     by_name: std::collections::HashMap<&'a str, &'a TensorInfo>,
     pub(super) list: Vec<Weight>,
+    pub(super) options: LoadOptions,
 }
 
 impl<'a> Loader<'a> {
     /// A loader for `file`, which must declare `arch` (another architecture is refused by name).
-    pub(super) fn new(file: &'a GgufFile, arch: &'static str) -> Result<Loader<'a>> {
-        let l = Loader { file, arch, by_name: file.tensors.iter().map(|t| (t.name.as_str(), t)).collect(), list: Vec::new() };
+    pub(super) fn new(file: &'a GgufFile, arch: &'static str, options: LoadOptions) -> Result<Loader<'a>> {
+        let l = Loader { file, arch, by_name: file.tensors.iter().map(|t| (t.name.as_str(), t)).collect(), list: Vec::new(), options };
         match file.get("general.architecture").and_then(Value::as_str) {
             Some(a) if a == arch => Ok(l),
             Some(other) => Err(l.err("architecture", format!("`{other}` is not {arch}"))),
@@ -118,22 +120,27 @@ impl<'a> Loader<'a> {
         self.list.pop().expect("just pushed")
     }
 
-    /// The rows `rows` (in that order, counted over the experts' matrices stacked) of a checked
-    /// matrix, copied into a weight of its own of `n_expert` matrices.
-    pub(super) fn gather_rows(&mut self, w: &Weight, name: &str, rows: impl Iterator<Item = usize>, n_expert: usize) -> WeightId {
-        let row_bytes = w.bytes() / (w.rows * w.n_expert);
-        let Data::File { offset, .. } = w.data else { unreachable!("matrices come from the file") };
-        let file = &self.file.bytes()[offset..offset + w.bytes()];
-        let bytes: Vec<u8> = rows.flat_map(|r| &file[r * row_bytes..(r + 1) * row_bytes]).copied().collect();
-        let n = bytes.len() / row_bytes / n_expert;
+    /// The rows `rows` (each a matrix and a row of it, counted over its experts' matrices
+    /// stacked; in that order) of checked matrices of one type and width, from the file or
+    /// gathered before, copied into a weight of its own of `n_expert` matrices.
+    pub(super) fn gather_rows<'w>(&mut self, name: &str, rows: impl Iterator<Item = (&'w Weight, usize)>, n_expert: usize) -> WeightId {
+        let file = self.file.bytes();
+        let (mut bytes, mut first) = (Vec::new(), None::<&Weight>);
+        for (w, r) in rows {
+            let head = *first.get_or_insert(w);
+            debug_assert!(w.ty == head.ty && w.cols == head.cols, "{name}: rows of one type and width");
+            let row_bytes = w.bytes() / (w.rows * w.n_expert);
+            bytes.extend_from_slice(&w.matrix(file)[r * row_bytes..(r + 1) * row_bytes]);
+        }
+        let w = first.expect("at least one row");
+        let n = bytes.len() / (w.bytes() / (w.rows * w.n_expert)) / n_expert;
         self.push(Weight { name: name.into(), ty: w.ty, rows: n, cols: w.cols, n_expert, data: Data::Rows(std::sync::Arc::new(bytes)) })
     }
+}
 
-    /// Rows `first..first + rows` of a checked matrix, as a weight of its own.
-    pub(super) fn row_slice(&mut self, w: &Weight, name: &str, first: usize, rows: usize) -> WeightId {
-        let slice = rows_of(w, name, first, rows);
-        self.push(slice)
-    }
+/// Every row of a matrix (counted over its experts' matrices stacked), for [`Loader::gather_rows`].
+pub(super) fn all_rows(w: &Weight) -> impl Iterator<Item = (&Weight, usize)> {
+    (0..w.rows * w.n_expert).map(move |r| (w, r))
 }
 
 /// Rows `first..first + rows` of a matrix of the file, as a weight (not in the list).

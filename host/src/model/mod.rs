@@ -28,11 +28,25 @@ use std::sync::Arc;
 
 pub use config::{HybridConfig, ModelConfig};
 pub use loader::{float_format, quant_format};
-pub use weights::{AttnWeights, Data, DeltaNetWeights, LayerWeights, Mixer, SharedExpert, Weight, WeightId, Weights};
+pub use weights::{AttnWeights, Data, DeltaNetWeights, LayerWeights, Mixer, QkvProj, SharedExpert, Weight, WeightId, Weights};
 
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, Value};
-use crate::step::{Act, Op, Qx};
+use crate::step::{Act, Op, QkvLayout, Qx};
+
+/// How the loader lays out weights where several layouts give the same bits.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// One q/k/v matrix (one matvec) where q, k and v have one type; `false` keeps the three
+    /// matrices that files whose types differ get (the tests compare the two).
+    pub fuse_qkv: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { fuse_qkv: true }
+    }
+}
 
 /// A loaded model of a supported architecture.
 pub struct Model {
@@ -50,9 +64,14 @@ impl Model {
 
     /// Checks a parsed file of a supported architecture and prepares its weights.
     pub fn load(file: Arc<GgufFile>) -> Result<Model> {
+        Self::load_with(file, LoadOptions::default())
+    }
+
+    /// [`Self::load`] with the layout choices of `options`.
+    pub fn load_with(file: Arc<GgufFile>, options: LoadOptions) -> Result<Model> {
         match file.get("general.architecture").and_then(Value::as_str) {
-            Some(qwen3moe::ARCH) => qwen3moe::load(file),
-            Some(qwen35moe::ARCH) => qwen35moe::load(file),
+            Some(qwen3moe::ARCH) => qwen3moe::load(file, options),
+            Some(qwen35moe::ARCH) => qwen35moe::load(file, options),
             Some(other) => Err(Error::Model {
                 file: file.path.clone(),
                 what: Some("architecture".into()),
@@ -116,7 +135,7 @@ impl Model {
             seen.join("/")
         };
         let attn = |l: &LayerWeights| match &l.mixer {
-            Mixer::Attention(a) => [Some(a.q), a.gate, Some(a.k), Some(a.v), Some(a.o)].into_iter().flatten().collect::<Vec<_>>(),
+            Mixer::Attention(a) => a.proj.matrices().into_iter().chain(a.gate).chain([a.o]).collect::<Vec<_>>(),
             Mixer::DeltaNet(_) => vec![],
         };
         let gdn = |l: &LayerWeights| match &l.mixer {
@@ -163,16 +182,22 @@ impl Model {
 /// per-head norm + RoPE + cache append, attention, the output gate where the layer has one,
 /// the output projection.
 fn attention_ops(ops: &mut Vec<Op>, layer: usize, a: &AttnWeights) {
-    for ((id, out), bias) in [(a.q, Act::Q), (a.k, Act::K), (a.v, Act::V)].into_iter().zip(a.qkv_bias) {
-        ops.push(linear(id, Qx::X, Act::Xn, out));
-        if let Some(b) = bias {
-            ops.push(Op::AddWeight { acc: out, w: b });
+    let layout = match a.proj {
+        QkvProj::Fused { qkv, bias } => {
+            projection(ops, qkv, Act::Qkv, bias);
+            QkvLayout::Fused
         }
-    }
+        QkvProj::Split { q, k, v, bias } => {
+            for ((id, out), bias) in [(q, Act::Q), (k, Act::K), (v, Act::V)].into_iter().zip(bias) {
+                projection(ops, id, out, bias);
+            }
+            QkvLayout::Split
+        }
+    };
     if let Some(g) = a.gate {
         ops.push(linear(g, Qx::X, Act::Xn, Act::Gate));
     }
-    ops.push(Op::AttnPrep { layer, q_norm: a.q_norm, k_norm: a.k_norm });
+    ops.push(Op::AttnPrep { layer, layout, q_norm: a.q_norm, k_norm: a.k_norm });
     ops.push(Op::Attention { layer });
     if a.gate.is_some() {
         ops.push(Op::SigmoidMul { acc: Act::Attn, gate: Act::Gate });
@@ -213,6 +238,14 @@ fn norm_head(ops: &mut Vec<Op>, norm: WeightId, head: WeightId) {
     ops.push(Op::RmsNorm { x: Act::X, w: norm, out: Act::Hidden });
     ops.push(Op::Quantize { x: Act::Hidden, out: Qx::X });
     ops.push(linear(head, Qx::X, Act::Hidden, Act::Logits));
+}
+
+/// `out = w * Xn` (from `Qx::X`), plus `bias` where there is one.
+fn projection(ops: &mut Vec<Op>, w: WeightId, out: Act, bias: Option<WeightId>) {
+    ops.push(linear(w, Qx::X, Act::Xn, out));
+    if let Some(b) = bias {
+        ops.push(Op::AddWeight { acc: out, w: b });
+    }
 }
 
 fn linear(w: WeightId, xq: Qx, x: Act, out: Act) -> Op {

@@ -9,7 +9,7 @@
 use super::config::{HybridConfig, ModelConfig};
 use super::loader::{Loader, MATRIX};
 use super::weights::{DeltaNetWeights, LayerWeights, Mixer, MtpWeights, SharedExpert, WeightId, Weights};
-use super::{trunk, Model};
+use super::{trunk, LoadOptions, Model};
 use crate::error::Result;
 use crate::gguf::{GgufFile, Value};
 use crate::step::{Act, Op, Pick, Qx};
@@ -18,8 +18,8 @@ use strata_gpu_shared::launch::gdn::{GDN_MAX_CONV, GDN_MAX_D};
 pub const ARCH: &str = "qwen35moe";
 
 /// Checks a parsed qwen35moe file and prepares its weights.
-pub fn load(file: std::sync::Arc<GgufFile>) -> Result<Model> {
-    let mut l = Loader::new(&file, ARCH)?;
+pub fn load(file: std::sync::Arc<GgufFile>, options: LoadOptions) -> Result<Model> {
+    let mut l = Loader::new(&file, ARCH, options)?;
     let mtp_blocks = l.uint("nextn_predict_layers", Some(0))?;
     if mtp_blocks > 1 {
         return Err(l.err(format!("key {ARCH}.nextn_predict_layers"), format!("{mtp_blocks} MTP blocks: one is supported (as in llama.cpp)")));

@@ -1,20 +1,21 @@
 //! `qwen3moe` (MODELS.md section 1): reads the hyper-parameters and finds, checks and prepares
 //! every tensor of a file, then describes one decode step as an op list ([`step_ops`]).
 //!
-//! Matrices stay as the file stores them (borrowed from the memory map), norm weights are
-//! widened to f32 (exact), a fused `attn_qkv` is split into its q, k and v rows, and biases are
-//! repeated for every row of a window so the step adds them with the plain residual kernel.
+//! Matrices stay as the file stores them (borrowed from the memory map), but for q, k and v of
+//! one type, which become one matrix (a fused `attn_qkv` as stored, or their rows copied
+//! together); norm weights are widened to f32 (exact), and biases are repeated for every row of
+//! a window so the step adds them with the plain residual kernel.
 use super::loader::Loader;
 use super::weights::{LayerWeights, Mixer, Weights};
-use super::{trunk, Model};
+use super::{trunk, LoadOptions, Model};
 use crate::error::Result;
 use crate::step::{Act, Op, Qx};
 
 pub const ARCH: &str = "qwen3moe";
 
 /// Checks a parsed qwen3moe file and prepares its weights.
-pub fn load(file: std::sync::Arc<crate::gguf::GgufFile>) -> Result<Model> {
-    let mut l = Loader::new(&file, ARCH)?;
+pub fn load(file: std::sync::Arc<crate::gguf::GgufFile>, options: LoadOptions) -> Result<Model> {
+    let mut l = Loader::new(&file, ARCH, options)?;
     let config = trunk::config(&l, 0)?;
     if config.n_rot != config.head_dim {
         return Err(l.err("attention", format!("rope dims {} and head dim {}: qwen3moe rotates whole heads", config.n_rot, config.head_dim)));

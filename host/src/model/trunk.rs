@@ -1,8 +1,8 @@
 //! What qwen3moe and qwen35moe files share: the trunk's keys and their checks, the embedding,
 //! output norm and head, the attention tensors and the routed experts of a layer.
 use super::config::ModelConfig;
-use super::loader::{rows_of, Kind, Loader, MATRIX};
-use super::weights::{AttnWeights, Data, Weight, WeightId};
+use super::loader::{all_rows, rows_of, Kind, Loader, MATRIX};
+use super::weights::{AttnWeights, Data, QkvProj, Weight, WeightId};
 use crate::error::Result;
 use crate::gguf::GgmlType;
 use crate::step::MAX_WINDOW;
@@ -88,58 +88,98 @@ pub(super) fn globals(l: &mut Loader, c: &ModelConfig) -> Result<(WeightId, Weig
 }
 
 /// Layer `i`'s attention tensors. `gated`: `attn_q` holds each head's query rows then its
-/// output-gate rows (qwen35moe), split here into two matrices of whole rows.
+/// output-gate rows (qwen35moe), split here into two matrices of whole rows. Where q, k and v
+/// have one type (and the options fuse), they become one matrix of q's rows, then k's, then
+/// v's: a fused `attn_qkv` as the file stores it, or their rows copied together.
 pub(super) fn attention(l: &mut Loader, i: usize, c: &ModelConfig, gated: bool) -> Result<AttnWeights> {
     let name = |t: &str| format!("blk.{i}.{t}");
-    let (n_embd, hd) = (c.n_embd, c.head_dim);
-    let (q_dim, kv_dim) = (c.n_head * hd, c.n_head_kv * hd);
+    let (n_embd, hd, n_head) = (c.n_embd, c.head_dim, c.n_head);
+    let (q_dim, kv_dim) = (n_head * hd, c.n_head_kv * hd);
     let q_rows = if gated { 2 * q_dim } else { q_dim };
-    // The query rows are kept out of the list until they are split (gated) or pushed as they are.
-    let (q_all, k, v) = if l.info(&name("attn_qkv.weight")).is_some() {
-        // Only the slices stay in the list: the fused matrix itself is not read.
+    // The matrices are taken out of the list: only what the step reads is pushed back.
+    let (file_qkv, q_all, k, v) = if l.info(&name("attn_qkv.weight")).is_some() {
         let qkv = l.tensor(&name("attn_qkv.weight"), &[n_embd, q_rows + 2 * kv_dim], MATRIX)?;
         let qkv = l.take_last(qkv);
-        (
-            rows_of(&qkv, &name("attn_qkv.weight[q]"), 0, q_rows),
-            l.row_slice(&qkv, &name("attn_qkv.weight[k]"), q_rows, kv_dim),
-            l.row_slice(&qkv, &name("attn_qkv.weight[v]"), q_rows + kv_dim, kv_dim),
-        )
+        let part = |t: &str, first: usize, rows: usize| rows_of(&qkv, &format!("{}[{t}]", qkv.name), first, rows);
+        let (q, k, v) = (part("q", 0, q_rows), part("k", q_rows, kv_dim), part("v", q_rows + kv_dim, kv_dim));
+        (Some(qkv), q, k, v)
     } else {
-        let q = l.tensor(&name("attn_q.weight"), &[n_embd, q_rows], MATRIX)?;
-        let q = l.take_last(q);
-        (q, l.tensor(&name("attn_k.weight"), &[n_embd, kv_dim], MATRIX)?, l.tensor(&name("attn_v.weight"), &[n_embd, kv_dim], MATRIX)?)
+        let mut matrix = |t: &str, rows: usize| -> Result<Weight> {
+            let id = l.tensor(&name(t), &[n_embd, rows], MATRIX)?;
+            Ok(l.take_last(id))
+        };
+        (None, matrix("attn_q.weight", q_rows)?, matrix("attn_k.weight", kv_dim)?, matrix("attn_v.weight", kv_dim)?)
     };
-    let (q, gate) = if gated {
-        let only = |first: usize| (0..c.n_head).flat_map(move |h| 2 * h * hd + first..2 * h * hd + first + hd);
-        let q = l.gather_rows(&q_all, &format!("{}[query]", q_all.name), only(0), 1);
-        let gate = l.gather_rows(&q_all, &format!("{}[gate]", q_all.name), only(hd), 1);
-        (q, Some(gate))
-    } else {
-        (l.push(q_all), None)
-    };
-    let mut qkv_bias = [None; 3];
-    if l.info(&name("attn_qkv.bias")).is_some() {
-        let all = l.vector(&name("attn_qkv.bias"), q_dim + 2 * kv_dim, 1)?;
-        let all = l.take_last(all);
-        let Data::F32(values) = all.data else { unreachable!("vectors are prepared") };
-        for (slot, (first, n)) in [(0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)].into_iter().enumerate() {
-            let data = values[first..first + n].repeat(MAX_WINDOW);
-            qkv_bias[slot] = Some(l.push(Weight { name: format!("{}[{slot}]", all.name), ty: GgmlType::F32, rows: MAX_WINDOW, cols: n, n_expert: 1, data: Data::F32(data) }));
-        }
-    } else {
-        for (slot, (t, n)) in [("attn_q.bias", q_dim), ("attn_k.bias", kv_dim), ("attn_v.bias", kv_dim)].into_iter().enumerate() {
-            if l.info(&name(t)).is_some() {
-                qkv_bias[slot] = Some(l.vector(&name(t), n, MAX_WINDOW)?);
-            }
-        }
-    }
-    if gated && qkv_bias.iter().any(Option::is_some) {
+    // Rows `first..first + hd` of each head's rows in `q_all`: 0 its query rows, `hd` (gated)
+    // its output gate's.
+    let per_head = q_rows / n_head;
+    let head_rows = move |first: usize| (0..n_head).flat_map(move |h| h * per_head + first..h * per_head + first + hd);
+    let gate = gated.then(|| l.gather_rows(&format!("{}[gate]", q_all.name), head_rows(hd).map(|r| (&q_all, r)), 1));
+    let q_name = if gated { format!("{}[query]", q_all.name) } else { q_all.name.clone() };
+    let bias = qkv_biases(l, i, q_dim, kv_dim)?;
+    if gated && bias.parts.iter().any(Option::is_some) {
         return Err(l.err(name("attn_q.bias"), "attention biases with a gated query are not supported"));
     }
+    let proj = if l.options.fuse_qkv && q_all.ty == k.ty && k.ty == v.ty {
+        let qkv = match file_qkv {
+            Some(qkv) if !gated => l.push(qkv),
+            _ => l.gather_rows(&format!("{q_name}+{}+{}", k.name, v.name), head_rows(0).map(|r| (&q_all, r)).chain(all_rows(&k)).chain(all_rows(&v)), 1),
+        };
+        let bias = bias.parts.iter().any(Option::is_some).then(|| {
+            // A missing part adds -0.0, which keeps every value's bits (+0.0 would turn -0.0
+            // into +0.0), as the split path's skipped add does.
+            let parts = bias.parts.iter().zip([q_dim, kv_dim, kv_dim]);
+            let row: Vec<f32> = parts.flat_map(|(p, n)| p.as_ref().map_or(vec![-0.0; n], |(_, values)| values.clone())).collect();
+            l.push(repeated(bias.fused_name, row))
+        });
+        QkvProj::Fused { qkv, bias }
+    } else {
+        let q = if gated { l.gather_rows(&q_name, head_rows(0).map(|r| (&q_all, r)), 1) } else { l.push(q_all) };
+        let (k, v) = (l.push(k), l.push(v));
+        let bias = bias.parts.map(|p| p.map(|(name, values)| l.push(repeated(name, values))));
+        QkvProj::Split { q, k, v, bias }
+    };
     let q_norm = l.vector(&name("attn_q_norm.weight"), hd, 1)?;
     let k_norm = l.vector(&name("attn_k_norm.weight"), hd, 1)?;
     let o = l.tensor(&name("attn_output.weight"), &[q_dim, n_embd], MATRIX)?;
-    Ok(AttnWeights { q, gate, k, v, qkv_bias, q_norm, k_norm, o })
+    Ok(AttnWeights { proj, gate, q_norm, k_norm, o })
+}
+
+/// Layer `i`'s q, k and v biases as the file has them (each optional; a fused `attn_qkv.bias`
+/// or separate ones), not repeated yet, with their names and the fused bias's name.
+struct QkvBiases {
+    parts: [Option<(String, Vec<f32>)>; 3],
+    fused_name: String,
+}
+
+fn qkv_biases(l: &mut Loader, i: usize, q_dim: usize, kv_dim: usize) -> Result<QkvBiases> {
+    let name = |t: &str| format!("blk.{i}.{t}");
+    let mut parts: [Option<(String, Vec<f32>)>; 3] = Default::default();
+    let sizes = [q_dim, kv_dim, kv_dim];
+    if l.info(&name("attn_qkv.bias")).is_some() {
+        let all = l.vector(&name("attn_qkv.bias"), q_dim + 2 * kv_dim, 1)?;
+        let all = l.take_last(all);
+        let mut rest = all.f32s();
+        for (slot, n) in sizes.into_iter().enumerate() {
+            let (part, tail) = rest.split_at(n);
+            parts[slot] = Some((format!("{}[{slot}]", all.name), part.to_vec()));
+            rest = tail;
+        }
+        return Ok(QkvBiases { parts, fused_name: all.name });
+    }
+    for (slot, (t, n)) in ["attn_q.bias", "attn_k.bias", "attn_v.bias"].into_iter().zip(sizes).enumerate() {
+        if l.info(&name(t)).is_some() {
+            let id = l.vector(&name(t), n, 1)?;
+            parts[slot] = Some((name(t), l.take_last(id).f32s().to_vec()));
+        }
+    }
+    let fused_name = parts.iter().flatten().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join("+");
+    Ok(QkvBiases { parts, fused_name })
+}
+
+/// A bias of one row, repeated for every row of a window (the residual-add kernel adds it).
+fn repeated(name: String, row: Vec<f32>) -> Weight {
+    Weight { name, ty: GgmlType::F32, rows: MAX_WINDOW, cols: row.len(), n_expert: 1, data: Data::F32(row.repeat(MAX_WINDOW)) }
 }
 
 /// Layer `i`'s router and routed experts (`router`, `gate`, `up`, `down`).
@@ -153,8 +193,8 @@ pub(super) fn routed_experts(l: &mut Loader, i: usize, c: &ModelConfig) -> Resul
         let both = l.tensor(&name("ffn_gate_up_exps.weight"), &[n_embd, 2 * n_ff, n_expert], &[Kind::Quant])?;
         let both = l.take_last(both);
         let half = |first: usize| (0..n_expert).flat_map(move |e| 2 * n_ff * e + first..2 * n_ff * e + first + n_ff);
-        let gate = l.gather_rows(&both, &format!("{}[gate]", both.name), half(0), n_expert);
-        let up = l.gather_rows(&both, &format!("{}[up]", both.name), half(n_ff), n_expert);
+        let gate = l.gather_rows(&format!("{}[gate]", both.name), half(0).map(|r| (&both, r)), n_expert);
+        let up = l.gather_rows(&format!("{}[up]", both.name), half(n_ff).map(|r| (&both, r)), n_expert);
         (gate, up)
     } else {
         (

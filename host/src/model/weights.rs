@@ -37,6 +37,15 @@ impl Weight {
         }
     }
 
+    /// The bytes of a matrix, as the file stores them (`file`: the model file's bytes).
+    pub fn matrix<'a>(&'a self, file: &'a [u8]) -> &'a [u8] {
+        match &self.data {
+            Data::File { offset, len } => &file[*offset..*offset + *len],
+            Data::Rows(b) => b,
+            Data::F32(_) => unreachable!("{} is a prepared vector, not a matrix", self.name),
+        }
+    }
+
     pub fn bytes(&self) -> usize {
         match &self.data {
             Data::File { len, .. } => *len,
@@ -51,18 +60,35 @@ impl Weight {
 pub struct WeightId(pub usize);
 
 /// A softmax-attention mixer: qwen3moe's, or qwen35moe's gated one (`gate`: the rows of
-/// `attn_q` that are each head's output gate, apart from its query rows `q`).
+/// `attn_q` that are each head's output gate, apart from its query rows).
 #[derive(Clone, Debug)]
 pub struct AttnWeights {
-    pub q: WeightId,
+    pub proj: QkvProj,
     pub gate: Option<WeightId>,
-    pub k: WeightId,
-    pub v: WeightId,
-    /// Biases of q, k, v (optional in the file), each repeated [`crate::step::MAX_WINDOW`] times.
-    pub qkv_bias: [Option<WeightId>; 3],
     pub q_norm: WeightId,
     pub k_norm: WeightId,
     pub o: WeightId,
+}
+
+/// The q, k and v projections. Biases (optional in the file) are repeated
+/// [`crate::step::MAX_WINDOW`] times.
+#[derive(Clone, Debug)]
+pub enum QkvProj {
+    /// One matrix of q's rows, then k's, then v's (q, k and v of one type: one matvec), and one
+    /// bias of q's, k's and v's values per row.
+    Fused { qkv: WeightId, bias: Option<WeightId> },
+    /// Three matrices (their types differ), each with its bias.
+    Split { q: WeightId, k: WeightId, v: WeightId, bias: [Option<WeightId>; 3] },
+}
+
+impl QkvProj {
+    /// The projection matrices.
+    pub fn matrices(&self) -> Vec<WeightId> {
+        match *self {
+            QkvProj::Fused { qkv, .. } => vec![qkv],
+            QkvProj::Split { q, k, v, .. } => vec![q, k, v],
+        }
+    }
 }
 
 /// A Gated DeltaNet mixer (MODELS.md section 2).
@@ -148,11 +174,7 @@ impl Weights {
 
     /// The bytes of a matrix, as the file stores them.
     pub fn data(&self, id: WeightId) -> &[u8] {
-        match &self.list[id.0].data {
-            Data::File { offset, len } => &self.file.bytes()[*offset..*offset + *len],
-            Data::Rows(b) => b,
-            Data::F32(_) => unreachable!("{} is a prepared vector, not a matrix", self.list[id.0].name),
-        }
+        self.get(id).matrix(self.file.bytes())
     }
 
     /// A prepared vector (a norm, a repeated bias, conv taps).

@@ -2,7 +2,7 @@
 //! replica and the GPU backends, the typed launchers on device buffers (`attn_prep_queue`,
 //! `attention_queue`), the RoPE table, and the parity cases ([`parity_cases`], and
 //! [`window_case`] for window invariance).
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -65,6 +65,24 @@ impl AttnShape {
         self.tokens * self.n_kv * self.hd
     }
 
+    /// `attn_prep`'s inputs packed: each of q, k and v rows of its own, back to back.
+    pub fn dense(&self) -> QkvStrides {
+        QkvStrides { q: self.n_q * self.hd, kv: self.n_kv * self.hd }
+    }
+
+    /// `attn_prep`'s inputs as views into one fused projection: a token's q, k and v values in
+    /// one row.
+    pub fn fused(&self) -> QkvStrides {
+        let row = (self.n_q + 2 * self.n_kv) * self.hd;
+        QkvStrides { q: row, kv: row }
+    }
+
+    /// Values a strided input of the window spans: `tokens` rows of `row` values, `stride`
+    /// apart (at least one token).
+    fn span(&self, stride: usize, row: usize) -> usize {
+        (self.tokens - 1).saturating_mul(stride).saturating_add(row)
+    }
+
     /// Values of one cache (keys or values) of `n_ctx` positions.
     pub fn cache_len(&self) -> usize {
         self.n_ctx * self.n_kv * self.hd
@@ -104,6 +122,15 @@ impl AttnShape {
     }
 }
 
+/// Values between consecutive tokens' rows in `attn_prep`'s inputs: in `q`, and in `k` and `v`
+/// (at least a row of each; wider where they are views into one fused projection row, see
+/// [`AttnShape::fused`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QkvStrides {
+    pub q: usize,
+    pub kv: usize,
+}
+
 /// Values of the `attention_queue` scratch for `shape` (every window of up to `shape.tokens`
 /// tokens in a cache of `shape.n_ctx` positions): `hd + 2` per (token, query head, chunk).
 pub fn attn_part_len(shape: AttnShape) -> usize {
@@ -122,12 +149,19 @@ fn check_lens(kernel: &'static str, bufs: &[(&str, usize, usize)], exact: bool) 
     Ok(())
 }
 
-/// `attn_prep`'s shape and buffer lengths: `q, k, v, q_norm, k_norm, rope, q_out, k_cache,
-/// v_cache`.
-fn check_prep(s: AttnShape, pos0: usize, lens: [usize; 9], exact: bool) -> Result<()> {
+/// `attn_prep`'s shape, strides (at least a row, within the kernel's u32) and buffer lengths:
+/// `q, k, v, q_norm, k_norm, rope, q_out, k_cache, v_cache` (the inputs span their strided rows).
+fn check_prep(s: AttnShape, strides: QkvStrides, pos0: usize, lens: [usize; 9], exact: bool) -> Result<()> {
     s.check(PREP, pos0)?;
+    let (q_row, kv_row) = (s.n_q * s.hd, s.n_kv * s.hd);
+    for (what, stride, row) in [("q", strides.q, q_row), ("k and v", strides.kv, kv_row)] {
+        if stride < row || stride > u32::MAX as usize {
+            return Err(Error::Shape { kernel: PREP, detail: format!("{what} rows {stride} values apart: rows of {row} values need {row}..={}", u32::MAX) });
+        }
+    }
     let names = ["q", "k", "v", "q_norm", "k_norm", "rope", "q_out", "k_cache", "v_cache"];
-    let want = [s.q_len(), s.kv_len(), s.kv_len(), s.hd, s.hd, s.rope_len(), s.q_len(), s.cache_len(), s.cache_len()];
+    let (q_span, kv_span) = (s.span(strides.q, q_row), s.span(strides.kv, kv_row));
+    let want = [q_span, kv_span, kv_span, s.hd, s.hd, s.rope_len(), s.q_len(), s.cache_len(), s.cache_len()];
     let bufs: Vec<_> = names.iter().zip(lens).zip(want).map(|((&n, h), w)| (n, h, w)).collect();
     check_lens(PREP, &bufs, exact)
 }
@@ -144,16 +178,19 @@ fn check_attention(s: AttnShape, pos0: usize, lens: [usize; 4], exact: bool) -> 
 pub trait AttentionOps {
     fn name(&self) -> &'static str;
 
-    /// `attn_prep` for the window at `pos0`: `q` (`tokens x n_q x hd`) normed and roped into
-    /// `q_out`; `k` (normed, roped) and `v` (`tokens x n_kv x hd`) rounded to fp16 into the
-    /// caches (`n_ctx x n_kv x hd`) at positions `pos0 ..`; the caches' other positions are
-    /// left as they are. `rope` is [`rope_table`] of `n_ctx` positions.
+    /// `attn_prep` for the window at `pos0`: token `t`'s q row (`n_q x hd` values at
+    /// `t * strides.q`) normed and roped into `q_out` (`tokens x n_q x hd`); its k row (normed,
+    /// roped) and v row (`n_kv x hd` values at `t * strides.kv`) rounded to fp16 into the caches
+    /// (`n_ctx x n_kv x hd`) at positions `pos0 ..`; the caches' other positions are left as
+    /// they are. `q`, `k`, `v` end at their last token's row; `rope` is [`rope_table`] of
+    /// `n_ctx` positions.
     #[allow(clippy::too_many_arguments)]
     fn attn_prep(
         &self,
         q: &[f32],
         k: &[f32],
         v: &[f32],
+        strides: QkvStrides,
         q_norm: &[f32],
         k_norm: &[f32],
         rope: &[f32],
@@ -182,6 +219,7 @@ impl AttentionOps for CpuBackend {
         q: &[f32],
         k: &[f32],
         v: &[f32],
+        strides: QkvStrides,
         q_norm: &[f32],
         k_norm: &[f32],
         rope: &[f32],
@@ -193,15 +231,16 @@ impl AttentionOps for CpuBackend {
         v_cache: &mut [u16],
     ) -> Result<()> {
         let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), q_out.len(), k_cache.len(), v_cache.len()];
-        check_prep(shape, pos0, lens, true)?;
+        check_prep(shape, strides, pos0, lens, true)?;
         let AttnShape { n_q, n_kv, hd, n_rot, .. } = shape;
-        for (t, (qt, ot)) in q.chunks_exact(n_q * hd).zip(q_out.chunks_exact_mut(n_q * hd)).enumerate() {
+        let (q_row, kv_row) = (n_q * hd, n_kv * hd);
+        for (t, ot) in q_out.chunks_exact_mut(q_row).enumerate() {
             let rope = rope_at(rope, pos0 + t, n_rot);
-            for (x, out) in qt.chunks_exact(hd).zip(ot.chunks_exact_mut(hd)) {
+            for (x, out) in q[t * strides.q..][..q_row].chunks_exact(hd).zip(ot.chunks_exact_mut(hd)) {
                 norm_rope(x, q_norm, eps, rope, out);
             }
-            let (rows, at) = (t * n_kv * hd..(t + 1) * n_kv * hd, (pos0 + t) * n_kv * hd);
-            let cache = at..at + n_kv * hd;
+            let (rows, at) = (t * strides.kv..t * strides.kv + kv_row, (pos0 + t) * kv_row);
+            let cache = at..at + kv_row;
             for (x, out) in k[rows.clone()].chunks_exact(hd).zip(k_cache[cache.clone()].chunks_exact_mut(hd)) {
                 prep_key(x, k_norm, eps, rope, out);
             }
@@ -232,13 +271,15 @@ impl AttentionOps for CpuBackend {
 impl GpuBackend {
     /// Queues `attn_prep` for the window at the position `pos[0]` holds when the kernel runs
     /// (see [`AttentionOps::attn_prep`]; rows past the cache write nothing); buffers may be
-    /// longer than the shape needs.
+    /// longer than the shape needs. `q`, `k` and `v` are views: into one fused projection
+    /// buffer at each part's offset, with [`AttnShape::fused`] strides, or whole buffers.
     #[allow(clippy::too_many_arguments)]
     pub fn attn_prep_queue(
         &self,
-        q: &CudaSlice<f32>,
-        k: &CudaSlice<f32>,
-        v: &CudaSlice<f32>,
+        q: &CudaView<f32>,
+        k: &CudaView<f32>,
+        v: &CudaView<f32>,
+        strides: QkvStrides,
         q_norm: &CudaSlice<f32>,
         k_norm: &CudaSlice<f32>,
         rope: &CudaSlice<f32>,
@@ -250,18 +291,21 @@ impl GpuBackend {
         v_cache: &mut CudaSlice<u16>,
     ) -> Result<()> {
         let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), q_out.len(), k_cache.len(), v_cache.len()];
-        check_prep(shape, 0, lens, false)?;
+        check_prep(shape, strides, 0, lens, false)?;
         check_lens(PREP, &[("pos", pos.len(), 1)], false)?;
         let s = shape;
         let (tokens, n_q, n_kv, hd, n_rot, n_ctx) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_rot as u32, s.n_ctx as u32);
+        let (q_stride, kv_stride) = (strides.q as u32, strides.kv as u32);
         let rows = s.tokens * (s.n_q + 2 * s.n_kv);
         let mut a = self.builder(PREP);
         a.arg(q).arg(k).arg(v).arg(q_norm).arg(k_norm).arg(rope);
-        a.arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(&n_rot).arg(pos).arg(&n_ctx).arg(&eps);
+        a.arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(&n_rot).arg(&q_stride).arg(&kv_stride).arg(pos).arg(&n_ctx).arg(&eps);
         a.arg(q_out).arg(k_cache).arg(v_cache);
-        // SAFETY: the kernel's parameters in order over the buffers checked above (the rope
-        // table and caches hold `n_ctx` positions, and rows at or past `n_ctx` return); warps
-        // past the window's head rows return at once, so a padded grid is covered.
+        // SAFETY: the kernel's parameters in order over the buffers checked above (the inputs
+        // span their strided rows, the strides fit u32; the rope table and caches hold `n_ctx`
+        // positions, and rows at or past `n_ctx` return); warps past the window's head rows
+        // return at once, so a padded grid is covered. The inputs may be views of one buffer:
+        // the kernel only reads them.
         unsafe { self.launch_async(PREP, self.padded_grid(PREP, rows.div_ceil(ATTN_PREP_WARPS as usize) as u32), a) }
     }
 
@@ -313,6 +357,7 @@ impl AttentionOps for GpuBackend {
         q: &[f32],
         k: &[f32],
         v: &[f32],
+        strides: QkvStrides,
         q_norm: &[f32],
         k_norm: &[f32],
         rope: &[f32],
@@ -324,13 +369,13 @@ impl AttentionOps for GpuBackend {
         v_cache: &mut [u16],
     ) -> Result<()> {
         let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), q_out.len(), k_cache.len(), v_cache.len()];
-        check_prep(shape, pos0, lens, true)?;
+        check_prep(shape, strides, pos0, lens, true)?;
         let up = |x: &[f32]| self.upload(PREP, x);
         let (dq, dk, dv, dqn, dkn, drope) = (up(q)?, up(k)?, up(v)?, up(q_norm)?, up(k_norm)?, up(rope)?);
         let mut dq_out = self.upload_out(PREP, q_out)?;
         let (mut dkc, mut dvc) = (self.upload_out(PREP, k_cache)?, self.upload_out(PREP, v_cache)?);
         let dpos = self.upload(PREP, &[pos0 as u32])?;
-        self.attn_prep_queue(&dq, &dk, &dv, &dqn, &dkn, &drope, shape, &dpos, eps, &mut dq_out, &mut dkc, &mut dvc)?;
+        self.attn_prep_queue(&dq.as_view(), &dk.as_view(), &dv.as_view(), strides, &dqn, &dkn, &drope, shape, &dpos, eps, &mut dq_out, &mut dkc, &mut dvc)?;
         self.synchronize(PREP)?;
         self.download_out(PREP, &dq_out, q_out)?;
         self.download_out(PREP, &dkc, k_cache)?;
@@ -369,6 +414,9 @@ pub struct AttnCase {
     /// a token's context gets NaN values into its output).
     pub k_cache: Vec<u16>,
     pub v_cache: Vec<u16>,
+    /// `attn_prep` reads `q`, `k` and `v` as views into one buffer of fused projection rows
+    /// ([`AttnShape::fused`] strides) instead of packed ([`AttnShape::dense`]).
+    pub fused: bool,
 }
 
 /// Windows `(tokens, pos0)` at the chunk boundaries: a context of 1, exactly 256, 257 and 512
@@ -414,7 +462,13 @@ impl AttnCase {
             rope: rope_table(n_ctx, n_rot, freq_base),
             k_cache,
             v_cache,
+            fused: false,
         }
+    }
+
+    /// The case with `attn_prep`'s inputs fused ([`AttnCase::fused`]).
+    pub fn as_fused(&self) -> AttnCase {
+        AttnCase { fused: true, ..self.clone() }
     }
 
     /// The cache range of the window's positions.
@@ -435,12 +489,27 @@ impl AttnCase {
     /// own positions), into poisoned outputs: `q_out` and both caches.
     fn run_prep(&self, b: &dyn AttentionOps, first: usize, tokens: usize) -> Result<(Vec<f32>, Vec<u16>, Vec<u16>)> {
         let s = AttnShape { tokens, ..self.shape };
-        let (qr, kr) = (first * s.n_q * s.hd..(first + tokens) * s.n_q * s.hd, first * s.n_kv * s.hd..(first + tokens) * s.n_kv * s.hd);
         let mut q_out = vec![f32::from_bits(POISON_F32); s.q_len()];
         let (mut kc, mut vc) = self.prep_caches();
-        let (q, k, v) = (&self.q[qr], &self.k[kr.clone()], &self.v[kr]);
-        b.attn_prep(q, k, v, &self.q_norm, &self.k_norm, &self.rope, s, self.pos0 + first, self.eps, &mut q_out, &mut kc, &mut vc)?;
+        let (buf, [q, k, v], strides) = self.prep_inputs(s, first);
+        b.attn_prep(&buf[q], &buf[k], &buf[v], strides, &self.q_norm, &self.k_norm, &self.rope, s, self.pos0 + first, self.eps, &mut q_out, &mut kc, &mut vc)?;
         Ok((q_out, kc, vc))
+    }
+
+    /// `attn_prep`'s inputs for the `s.tokens` tokens from `first`, in one buffer: q's rows,
+    /// then k's, then v's; or (fused) each token's q, k and v values in one row. With the range
+    /// of the buffer each of q, k, v spans and their strides.
+    fn prep_inputs(&self, s: AttnShape, first: usize) -> (Vec<f32>, [std::ops::Range<usize>; 3], QkvStrides) {
+        let (q_row, kv_row) = (s.n_q * s.hd, s.n_kv * s.hd);
+        let (q, k, v) = (&self.q[first * q_row..][..s.q_len()], &self.k[first * kv_row..][..s.kv_len()], &self.v[first * kv_row..][..s.kv_len()]);
+        if !self.fused {
+            return ([q, k, v].concat(), [0..q.len(), q.len()..q.len() + k.len(), q.len() + k.len()..q.len() + 2 * k.len()], s.dense());
+        }
+        let row = |x: &[f32], n: usize, t: usize| x[t * n..(t + 1) * n].to_vec();
+        let buf: Vec<f32> = (0..s.tokens).flat_map(|t| [row(q, q_row, t), row(k, kv_row, t), row(v, kv_row, t)].concat()).collect();
+        let strides = s.fused();
+        let kv_span = s.span(strides.kv, kv_row);
+        (buf, [0..s.span(strides.q, q_row), q_row..q_row + kv_span, q_row + kv_row..q_row + kv_row + kv_span], strides)
     }
 
     /// The attention on `b` for tokens `first .. first + tokens` alone, into a poisoned output.
@@ -454,7 +523,8 @@ impl AttnCase {
 
     fn describe(&self) -> String {
         let s = self.shape;
-        format!("T{} q{}/kv{} hd{} rot{} pos0 {} ctx {}", s.tokens, s.n_q, s.n_kv, s.hd, s.n_rot, self.pos0, s.n_ctx)
+        let layout = if self.fused { " fused q/k/v" } else { "" };
+        format!("T{} q{}/kv{} hd{} rot{} pos0 {} ctx {}{layout}", s.tokens, s.n_q, s.n_kv, s.hd, s.n_rot, self.pos0, s.n_ctx)
     }
 
     /// Float64 RMSNorm and RoPE (cos and sin of the exact angle) of one head row at `pos`.
@@ -585,7 +655,7 @@ pub fn attention_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed: u64
 pub fn window_case(b: &dyn AttentionOps, seed: u64) -> Result<Outcome> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let (tokens, pos0) = (rng.random_range(2..=8), rng.random_range(0..1500));
-    let case = AttnCase::random(&mut rng, tokens, pos0);
+    let case = AttnCase { fused: rng.random(), ..AttnCase::random(&mut rng, tokens, pos0) };
     let AttnShape { n_q, n_kv, hd, .. } = case.shape;
     let (q_row, kv_row) = (n_q * hd, n_kv * hd);
     // One token's words: q_out row, key row, value row, attention row.
@@ -625,9 +695,10 @@ pub fn window_case(b: &dyn AttentionOps, seed: u64) -> Result<Outcome> {
     })
 }
 
-/// The family's parity suite from `seed`: `attn_prep` and the attention on every backend for
-/// the [`BOUNDARY_WINDOWS`] and random windows of 1..=8 tokens at positions up to 1500 (so
-/// contexts span up to six chunks), random head shapes. `backends[0]` is the reference.
+/// The family's parity suite from `seed`: `attn_prep` (its inputs packed and fused) and the
+/// attention on every backend for the [`BOUNDARY_WINDOWS`] and random windows of 1..=8 tokens
+/// at positions up to 1500 (so contexts span up to six chunks), random head shapes.
+/// `backends[0]` is the reference.
 pub fn parity_cases(backends: &[&dyn AttentionOps], seed: u64) -> Result<Vec<Outcome>> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut windows = [BOUNDARY_WINDOWS.as_slice(), LONG_WINDOWS.as_slice()].concat();
@@ -637,6 +708,7 @@ pub fn parity_cases(backends: &[&dyn AttentionOps], seed: u64) -> Result<Vec<Out
         let case_seed = rng.random();
         let case = AttnCase::random(&mut SmallRng::seed_from_u64(case_seed), tokens, pos0);
         out.push(prep_case(backends, &case, case_seed)?);
+        out.push(prep_case(backends, &case.as_fused(), case_seed)?);
         out.push(attention_case(backends, &case, case_seed)?);
     }
     Ok(out)

@@ -196,15 +196,20 @@ impl Executor for CpuExecutor {
                 self.put(acc, a);
                 r
             }
-            Op::AttnPrep { layer, q_norm, k_norm } => {
+            Op::AttnPrep { layer, layout, q_norm, k_norm } => {
                 let shape = self.attn_shape(w);
                 let mut q_out = self.take(Act::Qr);
                 let (mut kc, mut vc) = std::mem::take(&mut self.cache[layer]);
-                let qn = t * act_len(c, Act::Q);
+                let qn = t * act_len(c, Act::Qr);
+                let ([q, k, v], strides) = layout.views(c);
+                // Each input from its first value to the end of its last token's row.
+                let view = |(a, first): (Act, usize), stride: usize, row: usize| &self.act[&a][first..first + (t - 1) * stride + row];
+                let (q_row, kv_row) = (act_len(c, Act::Q), act_len(c, Act::K));
                 let r = self.cpu.attn_prep(
-                    self.rows(Act::Q, t),
-                    self.rows(Act::K, t),
-                    self.rows(Act::V, t),
+                    view(q, strides.q, q_row),
+                    view(k, strides.kv, kv_row),
+                    view(v, strides.kv, kv_row),
+                    strides,
                     weights.f32s(q_norm),
                     weights.f32s(k_norm),
                     &self.rope,

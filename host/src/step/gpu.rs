@@ -470,14 +470,17 @@ impl Executor for GpuExecutor {
                 self.act.insert(acc, a);
                 r
             }
-            Op::AttnPrep { layer, q_norm, k_norm } => {
+            Op::AttnPrep { layer, layout, q_norm, k_norm } => {
                 let shape = attn_shape(&model, t, self.n_ctx);
                 let mut q_out = self.take(Act::Qr);
                 let (kc, vc) = self.cache[layer].as_mut().expect("attention layers have a KV cache");
+                let ([q, k, v], strides) = layout.views(c);
+                let view = |(a, first): (Act, usize)| self.act[&a].slice(first..);
                 let r = self.gpu.attn_prep_queue(
-                    &self.act[&Act::Q],
-                    &self.act[&Act::K],
-                    &self.act[&Act::V],
+                    &view(q),
+                    &view(k),
+                    &view(v),
+                    strides,
                     match &self.weights[&q_norm] {
                         DevWeight::F32(v) => v,
                         DevWeight::Bytes(_) => unreachable!("norms are prepared vectors"),

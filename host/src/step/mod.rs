@@ -14,6 +14,7 @@ pub mod gpu;
 
 use crate::error::Result;
 use crate::model::{Mixer, ModelConfig, WeightId, Weights};
+use crate::ops::attention::QkvStrides;
 use crate::ops::route::SampleParams;
 use strata_gpu_shared::launch::gdn::gdn_conv_ring;
 use strata_gpu_shared::replica::gdn::RecurShape;
@@ -33,6 +34,9 @@ pub enum Act {
     Q,
     K,
     V,
+    /// The fused projection (`(n_head + 2 * n_head_kv) * head_dim`): each row q's values, then
+    /// k's, then v's.
+    Qkv,
     /// The gated attention's output gate (`n_head * head_dim`).
     Gate,
     /// The queries after the per-head norm and RoPE (`n_head * head_dim`).
@@ -72,12 +76,13 @@ pub enum Act {
 }
 
 impl Act {
-    pub const ALL: [Act; 26] = [
+    pub const ALL: [Act; 27] = [
         Act::X,
         Act::Xn,
         Act::Q,
         Act::K,
         Act::V,
+        Act::Qkv,
         Act::Gate,
         Act::Qr,
         Act::Attn,
@@ -129,6 +134,7 @@ pub fn act_len(c: &ModelConfig, a: Act) -> usize {
         Act::Q | Act::Qr | Act::Attn => c.n_head * c.head_dim,
         Act::Gate => gated,
         Act::K | Act::V => c.n_head_kv * c.head_dim,
+        Act::Qkv => (c.n_head + 2 * c.n_head_kv) * c.head_dim,
         Act::Mixed | Act::Conv => h.map_or(0, |h| h.conv_channels()),
         Act::Z | Act::Gdn | Act::GdnNormed => h.map_or(0, |h| h.inner()),
         Act::Beta | Act::Alpha => h.map_or(0, |h| h.n_v_heads),
@@ -209,8 +215,8 @@ pub enum Op {
     AddWeight { acc: Act, w: WeightId },
     /// `acc += b`.
     AddInto { acc: Act, b: Act },
-    /// Per-head RMSNorm of Q and K, RoPE, K and V appended to the layer's cache.
-    AttnPrep { layer: usize, q_norm: WeightId, k_norm: WeightId },
+    /// Per-head RMSNorm of Q and K, RoPE (into `Qr`), K and V appended to the layer's cache.
+    AttnPrep { layer: usize, layout: QkvLayout, q_norm: WeightId, k_norm: WeightId },
     /// Causal GQA attention of each window token over the layer's cache: `Qr` to `Attn`.
     Attention { layer: usize },
     /// `acc = acc * sigmoid(gate)` (the gated attention's output gate).
@@ -240,6 +246,30 @@ pub enum Op {
     /// Verify-window acceptance: how many of the window's drafts (rows 1..) the model's own
     /// choices confirm, and the tokens the window emits.
     Accept,
+}
+
+/// Where [`Op::AttnPrep`] reads each token's q, k and v.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkvLayout {
+    /// One `Act::Qkv` row: q's values, then k's, then v's.
+    Fused,
+    /// `Act::Q`, `Act::K` and `Act::V`.
+    Split,
+}
+
+impl QkvLayout {
+    /// The buffer and first value of q's, k's and v's rows, and the strides between tokens'
+    /// rows (each buffer's row length).
+    pub fn views(self, c: &ModelConfig) -> ([(Act, usize); 3], QkvStrides) {
+        let (q_dim, kv_dim) = (act_len(c, Act::Q), act_len(c, Act::K));
+        match self {
+            QkvLayout::Fused => {
+                let row = act_len(c, Act::Qkv);
+                ([(Act::Qkv, 0), (Act::Qkv, q_dim), (Act::Qkv, q_dim + kv_dim)], QkvStrides { q: row, kv: row })
+            }
+            QkvLayout::Split => ([(Act::Q, 0), (Act::K, 0), (Act::V, 0)], QkvStrides { q: q_dim, kv: kv_dim }),
+        }
+    }
 }
 
 impl Op {
