@@ -49,16 +49,14 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
 /// to bring them from DRAM while the grid before it still runs.
 #[inline(always)]
 pub fn prefetch_l2_warp(start: *const u8, bytes: usize) {
-    if bytes == 0 {
-        return;
-    }
-    let (start, end) = (start as usize, start as usize + bytes);
-    let mut line = (start & !127) + 128 * crate::arch::index::lane() as usize;
-    while line < end {
+    // Lane l asks for start + 128 (l + 32 i): every 128 bytes from `start` on lie in the next
+    // line, so these addresses reach every line of the range; the last is clamped into it.
+    let mut off = 128 * crate::arch::index::lane() as usize;
+    while off < bytes + 127 && bytes > 0 {
         // SAFETY: a prefetch does not fault and writes nothing visible; the address is in the
-        // caller's range (the first line's, clamped to its start).
-        unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) line.max(start), options(nostack, readonly, preserves_flags)) };
-        line += 128 * 32;
+        // caller's range.
+        unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) start.wrapping_add(off.min(bytes - 1)), options(nostack, readonly, preserves_flags)) };
+        off += 128 * 32;
     }
 }
 
