@@ -245,16 +245,21 @@ fn gpu_phases_and_copy_bandwidth() {
     }
 }
 
-/// `strata bench attention`'s measurement: one row per (depth, window), in order, each with a
-/// positive time and the GB/s of the keys and values it must read (positions `0..depth + T` of
-/// every KV head, f16, K and V) over that time.
+/// `strata bench attention`'s measurement: one row per (depth, window, band), in order, each
+/// with a positive time and the GB/s of the keys and values it must read (positions
+/// `0..depth + T` of every KV head, f16, K and V) over that time; the rule's band is marked, a
+/// band asked for twice (the rule's and the same count) measured once, one that does not divide
+/// the group skipped.
 #[test]
 fn attention_bench_measures_every_depth_and_window() {
     for name in ["cuda", "hip"] {
         let Some(g) = common::open_gpu(name) else { continue };
-        let rows = strata::host::bench::attention(&g, (8, 2, 64), &[0, 1000], &[1, 3], 1, 7).expect("bench");
+        let rows = strata::host::bench::attention(&g, (8, 2, 64), &[0, 1000], &[1, 3], &[0, 1, 3, 4], 1, 7).expect("bench");
         let got: Vec<(usize, usize)> = rows.iter().map(|r| (r.depth, r.tokens)).collect();
-        assert_eq!(got, [(0, 1), (0, 3), (1000, 1), (1000, 3)], "{name}");
+        // At these small grids the rule takes one head a block, so `0` and `1` are one band.
+        assert!(rows.iter().all(|r| r.rule == (r.band == 1)), "{name}: {rows:?}");
+        assert_eq!(got, [(0, 1), (0, 1), (0, 3), (0, 3), (1000, 1), (1000, 1), (1000, 3), (1000, 3)], "{name}");
+        assert!(rows.iter().map(|r| r.band).eq([1, 4, 1, 4, 1, 4, 1, 4]), "{name}: {rows:?}");
         for r in &rows {
             let bytes = ((r.depth + r.tokens) * 2 * 64 * 2 * 2) as f64;
             assert!(r.us > 0.0 && (r.gbps - bytes / (r.us * 1e-6) / 1e9).abs() < 1e-6 * r.gbps, "{name}: {r:?}");

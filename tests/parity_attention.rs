@@ -14,6 +14,7 @@ use strata::host::ops::attention::{
 };
 use strata::host::parity::Outcome;
 use strata::host::Error;
+use strata_gpu_shared::launch::attention::attn_max_band;
 
 fn check(o: Outcome) {
     eprintln!("  {} {}: {} passed {} nmse {:?}", o.kernel, o.shape, o.backends.join("="), o.passed(), o.nmse);
@@ -186,28 +187,37 @@ fn gpu_against_cpu(name: &str) {
 
 crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
 
-/// The attention grid is sized for a context bound (the step's graphs are captured per bound),
-/// and every bound gives the replica's bits: one block walking all 37 chunks of a token, blocks
-/// walking several, and one block a chunk.
+/// The attention grid is sized for a context bound (the step's graphs are captured per bound)
+/// and each block computes a band of a KV group's query heads; every bound and every band gives
+/// the replica's bits: one block walking all 37 chunks of a token, blocks walking several, and
+/// one block a chunk; one head a block up to the widest band, for groups of 8, 6 and 16 heads
+/// of 64, 128 and 256 values.
 #[test]
 fn every_grid_gives_the_same_bits() {
     for name in ["cuda", "hip"] {
         let Some(gpu) = common::open_gpu(name) else { continue };
         let seed = common::seed("every_grid_gives_the_same_bits");
-        let c = AttnCase::random(&mut SmallRng::seed_from_u64(seed), 3, 36 * 256 + 100);
-        let s = c.shape;
-        let mut want = vec![0f32; s.q_len()];
-        CpuBackend::new().attention(&c.q, &c.k_cache, &c.v_cache, s, c.pos0, c.scale, &mut want).unwrap();
-        let (dq, dkc, dvc) = (gpu.upload("attention", &c.q).unwrap(), gpu.upload("attention", &c.k_cache).unwrap(), gpu.upload("attention", &c.v_cache).unwrap());
-        let dpos = gpu.upload("attention", &[c.pos0 as u32]).unwrap();
-        for bound in [1, 256, 3000, 9000, c.pos0 + s.tokens, s.n_ctx] {
-            let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
-            let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
-            gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, c.scale, &mut part, &mut out).unwrap();
-            let mut got = vec![0f32; s.q_len()];
-            gpu.download("attention", &out, &mut got).unwrap();
-            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "{name}, seed {seed}: context bound {bound} of {}", c.pos0 + s.tokens);
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for heads in [(32, 4, 128), (12, 2, 64), (16, 1, 256)] {
+            let c = AttnCase::random_heads(&mut rng, 3, 36 * 256 + 100, heads);
+            let s = c.shape;
+            let mut want = vec![0f32; s.q_len()];
+            CpuBackend::new().attention(&c.q, &c.k_cache, &c.v_cache, s, c.pos0, c.scale, &mut want).unwrap();
+            let (dq, dkc, dvc) = (gpu.upload("attention", &c.q).unwrap(), gpu.upload("attention", &c.k_cache).unwrap(), gpu.upload("attention", &c.v_cache).unwrap());
+            let dpos = gpu.upload("attention", &[c.pos0 as u32]).unwrap();
+            let bands: Vec<usize> = (1..=attn_max_band(s.hd)).filter(|b| (s.n_q / s.n_kv) % b == 0).collect();
+            assert!(bands.len() > 1, "{heads:?} offers one band only");
+            for bound in [1, 256, 3000, 9000, c.pos0 + s.tokens, s.n_ctx] {
+                for &band in &bands {
+                    let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
+                    let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
+                    gpu.attention_queue_band(&dq, &dkc, &dvc, s, &dpos, bound, c.scale, band, &mut part, &mut out).unwrap();
+                    let mut got = vec![0f32; s.q_len()];
+                    gpu.download("attention", &out, &mut got).unwrap();
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{name}, seed {seed}, heads {heads:?}: context bound {bound} of {}, band {band}", c.pos0 + s.tokens);
+                }
+            }
         }
     }
 }
@@ -259,6 +269,10 @@ fn launchers_check_device_buffers() {
     let bound = c.pos0 + s.tokens;
     assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, &mut small_part, &mut out)));
     assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, &mut part, &mut short)));
+    // A band that does not divide the group, or wider than the widest, is a shape error.
+    for band in [0, s.n_q / s.n_kv + 1, attn_max_band(s.hd) + 1] {
+        assert!(is_shape(gpu.attention_queue_band(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, band, &mut part, &mut out)), "band {band}");
+    }
     gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, &mut part, &mut out).unwrap();
     let mut got = vec![0f32; s.q_len() + 3];
     gpu.download("attention", &out, &mut got).unwrap();

@@ -1,5 +1,6 @@
 // Attention of the decode step: attn_prep (per-head RMSNorm + RoPE, KV append as fp16),
-// attn_chunk (blocks per token and query head walking STRATA_ATTN_CHUNK-key chunks) and
+// attn_chunk (blocks per token and band of a KV group's query heads walking
+// STRATA_ATTN_CHUNK-key chunks) and
 // attn_merge (the chunks combined). The window's first position is read from *pos. Twin of
 // device/src/kernels/attention.rs; spec in gpu-shared/src/replica/attention.rs. Every name here
 // is attn_-prefixed: all .hip sources
@@ -86,69 +87,133 @@ STRATA_FN uint32_t attn_context_len(const uint32_t* pos, uint32_t t, uint32_t n_
 
 STRATA_FN uint32_t attn_n_chunks(uint32_t n_ctx) { return (n_ctx + STRATA_ATTN_CHUNK - 1) / STRATA_ATTN_CHUNK; }
 
-// Chunk c of a token's len keys for the query values qr of KV group g: the chunk's max, softmax
-// sum and weighted values into out (hd + 2 floats). Warp w scores keys w, w + 8, ... into
-// shared memory; the maximum from the warps' running maxima; thread i turns score i into its
-// softmax term; thread d < hd sums p_j * v_j[d] and p_j in key order. The whole block calls it.
-STRATA_FN void attn_one_chunk(const float* qr, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t n_kv, uint32_t hd, uint64_t g,
-                              uint32_t len, uint32_t c, float scale, float* out) {
+// Shared words of attn_chunk: the band's queries Q[heads][hd], the scores then softmax terms
+// S[heads][STRATA_ATTN_CHUNK], the warps' running maxima M[warp][heads].
+#define ATTN_Q_WORD 0u
+#define ATTN_S_WORD (ATTN_Q_WORD + STRATA_ATTN_MAX_BAND * STRATA_ATTN_MAX_HD)
+#define ATTN_M_WORD (ATTN_S_WORD + STRATA_ATTN_MAX_BAND * STRATA_ATTN_CHUNK)
+// The most heads of a band one thread sums values for (attn_max_band in gpu-shared).
+#define ATTN_SET_HEADS 4
+// Value rows a thread loads before adding their terms.
+#define ATTN_V_AHEAD 8
+
+STRATA_FN float attn_smem_f32(uint32_t word) { return __builtin_bit_cast(float, strata_smem[word]); }
+
+// Head h's maximum over the chunk's keys: the warps' running maxima.
+STRATA_FN float attn_head_max(uint32_t h) {
+  float m = attn_neg_inf();
+  for (uint32_t x = 0; x < ATTN_WARPS; x++) m = max_f32(m, attn_smem_f32(ATTN_M_WORD + x * STRATA_ATTN_MAX_BAND + h));
+  return m;
+}
+
+// Chunk c of token t's len keys for the band's heads h0 .. h0 + heads of KV group g (queries in
+// shared memory): each head's max, softmax sum and weighted values into its part slot. Warp w
+// scores keys w, w + 8, ... for every head; thread i turns key i's scores into softmax terms;
+// thread d of set r sums p_j * v_j[d] and p_j in key order for heads r, r + sets, ... The whole
+// block calls it.
+STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, uint32_t t, uint32_t h0, uint32_t heads, uint32_t n_q, uint32_t n_kv,
+                              uint32_t hd, uint64_t g, uint32_t len, uint32_t c, float scale, float* part, uint32_t n_chunks) {
   uint32_t start = c * STRATA_ATTN_CHUNK;
   uint32_t n = len - start < STRATA_ATTN_CHUNK ? len - start : STRATA_ATTN_CHUNK;
   uint64_t stride = (uint64_t)n_kv * hd;
   uint32_t l = lane(), w = warp_in_block(), tid = thread_idx(), per_lane = hd / 32;
   const uint16_t* keys = k_cache + start * stride + g * hd;
-  float warp_max = attn_neg_inf();
+  const uint16_t* values = v_cache + start * stride + g * hd;
+  // The chunk's key and value rows, asked of L2 at once.
+  uint32_t row_lines = (hd * 2 + 127) / 128;
+  for (uint32_t i = tid; i < n * row_lines; i += STRATA_ATTN_THREADS) {
+    uint64_t at = (uint64_t)(i / row_lines) * stride * 2 + (i % row_lines) * 128;
+    prefetch_l2((const uint8_t*)keys + at);
+    prefetch_l2((const uint8_t*)values + at);
+  }
+  // Lane h keeps the warp's running maximum of head h.
+  float lane_max = attn_neg_inf();
   for (uint32_t j = w; j < n; j += ATTN_WARPS) {
     const uint16_t* key = keys + j * stride;
-    float acc = 0.0f;
+    float k[ATTN_PER_LANE];
 #pragma unroll
-    for (uint32_t i = 0; i < ATTN_PER_LANE; i++)
-      if (i < per_lane) acc = acc + qr[i] * attn_ld_f16(key, l + 32 * i);
-    float s = scale * warp_sum_f32(acc);
-    if (l == 0) strata_smem[j] = __builtin_bit_cast(uint32_t, s);
-    warp_max = max_f32(warp_max, s);
-  }
-  if (l == 0) strata_smem[STRATA_ATTN_CHUNK + w] = __builtin_bit_cast(uint32_t, warp_max);
-  sync_threads();
-  float m = attn_neg_inf();
-  for (uint32_t i = 0; i < ATTN_WARPS; i++) m = max_f32(m, __builtin_bit_cast(float, strata_smem[STRATA_ATTN_CHUNK + i]));
-  if (tid < n) strata_smem[tid] = __builtin_bit_cast(uint32_t, exp_neg(__builtin_bit_cast(float, strata_smem[tid]) - m));
-  sync_threads();
-  if (tid < hd) {
-    const uint16_t* values = v_cache + start * stride + g * hd + tid;
-    float lsum = 0.0f, o = 0.0f;
-    for (uint32_t j = 0; j < n; j++) {
-      float p = __builtin_bit_cast(float, strata_smem[j]);
-      lsum = lsum + p;
-      o = o + p * attn_ld_f16(values, j * stride);
+    for (uint32_t i = 0; i < ATTN_PER_LANE; i++) k[i] = i < per_lane ? attn_ld_f16(key, l + 32 * i) : 0.0f;
+#pragma unroll
+    for (uint32_t h = 0; h < STRATA_ATTN_MAX_BAND; h++) {
+      if (h < heads) {
+        float acc = 0.0f;
+#pragma unroll
+        for (uint32_t i = 0; i < ATTN_PER_LANE; i++)
+          if (i < per_lane) acc = acc + attn_smem_f32(ATTN_Q_WORD + h * hd + l + 32 * i) * k[i];
+        float s = scale * warp_sum_f32(acc);
+        if (l == 0) strata_smem[ATTN_S_WORD + h * STRATA_ATTN_CHUNK + j] = __builtin_bit_cast(uint32_t, s);
+        if (l == h) lane_max = max_f32(lane_max, s);
+      }
     }
-    out[2 + tid] = o;
-    if (tid == 0) {
-      out[0] = m;
-      out[1] = lsum;
+  }
+  if (l < heads) strata_smem[ATTN_M_WORD + w * STRATA_ATTN_MAX_BAND + l] = __builtin_bit_cast(uint32_t, lane_max);
+  sync_threads();
+  if (tid < n) {
+    for (uint32_t h = 0; h < heads; h++) {
+      uint32_t at = ATTN_S_WORD + h * STRATA_ATTN_CHUNK + tid;
+      strata_smem[at] = __builtin_bit_cast(uint32_t, exp_neg(attn_smem_f32(at) - attn_head_max(h)));
+    }
+  }
+  sync_threads();
+  uint32_t sets = STRATA_ATTN_THREADS / hd, r = tid / hd, d = tid % hd;
+  if (r < heads) {
+    const uint16_t* vd = values + d;
+    float lsum[ATTN_SET_HEADS], o[ATTN_SET_HEADS];
+#pragma unroll
+    for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) lsum[x] = o[x] = 0.0f;
+    // Key j's terms, added in key order; ATTN_V_AHEAD values are loaded before their terms.
+    auto add = [&](uint32_t j, float v) {
+#pragma unroll
+      for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) {
+        uint32_t h = r + x * sets;
+        if (h < heads) {
+          float p = attn_smem_f32(ATTN_S_WORD + h * STRATA_ATTN_CHUNK + j);
+          lsum[x] = lsum[x] + p;
+          o[x] = o[x] + p * v;
+        }
+      }
+    };
+    uint32_t j = 0;
+    for (; j + ATTN_V_AHEAD <= n; j += ATTN_V_AHEAD) {
+      float v[ATTN_V_AHEAD];
+#pragma unroll
+      for (uint32_t u = 0; u < ATTN_V_AHEAD; u++) v[u] = attn_ld_f16(vd, (j + u) * stride);
+#pragma unroll
+      for (uint32_t u = 0; u < ATTN_V_AHEAD; u++) add(j + u, v[u]);
+    }
+    for (; j < n; j++) add(j, attn_ld_f16(vd, j * stride));
+#pragma unroll
+    for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) {
+      uint32_t h = r + x * sets;
+      if (h < heads) {
+        float* out = part + (((uint64_t)t * n_q + h0 + h) * n_chunks + c) * (hd + 2);
+        out[2 + d] = o[x];
+        if (d == 0) {
+          out[0] = attn_head_max(h);
+          out[1] = lsum[x];
+        }
+      }
     }
   }
 }
 
-// split blocks per (t, h): block (t * n_q + h) * split + s computes chunks s, s + split, ... of
-// the token's context, each into part (t * n_q + h) * n_chunks + c, n_chunks = ceil(n_ctx /
-// STRATA_ATTN_CHUNK).
+// split blocks per (t, band of heads consecutive query heads of one KV group): block
+// (t * (n_q / heads) + band) * split + s computes chunks s, s + split, ... of the token's
+// context for each head of the band, each into part (t * n_q + h) * n_chunks + c, n_chunks =
+// ceil(n_ctx / STRATA_ATTN_CHUNK).
 STRATA_KERNEL(attn_chunk)(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q, uint32_t n_kv,
-                          uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split, float* part) {
-  uint32_t b = block_idx();
-  if (b >= tokens * n_q * split) return;  // the whole block
-  uint32_t th = b / split, first = b % split;
-  uint32_t t = th / n_q, h = th % n_q;
+                          uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split, uint32_t heads, float* part) {
+  uint32_t bands = n_q / heads, b = block_idx();
+  if (b >= tokens * bands * split) return;  // the whole block
+  uint32_t tb = b / split, first = b % split;
+  uint32_t t = tb / bands, h0 = tb % bands * heads;
   uint32_t len = attn_context_len(pos, t, n_ctx), n_chunks = attn_n_chunks(n_ctx);
-  uint64_t g = h / (n_q / n_kv);
-  uint32_t l = lane(), per_lane = hd / 32;
-  const float* qh = q + (uint64_t)th * hd;
-  float qr[ATTN_PER_LANE];
-#pragma unroll
-  for (uint32_t i = 0; i < ATTN_PER_LANE; i++) qr[i] = i < per_lane ? attn_ld_f32(qh, l + 32 * i) : 0.0f;
+  uint64_t g = h0 / (n_q / n_kv);
+  const float* rows = q + ((uint64_t)t * n_q + h0) * hd;
+  for (uint32_t i = thread_idx(); i < heads * hd; i += STRATA_ATTN_THREADS) strata_smem[ATTN_Q_WORD + i] = ld_nc_u32((const uint8_t*)(rows + i));
   for (uint32_t c = first; c * STRATA_ATTN_CHUNK < len; c += split) {
-    attn_one_chunk(qr, k_cache, v_cache, n_kv, hd, g, len, c, scale, part + ((uint64_t)th * n_chunks + c) * (hd + 2));
-    sync_threads();  // the next chunk reuses the shared words
+    sync_threads();  // the queries are in; the previous chunk's readers are done
+    attn_one_chunk(k_cache, v_cache, t, h0, heads, n_q, n_kv, hd, g, len, c, scale, part, n_chunks);
   }
 }
 

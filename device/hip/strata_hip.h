@@ -108,6 +108,13 @@ STRATA_FN int32_t warp_sum_i32(int32_t v) {
   return v;
 }
 
+// ---- L2 prefetch: a hint (no value read, no fault); AMD has no such instruction ----------------
+#if STRATA_NVIDIA
+STRATA_FN void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+#else
+STRATA_FN void prefetch_l2(const void*) {}
+#endif
+
 // ---- integer SIMD ----------------------------------------------------------------------------
 #if STRATA_NVIDIA
 STRATA_FN uint32_t popc(uint32_t v) { return __popc(v); }

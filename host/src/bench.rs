@@ -391,6 +391,10 @@ pub struct AttnRow {
     pub backend: &'static str,
     pub depth: usize,
     pub tokens: usize,
+    /// Query heads per `attn_chunk` block (the step's rule's, or the one asked for).
+    pub band: usize,
+    /// Whether `band` is the one the step's rule picks for this window and depth.
+    pub rule: bool,
     /// Microseconds of one layer's attention (`attn_chunk` + `attn_merge`) for the window.
     pub us: f64,
     /// The f16 keys and values the window attends to (positions `0..depth + tokens` of the
@@ -401,10 +405,21 @@ pub struct AttnRow {
 /// A layer's attention (`attention_queue`, as the decode step launches it) for windows of
 /// `tokens` at `depth`, heads `(n_q, n_kv, hd)`, over random f16 caches of `depth + tokens`
 /// positions; two layers' caches alternate, so that the keys and values are read cold once they
-/// exceed half the L2; median of `rounds`.
-pub fn attention(g: &GpuBackend, (n_q, n_kv, hd): (usize, usize, usize), depths: &[usize], token_counts: &[usize], rounds: usize, seed: u64) -> Result<Vec<AttnRow>> {
+/// exceed half the L2; median of `rounds`. `bands`: query heads per `attn_chunk` block to
+/// measure (0: the step's rule; bands that do not divide the group are skipped).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    g: &GpuBackend,
+    (n_q, n_kv, hd): (usize, usize, usize),
+    depths: &[usize],
+    token_counts: &[usize],
+    bands: &[usize],
+    rounds: usize,
+    seed: u64,
+) -> Result<Vec<AttnRow>> {
     use crate::ops::attention::{attn_part_len, AttnShape};
     use strata_gpu_shared::f16::f32_to_f16;
+    use strata_gpu_shared::launch::attention::attn_max_band;
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut rows = Vec::new();
     for &depth in depths {
@@ -423,14 +438,22 @@ pub fn attention(g: &GpuBackend, (n_q, n_kv, hd): (usize, usize, usize), depths:
             let mut part = g.scratch::<f32>("bench attention", attn_part_len(shape))?;
             let mut out = g.scratch::<f32>("bench attention", shape.q_len())?;
             let scale = (1.0 / (hd as f64).sqrt()) as f32;
-            let mut i = 0;
-            let us = median_us(g, rounds, || {
-                i += 1;
-                let (k, v) = &layers[i % 2];
-                g.attention_queue(&q, k, v, shape, &pos, depth + t, scale, &mut part, &mut out)
-            })?;
-            let bytes = ((depth + t) * n_kv * hd * 2 * 2) as f64;
-            rows.push(AttnRow { backend: g.name_static(), depth, tokens: t, us, gbps: bytes / (us * 1e-6) / 1e9 });
+            let rule = g.attn_band(shape, depth + t);
+            let mut seen = Vec::new();
+            for band in bands.iter().map(|&b| if b == 0 { rule } else { b }) {
+                if seen.contains(&band) || (n_q / n_kv) % band != 0 || band > attn_max_band(hd) {
+                    continue;
+                }
+                seen.push(band);
+                let mut i = 0;
+                let us = median_us(g, rounds, || {
+                    i += 1;
+                    let (k, v) = &layers[i % 2];
+                    g.attention_queue_band(&q, k, v, shape, &pos, depth + t, scale, band, &mut part, &mut out)
+                })?;
+                let bytes = ((depth + t) * n_kv * hd * 2 * 2) as f64;
+                rows.push(AttnRow { backend: g.name_static(), depth, tokens: t, band, rule: band == rule, us, gbps: bytes / (us * 1e-6) / 1e9 });
+            }
         }
     }
     Ok(rows)

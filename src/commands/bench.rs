@@ -158,6 +158,10 @@ pub struct AttentionArgs {
     /// Window sizes (tokens), comma-separated (1..8).
     #[arg(long, default_value = "1,4,8")]
     pub tokens: String,
+    /// Query heads per `attn_chunk` block, comma-separated: `rule` (what the decode step
+    /// launches) or a count (1..8 dividing the KV group; others are skipped).
+    #[arg(long, default_value = "rule")]
+    pub bands: String,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -618,18 +622,30 @@ fn attention(a: &AttentionArgs) -> anyhow::Result<ExitCode> {
     })?;
     let depths = list(&a.depths, "depth", |d| d.parse::<usize>().ok())?;
     let tokens = list(&a.tokens, "token count (1..8)", |t| t.parse().ok().filter(|t| (1..=8).contains(t)))?;
+    let bands = list(&a.bands, "band (rule or 1..8)", |b| if b == "rule" { Some(0) } else { b.parse().ok().filter(|b| (1..=8).contains(b)) })?;
     let found = Available::open(a.run.device);
     let gpus = open_gpus(&found, &a.run.backends)?;
     let copy = bench::copy_bandwidth(gpus[0], 1 << 30, 5)?;
     println!("device-to-device copy: {copy:.0} GB/s (1 GiB, read + write bytes, median of 5)");
-    println!("{:<12} {:>6} {:>2} {:<4} {:>9} {:>7} {:>5}", "heads", "depth", "T", "be", "us", "GB/s", "%copy");
+    println!("{:<12} {:>6} {:>2} {:>5} {:<4} {:>9} {:>7} {:>5}", "heads", "depth", "T", "band", "be", "us", "GB/s", "%copy");
     for &(n_q, n_kv, hd) in &heads {
         for g in &gpus {
             eprint!("\rbench attention: {n_q}/{n_kv}/{hd} on {}...        ", g.name_static());
-            let rows = bench::attention(g, (n_q, n_kv, hd), &depths, &tokens, a.run.rounds, 1)?;
+            let rows = bench::attention(g, (n_q, n_kv, hd), &depths, &tokens, &bands, a.run.rounds, 1)?;
             eprint!("\r{:60}\r", "");
             for r in rows {
-                println!("{:<12} {:>6} {:>2} {:<4} {:>9.2} {:>7.0} {:>5.1}", format!("{n_q}/{n_kv}/{hd}"), r.depth, r.tokens, r.backend, r.us, r.gbps, 100.0 * r.gbps / copy);
+                let band = format!("{}{}", r.band, if r.rule { "*" } else { "" });
+                println!(
+                    "{:<12} {:>6} {:>2} {:>5} {:<4} {:>9.2} {:>7.0} {:>5.1}",
+                    format!("{n_q}/{n_kv}/{hd}"),
+                    r.depth,
+                    r.tokens,
+                    band,
+                    r.backend,
+                    r.us,
+                    r.gbps,
+                    100.0 * r.gbps / copy
+                );
             }
         }
     }

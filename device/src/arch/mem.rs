@@ -43,6 +43,14 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// Asks L2 to fetch the 128-byte line holding `p` (a hint: it reads nothing into registers,
+/// changes no value and does not fault).
+#[inline(always)]
+pub fn prefetch_l2(p: *const u8) {
+    // SAFETY: a prefetch writes nothing visible and does not fault.
+    unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) p, options(nostack, readonly, preserves_flags)) };
+}
+
 /// Asks L2 to fetch the 128-byte lines of `bytes` bytes at `start`, spread over the warp's
 /// lanes (every lane calls it with the same range). A hint: it reads nothing into registers and
 /// changes no value, so a kernel calls it on its constant weights before `sync::chain_grids`,
@@ -53,9 +61,7 @@ pub fn prefetch_l2_warp(start: *const u8, bytes: usize) {
     // line, so these addresses reach every line of the range; the last is clamped into it.
     let mut off = 128 * crate::arch::index::lane() as usize;
     while off < bytes + 127 && bytes > 0 {
-        // SAFETY: a prefetch does not fault and writes nothing visible; the address is in the
-        // caller's range.
-        unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) start.wrapping_add(off.min(bytes - 1)), options(nostack, readonly, preserves_flags)) };
+        prefetch_l2(start.wrapping_add(off.min(bytes - 1)));
         off += 128 * 32;
     }
 }

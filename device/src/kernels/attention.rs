@@ -1,17 +1,22 @@
 //! Attention of the decode step over a window of tokens at absolute positions `pos0 ..`, where
 //! `pos0` is read from device memory (`*pos`) so that a captured launch serves every step:
 //! `attn_prep` (per-head RMSNorm + RoPE of q and k, k and v appended to the fp16 cache),
-//! `attn_chunk` (one block per token, query head and `ATTN_CHUNK` key positions: the chunk's
-//! max, softmax sum and weighted values) and `attn_merge` (one block per token and query head:
+//! `attn_chunk` (blocks per token and band of one KV group's query heads, walking
+//! `ATTN_CHUNK`-key chunks: each head's max, softmax sum and weighted values per chunk) and `attn_merge` (one block per token and query head:
 //! the chunks combined). Chunks start at absolute multiples of `ATTN_CHUNK` and every sum runs
 //! in position order, so a token's result does not depend on its window. Spec:
 //! `strata_gpu_shared::replica::attention` (module doc).
 use crate::arch::mem::Smem;
 use crate::arch::{convert, index, mem, sync, warp};
-use strata_gpu_shared::launch::attention::{ATTN_CHUNK, ATTN_PREP_WARPS, ATTN_THREADS};
+use strata_gpu_shared::launch::attention::{ATTN_CHUNK, ATTN_CHUNK_SMEM_WORDS, ATTN_MAX_BAND, ATTN_MAX_HD, ATTN_PREP_WARPS, ATTN_SET_HEADS, ATTN_THREADS};
+
+// The unrolled lists below name every head of a band and of a thread's set.
+const _: () = assert!(ATTN_MAX_BAND == 8 && ATTN_SET_HEADS == 4);
 use strata_gpu_shared::math::exp_neg;
 
 const WARPS: u32 = ATTN_THREADS / 32;
+/// Value rows a thread of `attn_chunk` loads before adding their terms.
+const ATTN_V_AHEAD: u32 = 8;
 /// Loads in flight per lane in the per-head norm: a 128-value head is one memory latency.
 const ATTN_NORM_AHEAD: usize = 4;
 
@@ -141,21 +146,27 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
     }
 }
 
-/// `split` blocks per (token `t`, query head `h`), block index `(t * n_q + h) * split + s`;
-/// block `s` computes chunks `s, s + split, ...` of the token's context, each into part
-/// `(t * n_q + h) * n_chunks + c` (which block computes a chunk does not change its bits).
-/// Per chunk: warp `w` scores keys `w, w + 8, ...` of the chunk (lane `p` keeps the query values
-/// `p, p + 32, ...` in registers; the butterfly sums the 32 partials) into shared memory; the
-/// maximum from the warps' running maxima; thread `i` turns score `i` into its softmax term;
-/// then thread `d < hd` sums `p_j * v_j[d]` and `p_j` over the chunk's keys in order (every
-/// such thread sums `l` alike; thread 0 writes it with `m`).
+/// `split` blocks per (token `t`, band of `heads` consecutive query heads of one KV group),
+/// block index `(t * (n_q / heads) + band) * split + s`; block `s` computes chunks `s, s + split,
+/// ...` of the token's context for each of its heads, each into part `(t * n_q + h) * n_chunks
+/// + c` (which block computes a chunk, and with which heads, does not change its bits). A band
+/// reads each key and value of its chunks once for all its heads: with `heads` = the group's
+/// query heads, the cache is read once per token instead of once per query head.
+///
+/// Per chunk: warp `w` scores keys `w, w + 8, ...` of the chunk for every head of the band (lane
+/// `p` sums `q[p + 32 i] * k[p + 32 i]` over `i` left to right; the butterfly sums the 32
+/// partials) into shared memory; each head's maximum from the warps' running maxima; thread `i`
+/// turns key `i`'s scores into softmax terms; then thread `d` of set `r` (`ATTN_THREADS / hd`
+/// sets) sums `p_j * v_j[d]` and `p_j` over the chunk's keys in order for heads `r, r + sets,
+/// ...` of the band (the thread with `d = 0` writes each head's `m` and `l`).
 ///
 /// # Safety
 /// `q`: `tokens * n_q * hd` f32; the caches hold `n_ctx` positions (`n_kv * hd` u16 each),
 /// those before `*pos + tokens` written; `part`: `tokens * n_q * n_chunks * (hd + 2)` f32 with
 /// `n_chunks = ceil(n_ctx / ATTN_CHUNK)`; `split >= 1`; `hd` a multiple of 32, at most
-/// `ATTN_MAX_HD`; `n_q` a multiple of `n_kv`; `ATTN_CHUNK_SMEM_WORDS` words of shared memory.
-/// Keys past the caches' positions are never read: a token's context is clamped to them.
+/// `ATTN_MAX_HD`; `n_q` a multiple of `n_kv`, `heads` (at most `ATTN_MAX_BAND`) dividing
+/// `n_q / n_kv` and at most `attn_max_band(hd)`; `ATTN_CHUNK_SMEM_WORDS` words of shared memory. Keys past the caches'
+/// positions are never read: a token's context is clamped to them.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn attn_chunk(
@@ -170,32 +181,173 @@ pub unsafe extern "ptx-kernel" fn attn_chunk(
     scale: f32,
     n_ctx: u32,
     split: u32,
+    heads: u32,
     part: *mut f32,
 ) {
     crate::arch::sync::chain_grids();
+    let bands = n_q / heads;
     let b = index::block_idx();
-    if b >= tokens * n_q * split {
+    if b >= tokens * bands * split {
         return; // the whole block
     }
-    let (th, first) = (b / split, b % split);
-    let (t, h) = (th / n_q, th % n_q);
+    let (tb, first) = (b / split, b % split);
+    let (t, h0) = (tb / bands, tb % bands * heads);
+    let band = Band { t, h0, heads, g: (h0 / (n_q / n_kv)) as usize, n_q, n_kv, hd };
     let (len, n_chunks) = (context_len(pos, t, n_ctx), n_ctx.div_ceil(ATTN_CHUNK as u32));
-    let g = (h / (n_q / n_kv)) as usize;
-    let (hdu, lane) = (hd as usize, index::lane());
-    let per_lane = hd / 32;
-    let qh = q.add(th as usize * hdu);
-    let mut qr = [0.0f32; 8];
-    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-        if (i as u32) < per_lane {
-            qr[i] = mem::ld_nc_f32(qh, lane as usize + 32 * i);
-        }
-    });
+    // The band's query rows, consecutive in `q`, into shared memory (read by every warp).
+    let smem = Smem::dynamic();
+    let rows = q.add((t * n_q + h0) as usize * hd as usize);
+    let mut i = index::thread_idx();
+    while i < heads * hd {
+        smem.st_u32(Q_WORD + i, mem::ld_nc_u32(rows.add(i as usize) as *const u8));
+        i += ATTN_THREADS;
+    }
     let mut c = first;
     while c * (ATTN_CHUNK as u32) < len {
-        let out = part.add((th as usize * n_chunks as usize + c as usize) * (hdu + 2));
-        chunk(&qr, k_cache, v_cache, n_kv, hd, g, len, c, scale, out);
+        sync::sync_threads(); // the queries are in; the previous chunk's readers are done
+        band.chunk(smem, k_cache, v_cache, len, c, scale, part, n_chunks);
         c += split;
-        sync::sync_threads(); // the next chunk reuses the shared words
+    }
+}
+
+/// Shared words of `attn_chunk`: the band's queries `Q[heads][hd]` from `Q_WORD`, the scores
+/// then softmax terms `S[heads][ATTN_CHUNK]` from `S_WORD`, the warps' running maxima
+/// `M[warp][heads]` from `M_WORD`.
+const Q_WORD: u32 = 0;
+const S_WORD: u32 = Q_WORD + (ATTN_MAX_BAND * ATTN_MAX_HD) as u32;
+const M_WORD: u32 = S_WORD + (ATTN_MAX_BAND * ATTN_CHUNK) as u32;
+const _: () = assert!(M_WORD + WARPS * ATTN_MAX_BAND as u32 <= ATTN_CHUNK_SMEM_WORDS);
+
+/// The query heads `h0 .. h0 + heads` of token `t`, all of KV group `g`.
+struct Band {
+    t: u32,
+    h0: u32,
+    heads: u32,
+    g: usize,
+    n_q: u32,
+    n_kv: u32,
+    hd: u32,
+}
+
+impl Band {
+    /// One chunk `c` of the token's `len` keys, each head's max, softmax sum and weighted values
+    /// into its part slot. The whole block calls it.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn chunk(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, part: *mut f32, n_chunks: u32) {
+        let start = c * ATTN_CHUNK as u32;
+        let n = (len - start).min(ATTN_CHUNK as u32);
+        let (hd, heads) = (self.hd, self.heads);
+        let stride = self.n_kv as usize * hd as usize;
+        let (lane, w, tid) = (index::lane(), index::warp_in_block(), index::thread_idx());
+        let per_lane = hd / 32;
+        let keys = k_cache.add(start as usize * stride + self.g * hd as usize);
+        let values = v_cache.add(start as usize * stride + self.g * hd as usize);
+        // The chunk's key and value rows, asked of L2 at once: the loops below then wait on L2,
+        // not DRAM, for each key and value they load.
+        let row_lines = (hd as usize * 2).div_ceil(128);
+        let mut i = tid as usize;
+        while i < n as usize * row_lines {
+            let at = (i / row_lines) * stride * 2 + (i % row_lines) * 128;
+            mem::prefetch_l2((keys as *const u8).wrapping_add(at));
+            mem::prefetch_l2((values as *const u8).wrapping_add(at));
+            i += ATTN_THREADS as usize;
+        }
+        // Lane h keeps the warp's running maximum of head h (one register, not one a head).
+        let mut lane_max = f32::NEG_INFINITY;
+        let mut j = w;
+        while j < n {
+            let key = keys.add(j as usize * stride);
+            let mut k = [0.0f32; ATTN_MAX_HD / 32];
+            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if (i as u32) < per_lane {
+                    k[i] = ld_f16(key, lane as usize + 32 * i);
+                }
+            });
+            crate::unroll!(h in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if (h as u32) < heads {
+                    let mut acc = 0.0f32;
+                    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        if (i as u32) < per_lane {
+                            let qv = f32::from_bits(smem.ld_u32(Q_WORD + h as u32 * hd + lane + 32 * i as u32));
+                            acc += qv * k[i];
+                        }
+                    });
+                    let s = scale * warp::warp_sum_f32(acc);
+                    if lane == 0 {
+                        smem.st_u32(S_WORD + h as u32 * ATTN_CHUNK as u32 + j, s.to_bits());
+                    }
+                    if lane == h as u32 {
+                        lane_max = lane_max.max(s);
+                    }
+                }
+            });
+            j += WARPS;
+        }
+        if lane < heads {
+            smem.st_u32(M_WORD + w * ATTN_MAX_BAND as u32 + lane, lane_max.to_bits());
+        }
+        sync::sync_threads();
+        if tid < n {
+            for h in 0..heads {
+                let mut m = f32::NEG_INFINITY;
+                for x in 0..WARPS {
+                    m = m.max(f32::from_bits(smem.ld_u32(M_WORD + x * ATTN_MAX_BAND as u32 + h)));
+                }
+                let at = S_WORD + h * ATTN_CHUNK as u32 + tid;
+                smem.st_u32(at, exp_neg(f32::from_bits(smem.ld_u32(at)) - m).to_bits());
+            }
+        }
+        sync::sync_threads();
+        // Thread (set r, value d): heads r, r + sets, ... of the band.
+        let sets = ATTN_THREADS / hd;
+        let (r, d) = (tid / hd, tid % hd);
+        if r < heads {
+            let values = values.add(d as usize);
+            let (mut l, mut o) = ([0.0f32; ATTN_SET_HEADS], [0.0f32; ATTN_SET_HEADS]);
+            // Key j's terms, added in key order; `ATTN_V_AHEAD` values loaded before their
+            // terms are added keep that many loads in flight.
+            let mut add = |j: u32, v: f32| {
+                crate::unroll!(x in [0, 1, 2, 3] {
+                    let h = r + x as u32 * sets;
+                    if h < heads {
+                        let p = f32::from_bits(smem.ld_u32(S_WORD + h * ATTN_CHUNK as u32 + j));
+                        l[x] += p;
+                        o[x] += p * v;
+                    }
+                });
+            };
+            let mut j = 0;
+            while j + ATTN_V_AHEAD <= n {
+                let mut v = [0.0f32; ATTN_V_AHEAD as usize];
+                for (u, v) in v.iter_mut().enumerate() {
+                    *v = ld_f16(values, (j as usize + u) * stride);
+                }
+                for (u, &v) in v.iter().enumerate() {
+                    add(j + u as u32, v);
+                }
+                j += ATTN_V_AHEAD;
+            }
+            while j < n {
+                add(j, ld_f16(values, j as usize * stride));
+                j += 1;
+            }
+            crate::unroll!(x in [0, 1, 2, 3] {
+                let h = r + x as u32 * sets;
+                if h < heads {
+                    let out = part.add((((self.t * self.n_q + self.h0 + h) * n_chunks + c) * (hd + 2)) as usize);
+                    mem::st_f32(out.add(2 + d as usize), o[x]);
+                    if d == 0 {
+                        let mut m = f32::NEG_INFINITY;
+                        for x in 0..WARPS {
+                            m = m.max(f32::from_bits(smem.ld_u32(M_WORD + x * ATTN_MAX_BAND as u32 + h)));
+                        }
+                        mem::st_f32(out, m);
+                        mem::st_f32(out.add(1), l[x]);
+                    }
+                }
+            });
+        }
     }
 }
 
@@ -205,64 +357,6 @@ pub unsafe extern "ptx-kernel" fn attn_chunk(
 unsafe fn context_len(pos: *const u32, t: u32, n_ctx: u32) -> u32 {
     let len = mem::ld_nc_u32(pos as *const u8) as u64 + t as u64 + 1;
     len.min(n_ctx as u64) as u32
-}
-
-/// One chunk `c` of a token's `len` keys for the query values `qr` of KV group `g`: the
-/// chunk's max, softmax sum and weighted values into `out` (`hd + 2` f32). The whole block
-/// calls it.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn chunk(qr: &[f32; 8], k_cache: *const u16, v_cache: *const u16, n_kv: u32, hd: u32, g: usize, len: u32, c: u32, scale: f32, out: *mut f32) {
-    let start = c * ATTN_CHUNK as u32;
-    let n = (len - start).min(ATTN_CHUNK as u32);
-    let (hdu, stride) = (hd as usize, n_kv as usize * hd as usize);
-    let (lane, w, tid) = (index::lane(), index::warp_in_block(), index::thread_idx());
-    let per_lane = hd / 32;
-    let smem = Smem::dynamic();
-    let keys = k_cache.add(start as usize * stride + g * hdu);
-    let mut warp_max = f32::NEG_INFINITY;
-    let mut j = w;
-    while j < n {
-        let key = keys.add(j as usize * stride);
-        let mut acc = 0.0f32;
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-            if (i as u32) < per_lane {
-                acc += qr[i] * ld_f16(key, lane as usize + 32 * i);
-            }
-        });
-        let s = scale * warp::warp_sum_f32(acc);
-        if lane == 0 {
-            smem.st_u32(j, s.to_bits());
-        }
-        warp_max = warp_max.max(s);
-        j += WARPS;
-    }
-    if lane == 0 {
-        smem.st_u32(ATTN_CHUNK as u32 + w, warp_max.to_bits());
-    }
-    sync::sync_threads();
-    let mut m = f32::NEG_INFINITY;
-    for i in 0..WARPS {
-        m = m.max(f32::from_bits(smem.ld_u32(ATTN_CHUNK as u32 + i)));
-    }
-    if tid < n {
-        smem.st_u32(tid, exp_neg(f32::from_bits(smem.ld_u32(tid)) - m).to_bits());
-    }
-    sync::sync_threads();
-    if tid < hd {
-        let values = v_cache.add(start as usize * stride + g * hdu + tid as usize);
-        let (mut l, mut o) = (0.0f32, 0.0f32);
-        for j in 0..n {
-            let p = f32::from_bits(smem.ld_u32(j));
-            l += p;
-            o += p * ld_f16(values, j as usize * stride);
-        }
-        mem::st_f32(out.add(2 + tid as usize), o);
-        if tid == 0 {
-            mem::st_f32(out, m);
-            mem::st_f32(out.add(1), l);
-        }
-    }
 }
 
 /// One block per (token `t`, query head `h`), thread `d < hd`: the token's

@@ -13,7 +13,7 @@ use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
 use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
-use crate::arch::{index, mem, sync, warp};
+use crate::arch::{index, sync, warp};
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::launch::{EXPDEC_ENTRIES, MOE_GU_ROWS};
 use strata_gpu_shared::moe;
@@ -81,21 +81,13 @@ unsafe fn expdec_gu<F: Block, const R: usize>(
     let row_bytes = (groups / F::GROUPS) as usize * F::BYTES;
     let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
     let entries = table.add(moe::entries(n as usize) + start as usize);
-    let warp = index::warp_in_block();
-    let rows_per_warp = rb / WARPS;
-    let first = warp * rows_per_warp; // this warp's first row in the block, inside one chunk
-    if first < mine * MOE_GU_ROWS {
-        // The warp's gate and up rows (consecutive), asked of L2 at once: each pass's row loop
-        // then waits on L2 for a group, not on DRAM, and the staging below overlaps the fetch.
-        let rows = rows_per_warp.min(mine * MOE_GU_ROWS - first) as usize;
-        let at = (chunk0 * MOE_GU_ROWS + first) as usize * row_bytes;
-        mem::prefetch_l2_warp(gate.add(at), rows * row_bytes);
-        mem::prefetch_l2_warp(up.add(at), rows * row_bytes);
-    }
     let smem = Smem::dynamic();
     let h_base = stage_words(groups);
     // Staged before the first pass; that pass's post-staging barrier orders it.
     let grid = stage_grid::<F>(smem, h_base + EXPDEC_ENTRIES * rb);
+    let warp = index::warp_in_block();
+    let rows_per_warp = rb / WARPS;
+    let first = warp * rows_per_warp; // this warp's first row in the block, inside one chunk
     let mut pass = 0;
     while pass < count {
         if pass > 0 {

@@ -33,14 +33,56 @@ pub const ATTN_PREP_WARPS: u32 = 4;
 pub const ATTN_MAX_HD: usize = 256;
 const _: () = assert!(ATTN_MAX_HD <= ATTN_THREADS as usize && ATTN_CHUNK == ATTN_THREADS as usize);
 
-/// Shared words of an `attn_chunk` block: one score (then softmax term) per key of the chunk,
-/// then one running maximum per warp.
-pub const ATTN_CHUNK_SMEM_WORDS: u32 = ATTN_CHUNK as u32 + ATTN_THREADS / 32;
+/// The most query heads one `attn_chunk` block computes (a band of one KV group's heads, which
+/// read each key and value of the group once).
+pub const ATTN_MAX_BAND: usize = 8;
+
+/// The most heads of a band one `attn_chunk` thread sums values for: the block's threads form
+/// `ATTN_THREADS / hd` sets, each taking every such head of the band (registers: two
+/// accumulators a head).
+pub const ATTN_SET_HEADS: usize = 4;
+
+/// The widest band for heads of `hd` values: at most [`ATTN_MAX_BAND`], and at most
+/// [`ATTN_SET_HEADS`] heads for each of the block's thread sets.
+pub const fn attn_max_band(hd: usize) -> usize {
+    let by_sets = ATTN_SET_HEADS * (ATTN_THREADS as usize / hd);
+    if by_sets < ATTN_MAX_BAND {
+        by_sets
+    } else {
+        ATTN_MAX_BAND
+    }
+}
+
+/// Shared words of an `attn_chunk` block: the band's queries (`ATTN_MAX_BAND x ATTN_MAX_HD`),
+/// one score (then softmax term) per head and key of the chunk, one running maximum per warp
+/// and head.
+pub const ATTN_CHUNK_SMEM_WORDS: u32 = (ATTN_MAX_BAND * (ATTN_MAX_HD + ATTN_CHUNK)) as u32 + ATTN_THREADS / 32 * ATTN_MAX_BAND as u32;
+
+/// Query heads per `attn_chunk` block: the most (a divisor of the group's `n_q / n_kv`, at most
+/// [`attn_max_band`]) whose grid of `tokens * (n_q / band) * split` blocks still has at least
+/// `min_blocks`, else 1. A wider band reads the keys and values fewer times but leaves fewer
+/// blocks to spread over the SMs; any band gives the same bits.
+pub const fn attn_band(n_q: usize, n_kv: usize, hd: usize, tokens: usize, split: usize, min_blocks: usize) -> usize {
+    let group = n_q / n_kv;
+    let widest = attn_max_band(hd);
+    let mut band = if group < widest { group } else { widest };
+    while band > 1 {
+        if group % band == 0 && tokens * (n_q / band) * split >= min_blocks {
+            return band;
+        }
+        band -= 1;
+    }
+    1
+}
+
+/// [`attn_band`]'s `min_blocks` per SM of the device.
+pub const ATTN_BAND_BLOCKS_PER_SM: usize = 2;
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
 pub const BOUNDS: [Bounds; 3] = [
     Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 8, smem_bytes: 0 },
-    Bounds { kernel: "attn_chunk", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
+    // 3 blocks: 85 registers a thread, what a band of 8 heads needs without spilling.
+    Bounds { kernel: "attn_chunk", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
     Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 0 },
 ];
 
@@ -50,9 +92,33 @@ pub const GEOMETRY: &[(&str, usize)] = &[
     ("ATTN_THREADS", ATTN_THREADS as usize),
     ("ATTN_PREP_WARPS", ATTN_PREP_WARPS as usize),
     ("ATTN_MAX_HD", ATTN_MAX_HD),
+    ("ATTN_MAX_BAND", ATTN_MAX_BAND),
 ];
 
 /// Chunks of `ATTN_CHUNK` positions covering `len` keys.
 pub const fn attn_chunks(len: usize) -> usize {
     len.div_ceil(ATTN_CHUNK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn band_is_the_widest_divisor_that_keeps_the_blocks() {
+        // 30b-a3b heads (8 a group), one token: depth 32768 (split 128) takes the whole group,
+        // depth 8192 (split 32) two heads a block at 264 blocks, depth 0 one.
+        assert_eq!(attn_band(32, 4, 128, 1, 128, 264), 8);
+        assert_eq!(attn_band(32, 4, 128, 1, 32, 264), 2);
+        assert_eq!(attn_band(32, 4, 128, 1, 1, 264), 1);
+        // Bands divide the group: 6 heads a group, at most 8 a band.
+        assert_eq!(attn_band(12, 2, 128, 8, 256, 1), 6);
+        assert_eq!(attn_band(12, 2, 128, 1, 64, 200), 3);
+        // Groups wider than a band: 16 a group gives at most 8, and 4 for 256-value heads
+        // (one thread set of four heads).
+        assert_eq!(attn_band(16, 1, 128, 1, 256, 1), 8);
+        assert_eq!(attn_band(16, 1, 256, 1, 256, 1), 4);
+        assert_eq!(attn_max_band(64), 8);
+        assert_eq!(attn_band(4, 4, 128, 1, 256, 1), 1);
+    }
 }

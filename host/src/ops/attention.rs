@@ -12,7 +12,7 @@ use crate::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
-use strata_gpu_shared::launch::attention::{attn_chunks, attn_split, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
+use strata_gpu_shared::launch::attention::{attn_band, attn_chunks, attn_split, attn_max_band, ATTN_BAND_BLOCKS_PER_SM, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
 use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
 
 const PREP: &str = "attn_prep";
@@ -314,7 +314,7 @@ impl GpuBackend {
     /// shape), then `attn_merge` into `out`; buffers may be longer than the shape needs. The grid
     /// is sized for contexts of up to `ctx_bound` keys ([`attn_split`]): every position gives
     /// the same bits whatever `ctx_bound` is, a shorter bound only makes each block walk more
-    /// chunks.
+    /// chunks. Each block computes a band of query heads ([`Self::attn_band`]).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_queue(
         &self,
@@ -328,19 +328,50 @@ impl GpuBackend {
         part: &mut CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
+        let band = self.attn_band(shape, ctx_bound);
+        self.attention_queue_band(q, k_cache, v_cache, shape, pos, ctx_bound, scale, band, part, out)
+    }
+
+    /// The query heads per `attn_chunk` block the step launches for `shape` and `ctx_bound`:
+    /// [`attn_band`] at [`ATTN_BAND_BLOCKS_PER_SM`] blocks per SM.
+    pub fn attn_band(&self, shape: AttnShape, ctx_bound: usize) -> usize {
+        let split = attn_split(ctx_bound.min(shape.n_ctx));
+        attn_band(shape.n_q, shape.n_kv, shape.hd, shape.tokens, split, ATTN_BAND_BLOCKS_PER_SM * self.info().sm_count.max(1) as usize)
+    }
+
+    /// As [`Self::attention_queue`] with `band` query heads per `attn_chunk` block (a divisor of
+    /// the group's `n_q / n_kv`, at most [`attn_max_band`]; benches and tests compare them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_queue_band(
+        &self,
+        q: &CudaSlice<f32>,
+        k_cache: &CudaSlice<u16>,
+        v_cache: &CudaSlice<u16>,
+        shape: AttnShape,
+        pos: &CudaSlice<u32>,
+        ctx_bound: usize,
+        scale: f32,
+        band: usize,
+        part: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
         check_attention(shape, 0, [q.len(), k_cache.len(), v_cache.len(), out.len()], false)?;
         let s = shape;
         check_lens(CHUNK, &[("part", part.len(), attn_part_len(s)), ("pos", pos.len(), 1)], false)?;
+        if band == 0 || band > attn_max_band(s.hd) || (s.n_q / s.n_kv) % band != 0 {
+            let detail = format!("a band of {band} query heads does not divide a group of {} (at most {} for {}-value heads)", s.n_q / s.n_kv, attn_max_band(s.hd), s.hd);
+            return Err(Error::Shape { kernel: CHUNK, detail });
+        }
         let split = attn_split(ctx_bound.min(s.n_ctx));
-        let (tokens, n_q, n_kv, hd, n_ctx, split_u) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_ctx as u32, split as u32);
+        let (tokens, n_q, n_kv, hd, n_ctx, split_u, band_u) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_ctx as u32, split as u32, band as u32);
         let mut a = self.builder(CHUNK);
-        a.arg(q).arg(k_cache).arg(v_cache).arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(pos).arg(&scale).arg(&n_ctx).arg(&split_u);
+        a.arg(q).arg(k_cache).arg(v_cache).arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(pos).arg(&scale).arg(&n_ctx).arg(&split_u).arg(&band_u);
         a.arg(&mut *part);
         // SAFETY (both): each kernel's parameters in order over the buffers checked above, the
-        // chunk kernel's shared memory from BOUNDS; contexts are clamped to the caches'
-        // `n_ctx` positions; blocks past the window's (token, head, split) triples or (token,
-        // head) pairs return at once, so padded grids are covered.
-        unsafe { self.launch_async(CHUNK, self.padded_grid(CHUNK, (s.tokens * s.n_q * split) as u32), a) }?;
+        // chunk kernel's shared memory from BOUNDS, a band dividing the group; contexts are
+        // clamped to the caches' `n_ctx` positions; blocks past the window's (token, band,
+        // split) triples or (token, head) pairs return at once, so padded grids are covered.
+        unsafe { self.launch_async(CHUNK, self.padded_grid(CHUNK, (s.tokens * (s.n_q / band) * split) as u32), a) }?;
         let mut a = self.builder(MERGE);
         a.arg(&*part).arg(&tokens).arg(&n_q).arg(&hd).arg(pos).arg(&n_ctx).arg(out);
         unsafe { self.launch_async(MERGE, self.padded_grid(MERGE, (s.tokens * s.n_q) as u32), a) }
@@ -434,6 +465,11 @@ impl AttnCase {
     pub fn random(rng: &mut SmallRng, tokens: usize, pos0: usize) -> AttnCase {
         let hd = [64, 128][rng.random_range(0..2)];
         let (n_q, n_kv) = [(4, 2), (8, 1), (16, 4)][rng.random_range(0..3)];
+        AttnCase::random_heads(rng, tokens, pos0, (n_q, n_kv, hd))
+    }
+
+    /// As [`Self::random`] with the heads `(n_q, n_kv, hd)` given.
+    pub fn random_heads(rng: &mut SmallRng, tokens: usize, pos0: usize, (n_q, n_kv, hd): (usize, usize, usize)) -> AttnCase {
         let n_rot = [hd, hd, hd / 2, 32][rng.random_range(0..4)];
         let n_ctx = pos0 + tokens + rng.random_range(0..300);
         let shape = AttnShape { tokens, n_q, n_kv, hd, n_rot, n_ctx };
