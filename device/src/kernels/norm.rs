@@ -57,8 +57,12 @@ pub unsafe fn warp_rms_scale<const AHEAD: usize>(x: *const f32, n: u32, eps: f32
 /// `x`, `out`: `rows * n` f32, not overlapping; `w`: `n` f32; all 4-byte aligned; `1 <= n`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn rms_norm(x: *const f32, w: *const f32, out: *mut f32, rows: u32, n: u32, eps: f32) {
-    crate::arch::sync::chain_grids();
     let row = index::block_idx() * NORM_WARPS + index::warp_in_block();
+    if row < rows {
+        // The norm weight is constant: towards L2 while the grid before this one runs.
+        mem::prefetch_l2_warp(w as *const u8, n as usize * 4);
+    }
+    crate::arch::sync::chain_grids();
     if row >= rows {
         return; // whole warp
     }
