@@ -2,7 +2,8 @@
 //! bits whatever window it is decoded in) on every backend, graph replay = eager launches =
 //! launches unchained (where the backend chains them by programmatic dependent launch),
 //! cuda = hip = cpu bit for bit at every position of a decode, speculation keeping the tokens,
-//! and one q/k/v matrix giving the bits of three. GPU cases skip without a GPU unless
+//! one q/k/v matrix giving the bits of three, and residual adds fused into their producers
+//! giving the bits of the separate adds. GPU cases skip without a GPU unless
 //! `STRATA_REQUIRE_GPU=1`.
 mod common;
 
@@ -18,7 +19,7 @@ use strata::host::model::{LoadOptions, Mixer, Model, QkvProj};
 use strata::host::ops::route::SampleParams;
 use strata::host::step::cpu::CpuExecutor;
 use strata::host::step::gpu::GpuExecutor;
-use strata::host::step::{Executor, Op, Pick, Window};
+use strata::host::step::{Act, Executor, Op, Pick, Window};
 use strata_gpu_shared::formats::WeightFormat;
 
 /// A small model of the given shape, random weights from `seed`.
@@ -597,6 +598,105 @@ fn fused_qkv_gives_the_split_bits_cuda() {
 #[test]
 fn fused_qkv_gives_the_split_bits_hip() {
     fused_qkv_gives_the_split_bits("hip");
+}
+
+/// `ops` with every residual add fused into its producer undone: a `Linear` or the routed
+/// experts accumulating into `Act::X` become the plain op into `Act::Proj` (the experts:
+/// `Act::Experts`), then `AddInto`: the list as it was before the fusion.
+fn unfused(ops: &[Op]) -> Vec<Op> {
+    ops.iter()
+        .flat_map(|&op| match op {
+            Op::Linear { w, xq, x, out: Act::X, accumulate: true } => {
+                vec![Op::Linear { w, xq, x, out: Act::Proj, accumulate: false }, Op::AddInto { acc: Act::X, b: Act::Proj }]
+            }
+            Op::Experts { gate, up, down, out: Act::X, accumulate: true } => {
+                vec![Op::Experts { gate, up, down, out: Act::Experts, accumulate: false }, Op::AddInto { acc: Act::X, b: Act::Experts }]
+            }
+            Op::Linear { accumulate: true, .. } | Op::Experts { accumulate: true, .. } => panic!("accumulates into another buffer than X: {op:?}"),
+            op => vec![op],
+        })
+        .collect()
+}
+
+/// How many ops of `ops` accumulate into their output.
+fn accumulating(ops: &[Op]) -> usize {
+    ops.iter().filter(|op| matches!(op, Op::Linear { accumulate: true, .. } | Op::Experts { accumulate: true, .. })).count()
+}
+
+/// The tiny qwen35moe with float output projections, so that the float matvec accumulates: layer
+/// 0's `ssm_out` F32, layer 1's `attn_output` BF16, the MTP block's `attn_output` F16 (random,
+/// shapes kept).
+fn float_projections(seed: u64) -> Arc<Model> {
+    let mut spec = SynthSpec::qwen35moe_tiny();
+    spec.seed = seed;
+    let n_layer = spec.config.n_layer;
+    let bytes = common::rewritten(&spec, |_, t| {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for (name, ty) in [("blk.0.ssm_out".to_string(), GgmlType::F32), ("blk.1.attn_output".into(), GgmlType::Bf16), (format!("blk.{n_layer}.attn_output"), GgmlType::F16)] {
+            let x = t.iter_mut().find(|x| x.0 == format!("{name}.weight")).unwrap_or_else(|| panic!("{name} in the tiny qwen35moe"));
+            let values: Vec<f32> = (0..x.1.iter().product::<u64>()).map(|_| rng.random_range(-1.0f32..1.0) / 16.0).collect();
+            x.3 = match ty {
+                GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                GgmlType::Bf16 => values.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect(),
+                _ => values.iter().flat_map(|&v| strata_gpu_shared::f16::f32_to_f16(v).to_le_bytes()).collect(),
+            };
+            x.2 = ty;
+        }
+    });
+    load(bytes, "<tiny qwen35moe, float output projections>")
+}
+
+/// The residual adds fused into their producers (`mmvq` and the float `matvec` of every mixer's
+/// output projection, the routed experts' combine where no shared expert comes between) give
+/// the bits of the separate adds ([`unfused`]): the trunk's logits of a 40-token sequence in
+/// windows of 3, then the MTP block's over the first 8 positions where the model has one, on
+/// the models of [`models`] and [`float_projections`], on the CPU or on a GPU with graphs and
+/// eagerly. The builders fuse both adds of a qwen3moe layer and the mixer's of a qwen35moe one.
+fn fused_residual_adds_give_the_unfused_bits(backend: &str) {
+    let seed = common::seed(&format!("fused_residual_adds_give_the_unfused_bits_{backend}"));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for m in models(seed).into_iter().chain([float_projections(seed)]) {
+        let c = &m.config;
+        let (ops, mtp) = (m.step_ops(Op::Pick(Pick::Greedy)), m.mtp_ops());
+        let per_layer = if c.hybrid.is_some() { 1 } else { 2 };
+        assert_eq!(accumulating(&ops), per_layer * c.n_layer, "{}: fused adds of the trunk", m.describe());
+        assert_eq!(mtp.as_deref().map(accumulating), c.hybrid.as_ref().filter(|h| h.mtp).map(|_| 1), "{}: fused adds of the MTP block", m.describe());
+        let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
+        let logits = |ops: &[Op], mtp: Option<&[Op]>| -> Vec<(String, Vec<f32>)> {
+            let run = |exec: &mut dyn Executor| {
+                let mut logits = forced_logits(exec, ops, &seq, 3).expect("decode");
+                if let Some(mtp) = mtp {
+                    exec.set_tokens(&seq[1..9]).unwrap();
+                    exec.run(mtp, Window { tokens: 8, pos0: 0 }).unwrap();
+                    exec.next_ids(8).unwrap();
+                    logits.extend(exec.logits(8).unwrap());
+                }
+                logits
+            };
+            executors(backend, &m, 64).into_iter().map(|(label, mut exec)| (label, run(exec.as_mut()))).collect()
+        };
+        let unfused_mtp = mtp.as_deref().map(unfused);
+        for ((label, a), (_, b)) in logits(&unfused(&ops), unfused_mtp.as_deref()).into_iter().zip(logits(&ops, mtp.as_deref())) {
+            if let Some(d) = first_difference(&a, &b, c.n_vocab) {
+                panic!("{label}, seed {seed}, {}: fused residual adds differ from separate ones at {d} (rows: 40 trunk positions, then 8 MTP ones)", m.describe());
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_residual_adds_give_the_unfused_bits_cpu() {
+    fused_residual_adds_give_the_unfused_bits("cpu");
+}
+
+#[test]
+fn fused_residual_adds_give_the_unfused_bits_cuda() {
+    fused_residual_adds_give_the_unfused_bits("cuda");
+}
+
+#[test]
+fn fused_residual_adds_give_the_unfused_bits_hip() {
+    fused_residual_adds_give_the_unfused_bits("hip");
 }
 
 /// A fused `ffn_gate_up_exps` (each expert's gate rows, then its up rows) means exactly the

@@ -50,10 +50,10 @@ fn a_token_is_the_same_in_any_window() {
     let case = MoeCase::random(&mut rng, (W::Iq3S, W::Q2_0), 16, 256, 256, 8, 4);
     let mut xq = vec![0u8; case.tokens * case.n_embd / 32 * 36];
     cpu.quantize_q8_1(&case.x, &mut xq).unwrap();
-    let (_, _, full) = parity::run_moe(&cpu, &case, &xq, 0).unwrap();
+    let (_, _, full) = parity::run_moe(&cpu, &case, &xq, 0, false).unwrap();
     for j in 0..case.tokens {
         let alone = case.alone(j);
-        let (_, _, out) = parity::run_moe(&cpu, &alone, &xq[j * case.n_embd / 32 * 36..(j + 1) * case.n_embd / 32 * 36], 0).unwrap();
+        let (_, _, out) = parity::run_moe(&cpu, &alone, &xq[j * case.n_embd / 32 * 36..(j + 1) * case.n_embd / 32 * 36], 0, false).unwrap();
         let row = &full[j * case.n_embd..(j + 1) * case.n_embd];
         assert!(out.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()), "token {j}: alone differs from the 8-token window");
     }
@@ -67,15 +67,15 @@ fn bad_windows_are_errors_naming_moe() {
     case.ids[1] = 4; // out of range
     let xq = vec![0u8; 2 * 2 * 36];
     let (mut hq, mut y, mut out) = (vec![0u8; 4 * 2 * 36], vec![0f32; 4 * 64], vec![0f32; 2 * 64]);
-    let e = cpu.moe(&case.window(&xq), &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut out }).unwrap_err();
+    let e = cpu.moe(&case.window(&xq), &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut out, accumulate: false }).unwrap_err();
     assert!(matches!(e, Error::Shape { kernel: "moe", .. }) && e.to_string().contains("expert id 4"), "{e}");
     // Down rows of 64 values in a format of 256-value blocks.
     let odd = MoeCase::random(&mut rng, (W::Iq4Nl, W::Iq2Xxs), 2, 256, 64, 1, 1);
     let (mut hq1, mut y1, mut out1) = (vec![0u8; 2 * 36], vec![0f32; 256], vec![0f32; 256]);
-    let e = cpu.moe(&odd.window(&[0u8; 8 * 36]), &mut MoeOut { hq: &mut hq1, y: &mut y1, out: &mut out1 }).unwrap_err();
+    let e = cpu.moe(&odd.window(&[0u8; 8 * 36]), &mut MoeOut { hq: &mut hq1, y: &mut y1, out: &mut out1, accumulate: false }).unwrap_err();
     assert!(e.to_string().contains("IQ2_XXS expert rows of 64 values: not a multiple of the format's 256-value block"), "{e}");
     case.ids[1] = 0;
     let mut short = vec![0f32; 10];
-    let e = cpu.moe(&case.window(&xq), &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut short }).unwrap_err();
+    let e = cpu.moe(&case.window(&xq), &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut short, accumulate: false }).unwrap_err();
     assert!(e.to_string().starts_with("kernel moe:"), "{e}");
 }

@@ -1,6 +1,7 @@
 // matvec_f32 / matvec_bf16 / matvec_f16: float weights times 1..8 f32 activation rows. Twin of
 // device/src/kernels/matvec.rs: one warp per weight row, lane l takes elements l, l+32, ...,
-// one partial per activation row (product rounded, then added), then the warp butterfly.
+// one partial per activation row (product rounded, then added), then the warp butterfly; with
+// accumulate the sums are added to what y holds.
 #include "strata_hip.h"
 
 // Float element types, widened to f32 exactly (also the rows of embed_rows_f32/f16/bf16).
@@ -23,7 +24,7 @@ struct F16W {
 
 template <typename W>
 static __device__ __forceinline__ void matvec(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k,
-                                              uint32_t rows) {
+                                              uint32_t rows, uint32_t accumulate) {
   uint32_t row = block_idx() * STRATA_MMVQ_WARPS + warp_in_block();
   if (row >= m) return;
   uint32_t l = lane();
@@ -59,22 +60,20 @@ static __device__ __forceinline__ void matvec(const uint8_t* w, const float* x, 
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
-    if ((uint32_t)r >= rows) continue;
-    float v = warp_sum_f32(acc[r]);
-    if (l == (uint32_t)r) y[(uint64_t)r * m + row] = v;
-  }
+  store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 
-STRATA_KERNEL(matvec_f32)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows) {
-  matvec<F32W>(w, x, y, m, k, rows);
+STRATA_KERNEL(matvec_f32)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows,
+                          uint32_t accumulate) {
+  matvec<F32W>(w, x, y, m, k, rows, accumulate);
 }
 
-STRATA_KERNEL(matvec_bf16)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows) {
-  matvec<Bf16W>(w, x, y, m, k, rows);
+STRATA_KERNEL(matvec_bf16)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows,
+                           uint32_t accumulate) {
+  matvec<Bf16W>(w, x, y, m, k, rows, accumulate);
 }
 
-STRATA_KERNEL(matvec_f16)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows) {
-  matvec<F16W>(w, x, y, m, k, rows);
+STRATA_KERNEL(matvec_f16)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows,
+                          uint32_t accumulate) {
+  matvec<F16W>(w, x, y, m, k, rows, accumulate);
 }

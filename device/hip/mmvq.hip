@@ -1,6 +1,7 @@
 // mmvq: a quantized weight matrix (m rows) times 1..8 q8_1 activation rows. Twin of
 // device/src/kernels/mmvq.rs: one warp per weight row, lane l takes groups l, l+32, ..., one
-// partial per activation row, then the warp butterfly (gpu-shared/src/order.rs, mmvq).
+// partial per activation row, then the warp butterfly (gpu-shared/src/order.rs, mmvq); with
+// accumulate the sums are added to what y holds.
 #include "strata_hip.h"
 #include "blocks.hip"
 
@@ -36,31 +37,21 @@ static __device__ __forceinline__ void row_partials(const uint8_t* wrow, uint32_
   }
 }
 
-// Butterfly of each used row's partials; lane r stores row r at out(r).
-template <typename Out>
-static __device__ __forceinline__ void store_row_sums(const float* acc, uint32_t rows, Out out) {
-#pragma unroll
-  for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
-    if ((uint32_t)r >= rows) continue;
-    float v = warp_sum_f32(acc[r]);
-    if (lane() == (uint32_t)r) *out(r) = v;
-  }
-}
-
 template <typename F>
 static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, float* y, uint32_t m,
-                                            uint32_t groups, uint32_t rows) {
+                                            uint32_t groups, uint32_t rows, uint32_t accumulate) {
   uint32_t row = block_idx() * STRATA_MMVQ_WARPS + warp_in_block();
   if (row >= m) return;
   const uint8_t* wrow = w + (uint64_t)row * (groups / F::GROUPS) * F::BYTES;
   float acc[STRATA_MMVQ_MAX_ROWS];
   row_partials<F>(wrow, groups, rows, [&](int r) { return x + (uint64_t)r * groups * STRATA_Q8_1_BYTES; }, acc);
-  store_row_sums(acc, rows, [&](int r) { return y + (uint64_t)r * m + row; });
+  store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 
-#define MMVQ_ENTRY(name, F)                                                                                 \
-  STRATA_KERNEL(name)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows) { \
-    mmvq<F>(w, x, y, m, groups, rows);                                                                      \
+#define MMVQ_ENTRY(name, F)                                                                                     \
+  STRATA_KERNEL(name)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows, \
+                      uint32_t accumulate) {                                                                    \
+    mmvq<F>(w, x, y, m, groups, rows, accumulate);                                                              \
   }
 
 MMVQ_ENTRY(mmvq_q8_0, Q8_0)

@@ -160,11 +160,12 @@ static __device__ __forceinline__ void moe_down(const uint8_t* w, uint64_t exper
     auto entry = [&](int r) { return (uint64_t)ld_u32w(entries, pass + r); };
     float acc[STRATA_MMVQ_MAX_ROWS];
     row_partials<F>(wrow, ff_groups, m, [&](int r) { return hq + entry(r) * ff_groups * STRATA_Q8_1_BYTES; }, acc);
-    store_row_sums(acc, m, [&](int r) { return y + entry(r) * n_embd + row; });
+    store_row_sums(acc, m, false, [&](int r) { return y + entry(r) * n_embd + row; });
   }
 }
 
-STRATA_KERNEL(moe_combine)(const float* y, const float* weights, uint32_t tokens, uint32_t k, uint32_t n_embd, float* out) {
+STRATA_KERNEL(moe_combine)(const float* y, const float* weights, uint32_t tokens, uint32_t k, uint32_t n_embd, float* out,
+                           uint32_t accumulate) {
   uint32_t i = block_idx() * STRATA_THREADS_moe_combine + thread_idx();
   if (i >= tokens * n_embd) return;
   uint32_t t = i / n_embd, col = i % n_embd;
@@ -175,7 +176,7 @@ STRATA_KERNEL(moe_combine)(const float* y, const float* weights, uint32_t tokens
     float v = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(y + e * n_embd + col)));
     acc = acc + w * v;
   }
-  out[i] = acc;
+  store_f32(out + i, acc, accumulate != 0);
 }
 
 #define MOE_ENTRY(tag, F)                                                                                          \

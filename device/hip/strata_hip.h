@@ -115,6 +115,22 @@ STRATA_FN void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0
 STRATA_FN void prefetch_l2(const void*) {}
 #endif
 
+// *p = v, or with accumulate *p = *p + v (order::stored: the residual add fused into its
+// producer; mem::st_f32_acc).
+STRATA_FN void store_f32(float* p, float v, bool accumulate) { *p = accumulate ? *p + v : v; }
+
+// Butterfly of each used row's partials; lane r stores row r at out(r), or adds it to the
+// value there with accumulate (warp::store_row_sums).
+template <typename Out>
+static __device__ __forceinline__ void store_row_sums(const float* acc, uint32_t rows, bool accumulate, Out out) {
+#pragma unroll
+  for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
+    if ((uint32_t)r >= rows) continue;
+    float v = warp_sum_f32(acc[r]);
+    if (lane() == (uint32_t)r) store_f32(out(r), v, accumulate);
+  }
+}
+
 // ---- integer SIMD ----------------------------------------------------------------------------
 #if STRATA_NVIDIA
 STRATA_FN uint32_t popc(uint32_t v) { return __popc(v); }

@@ -39,6 +39,13 @@
 //! Partial `p` (of [`LANES`]) is the left-to-right sum from +0.0 of `w[j] * x[j]` (the product
 //! rounded to f32, then added: no fma) for `j = p, p + 32, ...`; f16 and bf16 weights widen to
 //! f32 exactly. The partials are combined by [`butterfly_sum`].
+//!
+//! ## Accumulating outputs (`mmvq`, `matvec`, `moe_combine`)
+//!
+//! These kernels take `accumulate` (0 or 1). With 0 each output value `v` is stored as
+//! computed; with 1 the kernel stores `y + v`, `y` the value the output held before: one IEEE
+//! addition, the residual add `add_f32` with `a = y`, `b = v` ([`stored`]). So a producer that
+//! accumulates into the residual stream gives the bits of the producer followed by the add.
 
 //!
 //! ## `argmax_rows` (sampler head: greedy pick)
@@ -67,6 +74,16 @@
 
 /// Threads per block of the head kernels (8 warps).
 pub const HEAD_THREADS: usize = 256;
+
+/// The value an accumulating kernel stores over `prev` (see "Accumulating outputs" above).
+#[inline(always)]
+pub fn stored(prev: f32, v: f32, accumulate: bool) -> f32 {
+    if accumulate {
+        prev + v
+    } else {
+        v
+    }
+}
 
 /// Whether `(va, ia)` beats `(vb, ib)` in `argmax_rows`.
 #[inline(always)]

@@ -67,11 +67,13 @@ pub struct MoeWindow<'a> {
 /// What a MoE window produces, intermediates included so that parity can say where two
 /// backends part: `hq` the SwiGLU output per selection (q8_1, `tokens * k` rows of `n_ff / 32`
 /// blocks), `y` the down output per selection (`tokens * k` rows of `n_embd`), `out` the
-/// combined rows (`tokens` x `n_embd`).
+/// combined rows (`tokens` x `n_embd`), added to what `out` holds with `accumulate`
+/// (`order::stored`).
 pub struct MoeOut<'a> {
     pub hq: &'a mut [u8],
     pub y: &'a mut [f32],
     pub out: &'a mut [f32],
+    pub accumulate: bool,
 }
 
 /// Which kernel of a family runs where a family has a reference and a fast variant (the CPU
@@ -94,11 +96,12 @@ pub trait Backend {
     fn quantize_q8_1(&self, x: &[f32], out: &mut [u8]) -> Result<()>;
 
     /// `y[r * m + i] = dot(w row i, activation row r)` for `rows` (1..=8) q8_1 rows of `w.k`
-    /// values in `xq`.
-    fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, y: &mut [f32]) -> Result<()>;
+    /// values in `xq`; with `accumulate`, `y[r * m + i] += ...` (`order::stored`).
+    fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, accumulate: bool, y: &mut [f32]) -> Result<()>;
 
-    /// `y[r * m + i] = dot(w row i, x row r)` for `rows` (1..=8) f32 rows of `w.k` values.
-    fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()>;
+    /// `y[r * m + i] = dot(w row i, x row r)` for `rows` (1..=8) f32 rows of `w.k` values; with
+    /// `accumulate`, `y[r * m + i] += ...`.
+    fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, accumulate: bool, y: &mut [f32]) -> Result<()>;
 
     /// Per row of `n` logits: the index of the maximum (`order::argmax_better`) and whether the
     /// row is all NaN (1) or not (0).

@@ -99,7 +99,7 @@ pub fn mmvq(
     quantize(&x, &mut xq);
     let dx = g.upload(kernel, &xq)?;
     let mut dy: CudaSlice<f32> = s.alloc_zeros(MMVQ_MAX_ROWS * m).map_err(drv(g, "allocating the output"))?;
-    let (m32, groups) = (m as u32, (k / GROUP) as u32);
+    let (m32, groups, accumulate) = (m as u32, (k / GROUP) as u32, 0u32);
     let calls = slots * 64usize.div_ceil(slots);
     // Capture needs a stream of its own: the legacy default stream cannot be captured.
     s.synchronize().map_err(drv(g, "preparing the pool"))?;
@@ -111,9 +111,9 @@ pub fn mmvq(
         for c in 0..calls {
             let w = pool.slice((c % slots) * wbytes..(c % slots + 1) * wbytes);
             let mut args = g.builder_on(s, kernel);
-            args.arg(&w).arg(&dx).arg(&mut dy).arg(&m32).arg(&groups).arg(&rows32);
+            args.arg(&w).arg(&dx).arg(&mut dy).arg(&m32).arg(&groups).arg(&rows32).arg(&accumulate);
             // SAFETY: the parameters are the kernel's, in order: a whole weight matrix, 8 q8_1
-            // rows of k values (rows <= 8), an output of 8 x m floats.
+            // rows of k values (rows <= 8), an output of 8 x m floats, stored (not added to).
             unsafe { g.launch_async(kernel, m32.div_ceil(MMVQ_WARPS), args) }?;
         }
         let graph = s
@@ -319,7 +319,7 @@ pub fn experts(
     let saved = g.expert_knobs();
     let mut rows = Vec::new();
     for &t in token_counts {
-        let mut wins = Vec::new();
+        let (mut wins, mut outs) = (Vec::new(), Vec::new());
         let mut bytes = 0.0;
         for _ in 0..WINDOWS {
             let (ids, weights, x) = match routing {
@@ -343,8 +343,8 @@ pub fn experts(
                 table: s.alloc_zeros(strata_gpu_shared::moe::table_words(n)).map_err(drv(g, "scratch"))?,
                 hq: s.alloc_zeros(n * n_ff / GROUP * q8_1::BYTES).map_err(drv(g, "scratch"))?,
                 y: s.alloc_zeros(n * n_embd).map_err(drv(g, "scratch"))?,
-                out: s.alloc_zeros(t * n_embd).map_err(drv(g, "scratch"))?,
             });
+            outs.push(s.alloc_zeros::<f32>(t * n_embd).map_err(drv(g, "scratch"))?);
         }
         let mut first: Option<Vec<f32>> = None;
         for (name, knobs) in variants {
@@ -353,7 +353,7 @@ pub fn experts(
                 let mut i = 0;
                 median_us(g, rounds, || {
                     i += 1;
-                    g.moe_queue(&dl, &mut wins[i % WINDOWS], stages)
+                    g.moe_queue(&dl, &mut wins[i % WINDOWS], &mut outs[i % WINDOWS], false, stages)
                 })
             };
             let all = time(MoeStages::ALL)?;
@@ -361,10 +361,10 @@ pub fn experts(
             let down = time(MoeStages { group: false, gate_up: false, down: true, combine: false })?;
             // The outputs of every window, for the identical column.
             let mut result = Vec::new();
-            for w in wins.iter_mut() {
-                g.moe_queue(&dl, w, MoeStages::ALL)?;
+            for (w, o) in wins.iter_mut().zip(outs.iter_mut()) {
+                g.moe_queue(&dl, w, o, false, MoeStages::ALL)?;
                 let mut out = vec![0f32; t * n_embd];
-                g.download("bench", &w.out, &mut out)?;
+                g.download("bench", o, &mut out)?;
                 result.extend(out);
             }
             let identical = *first.get_or_insert_with(|| result.clone()) == result;

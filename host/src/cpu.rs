@@ -6,6 +6,7 @@ use crate::backend::{
 use strata_gpu_shared::moe::swiglu;
 use crate::error::Result;
 use strata_gpu_shared::formats::q8_1;
+use strata_gpu_shared::order::stored;
 use strata_gpu_shared::replica;
 use rayon::prelude::*;
 
@@ -48,7 +49,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, y: &mut [f32]) -> Result<()> {
+    fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, accumulate: bool, y: &mut [f32]) -> Result<()> {
         let groups = check_mmvq(w, xq, rows, y)?;
         let row_bytes = w.format.row_bytes(w.k);
         let xrow_bytes = groups * q8_1::BYTES;
@@ -57,21 +58,22 @@ impl Backend for CpuBackend {
             self.par_chunks(yr, 1, |first, chunk| {
                 for (i, v) in chunk.iter_mut().enumerate() {
                     let wrow = &w.data[(first + i) * row_bytes..(first + i + 1) * row_bytes];
-                    *v = replica::mmvq::row_dot(w.format, wrow, xrow);
+                    *v = stored(*v, replica::mmvq::row_dot(w.format, wrow, xrow), accumulate);
                 }
             });
         }
         Ok(())
     }
 
-    fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()> {
+    fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, accumulate: bool, y: &mut [f32]) -> Result<()> {
         check_matvec(w, x, rows, y)?;
         let row_bytes = w.k * w.format.bytes();
         for (r, yr) in y.chunks_exact_mut(w.m).enumerate() {
             let xr = &x[r * w.k..(r + 1) * w.k];
             self.par_chunks(yr, 1, |first, chunk| {
                 for (i, v) in chunk.iter_mut().enumerate() {
-                    *v = replica::matvec::row_dot(w.format, &w.data[(first + i) * row_bytes..(first + i + 1) * row_bytes], xr);
+                    let sum = replica::matvec::row_dot(w.format, &w.data[(first + i) * row_bytes..(first + i + 1) * row_bytes], xr);
+                    *v = stored(*v, sum, accumulate);
                 }
             });
         }
@@ -133,7 +135,8 @@ impl Backend for CpuBackend {
         });
         for (t, out) in o.out.chunks_exact_mut(n_embd).enumerate() {
             for (col, v) in out.iter_mut().enumerate() {
-                *v = (0..w.k).fold(0.0f32, |acc, s| acc + w.weights[t * w.k + s] * o.y[(t * w.k + s) * n_embd + col]);
+                let sum = (0..w.k).fold(0.0f32, |acc, s| acc + w.weights[t * w.k + s] * o.y[(t * w.k + s) * n_embd + col]);
+                *v = stored(*v, sum, o.accumulate);
             }
         }
         Ok(())

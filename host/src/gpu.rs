@@ -32,7 +32,8 @@ pub struct MoeLayer {
     pub n_ff: usize,
 }
 
-/// One window's inputs, scratch and outputs on the device (outputs may carry guard elements).
+/// One window's inputs and scratch on the device (outputs may carry guard elements); the
+/// combined rows go where [`GpuBackend::moe_queue`] is told.
 pub struct MoeBuffers {
     pub tokens: usize,
     pub k: usize,
@@ -42,7 +43,6 @@ pub struct MoeBuffers {
     pub table: CudaSlice<u32>,
     pub hq: CudaSlice<u8>,
     pub y: CudaSlice<f32>,
-    pub out: CudaSlice<f32>,
 }
 
 /// Which launches of a MoE window to queue (benches time the stages apart).
@@ -389,7 +389,8 @@ impl GpuBackend {
     }
 
     /// Queues `mmvq` of `m` x `k` weights of `format` times `rows` (1..=8) q8_1 rows of `k`
-    /// values into `y[r * m + i]`. Buffers may be longer than needed.
+    /// values into `y[r * m + i]` (added to it with `accumulate`). Buffers may be longer than
+    /// needed.
     #[allow(clippy::too_many_arguments)]
     pub fn mmvq_queue(
         &self,
@@ -399,6 +400,7 @@ impl GpuBackend {
         k: usize,
         xq: &CudaSlice<u8>,
         rows: usize,
+        accumulate: bool,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let kernel = format.mmvq_kernel();
@@ -410,16 +412,17 @@ impl GpuBackend {
         holds(kernel, "weights", w.len(), m.saturating_mul(format.row_bytes(k)))?;
         holds(kernel, "q8_1 input", xq.len(), rows * groups * q8_1::BYTES)?;
         holds(kernel, "output", y.len(), rows * m)?;
-        let (m, groups, rows) = (m as u32, groups as u32, rows as u32);
+        let (m, groups, rows, accumulate) = (m as u32, groups as u32, rows as u32, accumulate as u32);
         let mut a = self.builder(kernel);
-        a.arg(w).arg(xq).arg(y).arg(&m).arg(&groups).arg(&rows);
+        a.arg(w).arg(xq).arg(y).arg(&m).arg(&groups).arg(&rows).arg(&accumulate);
         // SAFETY: the kernel's parameters in order, buffers checked against the shape; warps
         // past the last weight row return at once, so a padded grid is covered.
         unsafe { self.launch_async(kernel, self.padded_grid(kernel, m.div_ceil(MMVQ_WARPS)), a) }
     }
 
     /// Queues the float `matvec` of `m` x `k` weights of `format` times `rows` (1..=8) f32 rows of
-    /// `k` values into `y[r * m + i]`. Buffers may be longer than needed.
+    /// `k` values into `y[r * m + i]` (added to it with `accumulate`). Buffers may be longer than
+    /// needed.
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_queue(
         &self,
@@ -429,6 +432,7 @@ impl GpuBackend {
         k: usize,
         x: &CudaSlice<f32>,
         rows: usize,
+        accumulate: bool,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let kernel = format.matvec_kernel();
@@ -439,9 +443,9 @@ impl GpuBackend {
         holds(kernel, "weights", w.len(), m.saturating_mul(k).saturating_mul(format.bytes()))?;
         holds(kernel, "input", x.len(), rows * k)?;
         holds(kernel, "output", y.len(), rows * m)?;
-        let (m, k, rows) = (m as u32, k as u32, rows as u32);
+        let (m, k, rows, accumulate) = (m as u32, k as u32, rows as u32, accumulate as u32);
         let mut a = self.builder(kernel);
-        a.arg(w).arg(x).arg(y).arg(&m).arg(&k).arg(&rows);
+        a.arg(w).arg(x).arg(y).arg(&m).arg(&k).arg(&rows).arg(&accumulate);
         // SAFETY: as `mmvq_queue`.
         unsafe { self.launch_async(kernel, self.padded_grid(kernel, m.div_ceil(MMVQ_WARPS)), a) }
     }
@@ -477,8 +481,6 @@ impl GpuBackend {
         })
     }
 
-    /// Queues a window's launches (without waiting): grouping, gate/up, down, combine, with the
-    /// kernels and sizes the knobs plan for this shape and window.
     /// Queues `moe_group`: the group table (`moe::group`) of the `n` selections `ids` into
     /// `table` (buffers may be longer than needed).
     pub fn moe_group_queue(&self, ids: &CudaSlice<u32>, n: usize, n_expert: usize, table: &mut CudaSlice<u32>) -> Result<()> {
@@ -495,7 +497,10 @@ impl GpuBackend {
         unsafe { self.launch_async("moe_group", 1, a) }
     }
 
-    pub fn moe_queue(&self, l: &MoeLayer, w: &mut MoeBuffers, stages: MoeStages) -> Result<()> {
+    /// Queues a window's launches (without waiting): grouping, gate/up, down, combine, with the
+    /// kernels and sizes the knobs plan for this shape and window. The combined rows go to `out`
+    /// (`tokens` x `n_embd`), added to its values with `accumulate`.
+    pub fn moe_queue(&self, l: &MoeLayer, w: &mut MoeBuffers, out: &mut CudaSlice<f32>, accumulate: bool, stages: MoeStages) -> Result<()> {
         // The buffers must hold the window (the step's are sized for its largest one).
         let sel = w.tokens * w.k;
         if w.tokens == 0 || w.k == 0 || sel > MOE_MAX_SELECTIONS {
@@ -508,7 +513,7 @@ impl GpuBackend {
         holds("moe", "table", w.table.len(), moe::table_words(sel))?;
         holds("moe", "hq", w.hq.len(), q8(sel * l.n_ff))?;
         holds("moe", "y", w.y.len(), sel * l.n_embd)?;
-        holds("moe", "out", w.out.len(), w.tokens * l.n_embd)?;
+        holds("moe", "out", out.len(), w.tokens * l.n_embd)?;
         let (g, d) = l.formats;
         let n = (w.tokens * w.k) as u32;
         let (k, tokens) = (w.k as u32, w.tokens as u32);
@@ -550,8 +555,9 @@ impl GpuBackend {
             unsafe { self.launch_async_smem(down.kernel, pad(down.kernel, down.blocks), down.smem, a) }?;
         }
         if stages.combine {
+            let accumulate = accumulate as u32;
             let mut a = self.builder("moe_combine");
-            a.arg(&w.y).arg(&w.weights).arg(&tokens).arg(&k).arg(&n_embd).arg(&mut w.out);
+            a.arg(&w.y).arg(&w.weights).arg(&tokens).arg(&k).arg(&n_embd).arg(out).arg(&accumulate);
             unsafe { self.launch_async("moe_combine", pad("moe_combine", (tokens * n_embd).div_ceil(256)), a) }?;
         }
         Ok(())
@@ -603,24 +609,24 @@ impl Backend for GpuBackend {
         self.download_out(kernel, &dout, out)
     }
 
-    fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, y: &mut [f32]) -> Result<()> {
+    fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, accumulate: bool, y: &mut [f32]) -> Result<()> {
         let kernel = w.format.mmvq_kernel();
         check_mmvq(w, xq, rows, y)?;
         let dw = self.upload(kernel, w.data)?;
         let dx = self.upload(kernel, xq)?;
         let mut dy = self.upload_out(kernel, y)?;
-        self.mmvq_queue(&dw, w.format, w.m, w.k, &dx, rows, &mut dy)?;
+        self.mmvq_queue(&dw, w.format, w.m, w.k, &dx, rows, accumulate, &mut dy)?;
         self.synchronize(kernel)?;
         self.download_out(kernel, &dy, y)
     }
 
-    fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()> {
+    fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, accumulate: bool, y: &mut [f32]) -> Result<()> {
         let kernel = w.format.matvec_kernel();
         check_matvec(w, x, rows, y)?;
         let dw = self.upload(kernel, w.data)?;
         let dx = self.upload(kernel, x)?;
         let mut dy = self.upload_out(kernel, y)?;
-        self.matvec_queue(&dw, w.format, w.m, w.k, &dx, rows, &mut dy)?;
+        self.matvec_queue(&dw, w.format, w.m, w.k, &dx, rows, accumulate, &mut dy)?;
         self.synchronize(kernel)?;
         self.download_out(kernel, &dy, y)
     }
@@ -704,13 +710,13 @@ impl Backend for GpuBackend {
             table: self.scratch::<u32>("moe_group", moe::table_words(n))?,
             hq: self.upload_out("moe_gu", o.hq)?,
             y: self.upload_out("moe_down", o.y)?,
-            out: self.upload_out("moe_combine", o.out)?,
         };
+        let mut out = self.upload_out("moe_combine", o.out)?;
         debug_assert_eq!((layer.n_embd, layer.n_ff), (n_embd, n_ff));
-        self.moe_queue(&layer, &mut win, MoeStages::ALL)?;
+        self.moe_queue(&layer, &mut win, &mut out, o.accumulate, MoeStages::ALL)?;
         self.stream.synchronize().map_err(self.driver_err("moe", "execution"))?;
         self.download_out("moe_gu", &win.hq, o.hq)?;
         self.download_out("moe_down", &win.y, o.y)?;
-        self.download_out("moe_combine", &win.out, o.out)
+        self.download_out("moe_combine", &out, o.out)
     }
 }

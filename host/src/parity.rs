@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::reference::{float_matvec_f64, matvec_f64, nmse};
 use strata_gpu_shared::f16::f32_to_f16;
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
+use strata_gpu_shared::replica;
 
 /// The NMSE bar against float64 (the one llama.cpp's backend tests use).
 pub const NMSE_MAX: f64 = 5e-4;
@@ -152,6 +153,8 @@ pub fn quantize_case(backends: &[&dyn Backend], rows: usize, k: usize, seed: u64
 /// Runs `mmvq` for `format` on `backends` (reference first): `m` x `k` random weights times
 /// `rows` random activation rows, quantized by the reference backend. With `check_reference`,
 /// also the reference output's NMSE against float64 (when it has [`NMSE_MIN_VALUES`] values).
+/// With `accumulate`, also accumulating into random outputs ([`run_f32`]).
+#[allow(clippy::too_many_arguments)]
 pub fn mmvq_case(
     backends: &[&dyn Backend],
     format: WeightFormat,
@@ -160,6 +163,7 @@ pub fn mmvq_case(
     rows: usize,
     seed: u64,
     check_reference: bool,
+    accumulate: bool,
 ) -> Result<Outcome> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let data = random_weights(&mut rng, format, m, k);
@@ -167,11 +171,12 @@ pub fn mmvq_case(
     let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     let mut xq = vec![0u8; rows * k / GROUP * q8_1::BYTES];
     backends[0].quantize_q8_1(&x, &mut xq)?;
-    let (outs, mismatch, unwritten) = run_f32(backends, rows * m, |b, y| b.mmvq(&w, &xq, rows, y))?;
+    let init = accumulate.then(|| random_activations(&mut rng, rows * m));
+    let (outs, mismatch, unwritten) = run_f32(backends, rows * m, init.as_deref(), |b, acc, y| b.mmvq(&w, &xq, rows, acc, y))?;
     let nmse = (check_reference && rows * m >= NMSE_MIN_VALUES).then(|| nmse(&outs[0], &matvec_f64(&w, &x, rows)));
     Ok(Outcome {
         kernel: format.mmvq_kernel().into(),
-        shape: format!("{m}x{k} x{rows}"),
+        shape: format!("{m}x{k} x{rows}{}", accumulating(accumulate)),
         seed,
         backends: backends.iter().map(|b| b.name().to_string()).collect(),
         mismatch,
@@ -181,24 +186,58 @@ pub fn mmvq_case(
     })
 }
 
-/// Runs one kernel with an f32 output of `len` values on every backend, output poisoned first;
-/// returns the outputs, the first mismatch against the first backend, and the unwritten counts.
+/// Runs one kernel with an f32 output of `len` values on every backend, output poisoned first
+/// (`run`'s flag false); with `init`, each backend runs it again accumulating into a copy of
+/// `init` (the flag true), which must give `add_f32(init, its stored output)` bit for bit
+/// ([`accumulated_mismatch`]; the stored outputs being equal, so are the accumulated ones).
+/// Returns the stored outputs, the first mismatch and the unwritten counts.
 #[allow(clippy::type_complexity)]
 fn run_f32(
     backends: &[&dyn Backend],
     len: usize,
-    run: impl Fn(&dyn Backend, &mut [f32]) -> Result<()>,
+    init: Option<&[f32]>,
+    run: impl Fn(&dyn Backend, bool, &mut [f32]) -> Result<()>,
 ) -> Result<(Vec<Vec<f32>>, Option<Mismatch>, Vec<(String, usize, usize)>)> {
     let mut outs = Vec::new();
     let mut unwritten = Vec::new();
+    let mut wrong_sum = None;
     for &b in backends {
         let mut y = vec![f32::from_bits(POISON_F32); len];
-        run(b, &mut y)?;
+        run(b, false, &mut y)?;
         note_unwritten(&mut unwritten, b.name(), y.iter().map(|v| v.to_bits() == POISON_F32));
+        if let Some(init) = init {
+            let mut sum = init.to_vec();
+            run(b, true, &mut sum)?;
+            wrong_sum = wrong_sum.or_else(|| accumulated_mismatch(b.name(), init, &y, &sum));
+        }
         outs.push((b.name().to_string(), y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()));
     }
-    let mismatch = compare_bits(&outs, |_, v| format!("{:e} ({v:#010x})", f32::from_bits(v)));
+    let mismatch = compare_bits(&outs, |_, v| format!("{:e} ({v:#010x})", f32::from_bits(v))).or(wrong_sum);
     Ok((outs.into_iter().map(|(_, bits)| bits.into_iter().map(f32::from_bits).collect()).collect(), mismatch, unwritten))
+}
+
+/// Where `backend`'s output accumulated into `init` is not `add_f32(init, stored)` (the
+/// replica's add of its stored output): the first such value. An accumulating kernel must give
+/// the bits of the kernel followed by the residual add.
+fn accumulated_mismatch(backend: &str, init: &[f32], stored: &[f32], sum: &[f32]) -> Option<Mismatch> {
+    let mut want = vec![0f32; init.len()];
+    replica::norm::add(init, stored, &mut want);
+    let i = sum.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits())?;
+    Some(Mismatch {
+        backend: format!("{backend} accumulating"),
+        index: i,
+        got: format!("{:e} ({:#010x})", sum[i], sum[i].to_bits()),
+        want: format!("add_f32({:e}, its stored {:e}) = {:e} ({:#010x})", init[i], stored[i], want[i], want[i].to_bits()),
+    })
+}
+
+/// The shape suffix of a case run accumulating as well.
+fn accumulating(accumulate: bool) -> &'static str {
+    if accumulate {
+        " +="
+    } else {
+        ""
+    }
 }
 
 /// Records how many elements a run left unwritten (`left[i]` true), and the first.
@@ -231,8 +270,9 @@ fn run_bytes(
 }
 
 /// Runs `matvec` for float `format` on `backends` (reference first): `m` x `k` random weights
-/// times `rows` random f32 rows, NMSE of the reference output against float64.
-pub fn matvec_case(backends: &[&dyn Backend], format: FloatFormat, m: usize, k: usize, rows: usize, seed: u64) -> Result<Outcome> {
+/// times `rows` random f32 rows, NMSE of the reference output against float64; with
+/// `accumulate`, also accumulating into random outputs ([`run_f32`]).
+pub fn matvec_case(backends: &[&dyn Backend], format: FloatFormat, m: usize, k: usize, rows: usize, seed: u64, accumulate: bool) -> Result<Outcome> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let data: Vec<u8> = (0..m * k)
         .flat_map(|_| {
@@ -246,11 +286,12 @@ pub fn matvec_case(backends: &[&dyn Backend], format: FloatFormat, m: usize, k: 
         .collect();
     let w = FloatWeights { format, m, k, data: &data };
     let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-    let (outs, mismatch, unwritten) = run_f32(backends, rows * m, |b, y| b.matvec(&w, &x, rows, y))?;
+    let init = accumulate.then(|| random_activations(&mut rng, rows * m));
+    let (outs, mismatch, unwritten) = run_f32(backends, rows * m, init.as_deref(), |b, acc, y| b.matvec(&w, &x, rows, acc, y))?;
     let nmse = (rows * m >= NMSE_MIN_VALUES).then(|| nmse(&outs[0], &float_matvec_f64(&w, &x, rows)));
     Ok(Outcome {
         kernel: format.matvec_kernel().into(),
-        shape: format!("{m}x{k} x{rows}"),
+        shape: format!("{m}x{k} x{rows}{}", accumulating(accumulate)),
         seed,
         backends: backends.iter().map(|b| b.name().to_string()).collect(),
         mismatch,
@@ -511,7 +552,7 @@ impl MoeCase {
     }
 
     /// How many of [`moe_words`]'s words are hq bytes and how many y values (the combined rows
-    /// follow).
+    /// follow, stored, then accumulated).
     pub fn word_counts(&self) -> (usize, usize) {
         let n = self.tokens * self.k;
         (n * self.n_ff / GROUP * q8_1::BYTES, n * self.n_embd)
@@ -575,23 +616,27 @@ impl MoeCase {
     }
 }
 
-/// Runs a window on one backend with poisoned outputs; returns (hq, y, out).
-pub fn run_moe(b: &dyn Backend, case: &MoeCase, xq: &[u8], hq_fill: u8) -> Result<(Vec<u8>, Vec<f32>, Vec<f32>)> {
+/// Runs a window on one backend with poisoned outputs, or with `accumulate` the combined rows
+/// added to the window's activations (random values the shape of the output); returns (hq, y,
+/// out).
+pub fn run_moe(b: &dyn Backend, case: &MoeCase, xq: &[u8], hq_fill: u8, accumulate: bool) -> Result<(Vec<u8>, Vec<f32>, Vec<f32>)> {
     let n = case.tokens * case.k;
     let mut hq = vec![hq_fill; n * case.n_ff / GROUP * q8_1::BYTES];
     let mut y = vec![f32::from_bits(POISON_F32); n * case.n_embd];
-    let mut out = vec![f32::from_bits(POISON_F32); case.tokens * case.n_embd];
-    b.moe(&case.window(xq), &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut out })?;
+    let mut out = if accumulate { case.x.clone() } else { vec![f32::from_bits(POISON_F32); case.tokens * case.n_embd] };
+    b.moe(&case.window(xq), &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut out, accumulate })?;
     Ok((hq, y, out))
 }
 
-/// One backend's outputs of a window as words (the hq bytes, then the y and out bits), run twice
-/// into outputs poisoned differently; the flags mark the elements neither run wrote.
+/// One backend's outputs of a window as words (the hq bytes, then the y and out bits, then the
+/// out bits accumulated into the activations), run twice into outputs poisoned differently (the
+/// second run the accumulating one); the flags mark the elements neither run wrote
+/// ([`moe_outcome`] checks the accumulated rows against the stored ones).
 pub fn moe_words(b: &dyn Backend, case: &MoeCase, xq: &[u8]) -> Result<(Vec<u32>, Vec<bool>)> {
-    let (hq, y, out) = run_moe(b, case, xq, 0x00)?;
-    let (hq2, _, _) = run_moe(b, case, xq, 0xff)?;
+    let (hq, y, out) = run_moe(b, case, xq, 0x00, false)?;
+    let (hq2, _, sum) = run_moe(b, case, xq, 0xff, true)?;
     let unwritten = hq.iter().zip(&hq2).map(|(a, c)| a != c).chain(y.iter().chain(&out).map(|v| v.to_bits() == POISON_F32)).collect();
-    let words = hq.iter().map(|&v| v as u32).chain(y.iter().chain(&out).map(|v| v.to_bits())).collect();
+    let words = hq.iter().map(|&v| v as u32).chain(y.iter().chain(&out).chain(&sum).map(|v| v.to_bits())).collect();
     Ok((words, unwritten))
 }
 
@@ -603,14 +648,24 @@ pub fn moe_xq(b: &dyn Backend, case: &MoeCase) -> Result<Vec<u8>> {
 }
 
 /// The outcome of comparing `outs` (the reference first) for `case`: the first difference, named
-/// by stage, selection and row.
+/// by stage, selection and row, or else the first accumulated value that is not the stored one
+/// added to the activations.
 fn moe_outcome(case: &MoeCase, seed: u64, outs: Vec<(String, Vec<u32>)>, unwritten: Vec<(String, usize, usize)>, nmse: Option<f64>) -> Outcome {
     let (nh, ny) = case.word_counts();
+    let no = case.x.len();
     let row_bytes = case.n_ff / GROUP * q8_1::BYTES;
+    let row = |stage: &str, v: u32, at: usize| format!("{stage} {:e} (token {}, col {})", f32::from_bits(v), at / case.n_embd, at % case.n_embd);
     let mismatch = compare_bits(&outs, |i, v| match i {
         i if i < nh => format!("hq byte {v} (selection {}, block {})", i / row_bytes, i % row_bytes / q8_1::BYTES),
         i if i < nh + ny => format!("y {:e} (selection {}, row {})", f32::from_bits(v), (i - nh) / case.n_embd, (i - nh) % case.n_embd),
-        i => format!("out {:e} (token {}, col {})", f32::from_bits(v), (i - nh - ny) / case.n_embd, (i - nh - ny) % case.n_embd),
+        i if i < nh + ny + no => row("out", v, i - nh - ny),
+        i => row("accumulated out", v, i - nh - ny - no),
+    })
+    .or_else(|| {
+        outs.iter().find_map(|(name, words)| {
+            let floats = |from: usize| words[from..from + no].iter().map(|&w| f32::from_bits(w)).collect::<Vec<f32>>();
+            accumulated_mismatch(name, &case.x, &floats(nh + ny), &floats(nh + ny + no))
+        })
     });
     Outcome {
         kernel: format!("moe {}/{}", case.formats.0.name(), case.formats.1.name()),
@@ -625,7 +680,8 @@ fn moe_outcome(case: &MoeCase, seed: u64, outs: Vec<(String, Vec<u32>)>, unwritt
 }
 
 /// The MoE window on every backend: the SwiGLU q8_1 rows, the down rows and the combined rows
-/// identical (first difference reported by stage), every element written, and the combined
+/// identical (first difference reported by stage), every element written, the combined rows
+/// accumulated into the activations equal to the stored ones added to them, and the combined
 /// rows' NMSE against float64 end to end.
 pub fn moe_case(backends: &[&dyn Backend], case: &MoeCase, seed: u64) -> Result<Outcome> {
     let xq = moe_xq(backends[0], case)?;
@@ -636,7 +692,7 @@ pub fn moe_case(backends: &[&dyn Backend], case: &MoeCase, seed: u64) -> Result<
         outs.push((b.name().to_string(), words));
     }
     let (nh, ny) = case.word_counts();
-    let first_out: Vec<f32> = outs[0].1[nh + ny..].iter().map(|&w| f32::from_bits(w)).collect();
+    let first_out: Vec<f32> = outs[0].1[nh + ny..nh + ny + case.x.len()].iter().map(|&w| f32::from_bits(w)).collect();
     let nmse = nmse(&first_out, &case.reference_f64());
     Ok(moe_outcome(case, seed, outs, unwritten, Some(nmse)))
 }

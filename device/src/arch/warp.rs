@@ -59,12 +59,14 @@ pub fn warp_sum_i32(mut v: i32) -> i32 {
 }
 
 /// Sums each used row slot's partials over the warp (butterfly) and has lane `r` store row
-/// `r`'s sum at `out(r)`: the common tail of the one-warp-per-output-row kernels.
+/// `r`'s sum at `out(r)`, or add it to the value there with `accumulate`
+/// ([`super::mem::st_f32_acc`]): the common tail of the one-warp-per-output-row kernels.
 ///
 /// # Safety
-/// `out(r)` must be a valid, 4-byte aligned f32 address for every `r < rows`.
+/// `out(r)` must be a valid, 4-byte aligned f32 address for every `r < rows`, touched by no
+/// other thread of the launch.
 #[inline(always)]
-pub unsafe fn store_row_sums<const N: usize>(acc: &[f32; N], rows: u32, out: impl Fn(usize) -> *mut f32) {
+pub unsafe fn store_row_sums<const N: usize>(acc: &[f32; N], rows: u32, accumulate: bool, out: impl Fn(usize) -> *mut f32) {
     let lane = super::index::lane();
     for (r, &a) in acc.iter().enumerate() {
         if r as u32 >= rows {
@@ -72,7 +74,7 @@ pub unsafe fn store_row_sums<const N: usize>(acc: &[f32; N], rows: u32, out: imp
         }
         let v = warp_sum_f32(a);
         if lane == r as u32 {
-            super::mem::st_f32(out(r), v);
+            super::mem::st_f32_acc(out(r), v, accumulate);
         }
     }
 }

@@ -1,8 +1,8 @@
 //! `matvec_f32` / `matvec_bf16` / `matvec_f16`: float weights (router-sized matrices) times 1..8
 //! f32 activation rows. One warp per weight row (`MMVQ_WARPS` per block); lane `l` takes elements
 //! `l, l + 32, ...` (consecutive lanes read consecutive elements, so every load is coalesced) and
-//! keeps one partial per activation row; the warp butterfly sums the partials. Spec:
-//! `strata_gpu_shared::order` (matvec).
+//! keeps one partial per activation row; the warp butterfly sums the partials, which are stored
+//! or, with `accumulate`, added to what `y` holds. Spec: `strata_gpu_shared::order` (matvec).
 use crate::arch::{convert, index, mem, warp};
 use strata_gpu_shared::launch::{MATVEC_AHEAD, MMVQ_MAX_ROWS, MMVQ_WARPS};
 
@@ -54,9 +54,10 @@ fn prefetch_row<W: FloatWeight>(w: *const u8, m: u32, k: u32) {
 
 /// # Safety
 /// `w`: `m * k` elements of `W`; `x`: `rows * k` f32, 4-byte aligned; `y`: `rows * m` f32, not
-/// overlapping the inputs; `1 <= rows <= MMVQ_MAX_ROWS`.
+/// overlapping the inputs; `1 <= rows <= MMVQ_MAX_ROWS`. `accumulate`: 0 stores the sums, 1 adds
+/// them to `y`'s values.
 #[inline(always)]
-unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
     let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
     if row >= m {
         return; // whole warp
@@ -97,7 +98,7 @@ unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u3
         });
         j += 32;
     }
-    warp::store_row_sums(&acc, rows, |r| y.add(r * m as usize + row as usize));
+    warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
 }
 
 /// f32 weights. Launch: `ceil(m / MMVQ_WARPS)` blocks of `32 * MMVQ_WARPS` threads.
@@ -105,10 +106,10 @@ unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u3
 /// # Safety
 /// As `matvec`.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn matvec_f32(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+pub unsafe extern "ptx-kernel" fn matvec_f32(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
     prefetch_row::<F32>(w, m, k);
     crate::arch::sync::chain_grids();
-    matvec::<F32>(w, x, y, m, k, rows)
+    matvec::<F32>(w, x, y, m, k, rows, accumulate)
 }
 
 /// bf16 weights. Launch as [`matvec_f32`].
@@ -116,10 +117,10 @@ pub unsafe extern "ptx-kernel" fn matvec_f32(w: *const u8, x: *const f32, y: *mu
 /// # Safety
 /// As `matvec`.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn matvec_bf16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+pub unsafe extern "ptx-kernel" fn matvec_bf16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
     prefetch_row::<Bf16>(w, m, k);
     crate::arch::sync::chain_grids();
-    matvec::<Bf16>(w, x, y, m, k, rows)
+    matvec::<Bf16>(w, x, y, m, k, rows, accumulate)
 }
 
 /// f16 weights. Launch as [`matvec_f32`].
@@ -127,8 +128,8 @@ pub unsafe extern "ptx-kernel" fn matvec_bf16(w: *const u8, x: *const f32, y: *m
 /// # Safety
 /// As `matvec`.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn matvec_f16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32) {
+pub unsafe extern "ptx-kernel" fn matvec_f16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
     prefetch_row::<F16>(w, m, k);
     crate::arch::sync::chain_grids();
-    matvec::<F16>(w, x, y, m, k, rows)
+    matvec::<F16>(w, x, y, m, k, rows, accumulate)
 }

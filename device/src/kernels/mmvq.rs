@@ -4,7 +4,8 @@
 //! `l, l + 32, ...` of its row, decodes each weight group once and dots it with every activation
 //! row (exact `dp4a` sums), accumulating `(dw * dx) * (S * 2^-k)` into one partial per row; the
 //! warp butterfly then sums the 32 partials. That is the `mmvq` spec of
-//! `strata_gpu_shared::order` exactly: partial `p` = groups `p (mod 32)`, left to right.
+//! `strata_gpu_shared::order` exactly: partial `p` = groups `p (mod 32)`, left to right. With
+//! `accumulate` the sums are added to what `y` holds (the residual add, fused).
 use super::blocks::{self, Block};
 use crate::arch::{convert, index, int, mem, warp};
 use strata_gpu_shared::formats::q8_1;
@@ -77,16 +78,17 @@ pub fn prefetch_row<F: Block>(w: *const u8, m: u32, groups: u32) {
 /// # Safety
 /// `w`: `m` rows of `groups` 32-value groups of `F` (whole blocks); `x`: `rows * groups` q8_1
 /// blocks, row-major, 4-byte aligned; `y`: `rows * m` f32 (row-major, `y[r * m + i]`), not
-/// overlapping the inputs; `1 <= rows <= MMVQ_MAX_ROWS`.
+/// overlapping the inputs; `1 <= rows <= MMVQ_MAX_ROWS`. `accumulate`: 0 stores the sums, 1 adds
+/// them to `y`'s values.
 #[inline(always)]
-unsafe fn mmvq<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32) {
+unsafe fn mmvq<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
     let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
     if row >= m {
         return; // whole warp: the butterfly below needs every lane, and gets it
     }
     let wrow = w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES);
     let acc = row_partials::<F>(wrow, groups, rows, |r| x.add(r * groups as usize * q8_1::BYTES));
-    warp::store_row_sums(&acc, rows, |r| y.add(r * m as usize + row as usize));
+    warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
 }
 
 /// Declares one `extern "ptx-kernel"` entry per format over the shared body.
@@ -96,12 +98,12 @@ macro_rules! mmvq_entries {
         /// `32 * MMVQ_WARPS` threads.
         ///
         /// # Safety
-        /// As `mmvq`: buffers of the documented sizes, `1 <= rows <= 8`.
+        /// As `mmvq`: buffers of the documented sizes, `1 <= rows <= 8`, `accumulate` 0 or 1.
         #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32) {
+        pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
             prefetch_row::<$block>(w, m, groups);
             crate::arch::sync::chain_grids();
-            mmvq::<$block>(w, x, y, m, groups, rows)
+            mmvq::<$block>(w, x, y, m, groups, rows, accumulate)
         }
     )*};
 }

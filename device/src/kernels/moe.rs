@@ -192,18 +192,20 @@ unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: 
         let m = (count - pass).min(MOE_ENTRY_PASS);
         let entry = |r: usize| ld(entries, pass as usize + r) as usize;
         let acc = row_partials::<F>(wrow, ff_groups, m, |r| hq.add(entry(r) * ff_groups as usize * q8_1::BYTES));
-        warp::store_row_sums(&acc, m, |r| y.add(entry(r) * n_embd as usize + row as usize));
+        warp::store_row_sums(&acc, m, false, |r| y.add(entry(r) * n_embd as usize + row as usize));
         pass += MOE_ENTRY_PASS;
     }
 }
 
-/// `out[t][i] = sum over slots s, in order, from +0.0, of weights[t * k + s] * y[t * k + s][i]`:
-/// one thread per output value.
+/// `out[t][i] = sum over slots s, in order, from +0.0, of weights[t * k + s] * y[t * k + s][i]`,
+/// or with `accumulate` (1) that sum added to `out[t][i]` (the residual add, fused): one thread
+/// per output value.
 ///
 /// # Safety
-/// `y`: `tokens * k` rows of `n_embd` f32; `weights`: `tokens * k`; `out`: `tokens * n_embd`.
+/// `y`: `tokens * k` rows of `n_embd` f32; `weights`: `tokens * k`; `out`: `tokens * n_embd`,
+/// overlapping neither.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn moe_combine(y: *const f32, weights: *const f32, tokens: u32, k: u32, n_embd: u32, out: *mut f32) {
+pub unsafe extern "ptx-kernel" fn moe_combine(y: *const f32, weights: *const f32, tokens: u32, k: u32, n_embd: u32, out: *mut f32, accumulate: u32) {
     crate::arch::sync::chain_grids();
     let i = index::block_idx() * index::block_dim() + index::thread_idx();
     if i >= tokens * n_embd {
@@ -217,7 +219,7 @@ pub unsafe extern "ptx-kernel" fn moe_combine(y: *const f32, weights: *const f32
         let v = f32::from_bits(mem::ld_nc_u32(y.add(e * n_embd as usize + col as usize) as *const u8));
         acc += w * v;
     }
-    mem::st_f32(out.add(i as usize), acc);
+    mem::st_f32_acc(out.add(i as usize), acc, accumulate != 0);
 }
 
 macro_rules! moe_entries {

@@ -178,9 +178,9 @@ impl Model {
     }
 }
 
-/// The ops of an attention mixer from `Qx::X` to `Act::Proj`: projections (and biases),
-/// per-head norm + RoPE + cache append, attention, the output gate where the layer has one,
-/// the output projection.
+/// The ops of an attention mixer from `Qx::X` to its output added to `Act::X`: projections (and
+/// biases), per-head norm + RoPE + cache append, attention, the output gate where the layer has
+/// one, the output projection accumulating into the residual stream.
 fn attention_ops(ops: &mut Vec<Op>, layer: usize, a: &AttnWeights) {
     let layout = match a.proj {
         QkvProj::Fused { qkv, bias } => {
@@ -203,26 +203,32 @@ fn attention_ops(ops: &mut Vec<Op>, layer: usize, a: &AttnWeights) {
         ops.push(Op::SigmoidMul { acc: Act::Attn, gate: Act::Gate });
     }
     ops.push(Op::Quantize { x: Act::Attn, out: Qx::Attn });
-    ops.push(linear(a.o, Qx::Attn, Act::Attn, Act::Proj));
+    ops.push(residual_linear(a.o, Qx::Attn, Act::Attn));
 }
 
-/// The ops of a layer's feed-forward half from `Act::X` to `Act::Experts` (the residual add
-/// is the caller's): norm, router, routed experts, and the gated shared expert added to them.
+/// The ops of a layer's feed-forward half from `Act::X` back to `Act::X`: norm, router, routed
+/// experts, and the gated shared expert added to them, then the residual add. Without a shared
+/// expert the routed experts accumulate into `Act::X` themselves; with one, its sum with the
+/// routed experts comes first (llama.cpp's order), so they go to `Act::Experts`.
 fn ffn_ops(ops: &mut Vec<Op>, m: &Model, lw: &LayerWeights) {
     ops.push(Op::RmsNorm { x: Act::X, w: lw.ffn_norm, out: Act::Xn });
     ops.push(Op::Quantize { x: Act::Xn, out: Qx::X });
     ops.push(linear(lw.router, Qx::X, Act::Xn, Act::Router));
     ops.push(Op::RouterTopK { k: m.config.n_expert_used });
-    ops.push(Op::Experts { gate: lw.gate, up: lw.up, down: lw.down });
-    if let Some(s) = &lw.shared {
-        ops.push(linear(s.gate, Qx::X, Act::Xn, Act::ShGate));
-        ops.push(linear(s.up, Qx::X, Act::Xn, Act::ShUp));
-        ops.push(Op::Swiglu { gate: Act::ShGate, up: Act::ShUp, out: Act::ShAct });
-        ops.push(Op::Quantize { x: Act::ShAct, out: Qx::Sh });
-        ops.push(linear(s.down, Qx::Sh, Act::ShAct, Act::ShOut));
-        ops.push(linear(s.gate_inp, Qx::X, Act::Xn, Act::ShScale));
-        ops.push(Op::AddGated { acc: Act::Experts, y: Act::ShOut, s: Act::ShScale });
-    }
+    let (gate, up, down) = (lw.gate, lw.up, lw.down);
+    let Some(s) = &lw.shared else {
+        ops.push(Op::Experts { gate, up, down, out: Act::X, accumulate: true });
+        return;
+    };
+    ops.push(Op::Experts { gate, up, down, out: Act::Experts, accumulate: false });
+    ops.push(linear(s.gate, Qx::X, Act::Xn, Act::ShGate));
+    ops.push(linear(s.up, Qx::X, Act::Xn, Act::ShUp));
+    ops.push(Op::Swiglu { gate: Act::ShGate, up: Act::ShUp, out: Act::ShAct });
+    ops.push(Op::Quantize { x: Act::ShAct, out: Qx::Sh });
+    ops.push(linear(s.down, Qx::Sh, Act::ShAct, Act::ShOut));
+    ops.push(linear(s.gate_inp, Qx::X, Act::Xn, Act::ShScale));
+    ops.push(Op::AddGated { acc: Act::Experts, y: Act::ShOut, s: Act::ShScale });
+    ops.push(Op::AddInto { acc: Act::X, b: Act::Experts });
 }
 
 /// The output norm (into `Act::Hidden`, which the MTP block reads), the head, the pick and the
@@ -249,5 +255,10 @@ fn projection(ops: &mut Vec<Op>, w: WeightId, out: Act, bias: Option<WeightId>) 
 }
 
 fn linear(w: WeightId, xq: Qx, x: Act, out: Act) -> Op {
-    Op::Linear { w, xq, x, out }
+    Op::Linear { w, xq, x, out, accumulate: false }
+}
+
+/// `Act::X += w * input`: a mixer's output projection, the residual add fused into it.
+fn residual_linear(w: WeightId, xq: Qx, x: Act) -> Op {
+    Op::Linear { w, xq, x, out: Act::X, accumulate: true }
 }

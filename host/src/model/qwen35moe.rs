@@ -167,12 +167,10 @@ pub fn step_ops(m: &Model, pick: Op) -> Vec<Op> {
                 ops.push(Op::GdnRecur { layer, dt_bias: d.dt_bias, a: d.a });
                 ops.push(Op::RmsNormGated { x: Act::Gdn, w: d.norm, z: Act::Z, out: Act::GdnNormed, n: h.d_state });
                 ops.push(Op::Quantize { x: Act::GdnNormed, out: Qx::Attn });
-                ops.push(super::linear(d.out, Qx::Attn, Act::GdnNormed, Act::Proj));
+                ops.push(super::residual_linear(d.out, Qx::Attn, Act::GdnNormed));
             }
         }
-        ops.push(Op::AddInto { acc: Act::X, b: Act::Proj });
         super::ffn_ops(&mut ops, m, lw);
-        ops.push(Op::AddInto { acc: Act::X, b: Act::Experts });
     }
     super::head_ops(&mut ops, w, pick);
     ops
@@ -198,9 +196,7 @@ pub fn mtp_ops(m: &Model) -> Option<Vec<Op>> {
         Op::Quantize { x: Act::Xn, out: Qx::X },
     ];
     super::attention_ops(&mut ops, m.config.n_layer, a);
-    ops.push(Op::AddInto { acc: Act::X, b: Act::Proj });
     super::ffn_ops(&mut ops, m, &t.layer);
-    ops.push(Op::AddInto { acc: Act::X, b: Act::Experts });
     super::norm_head(&mut ops, t.head_norm, t.head);
     ops.push(Op::Pick(Pick::Greedy));
     ops.push(Op::LastRowFirst { act: Act::Hidden });

@@ -44,9 +44,7 @@ pub fn step_ops(m: &Model, pick: Op) -> Vec<Op> {
         ops.push(Op::RmsNorm { x: Act::X, w: lw.attn_norm, out: Act::Xn });
         ops.push(Op::Quantize { x: Act::Xn, out: Qx::X });
         super::attention_ops(&mut ops, layer, a);
-        ops.push(Op::AddInto { acc: Act::X, b: Act::Proj });
         super::ffn_ops(&mut ops, m, lw);
-        ops.push(Op::AddInto { acc: Act::X, b: Act::Experts });
     }
     super::head_ops(&mut ops, w, pick);
     ops

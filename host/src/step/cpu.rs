@@ -162,18 +162,18 @@ impl Executor for CpuExecutor {
                 self.qx.insert(out, q);
                 r
             }
-            Op::Linear { w: id, xq, x, out } => {
+            Op::Linear { w: id, xq, x, out, accumulate } => {
                 let lw = weights.get(id);
                 let mut o = self.take(out);
                 let y = &mut o[..t * lw.rows];
                 let r = match lw.ty {
                     GgmlType::Quant(format) => {
                         let q = &self.qx[&xq][..t * lw.cols / 32 * q8_1::BYTES];
-                        self.cpu.mmvq(&QWeights { format, m: lw.rows, k: lw.cols, data: weights.data(id) }, q, t, y)
+                        self.cpu.mmvq(&QWeights { format, m: lw.rows, k: lw.cols, data: weights.data(id) }, q, t, accumulate, y)
                     }
                     ty => {
                         let format = float_format(ty).expect("not quantized, so float");
-                        self.cpu.matvec(&FloatWeights { format, m: lw.rows, k: lw.cols, data: weights.data(id) }, self.rows(x, t), t, y)
+                        self.cpu.matvec(&FloatWeights { format, m: lw.rows, k: lw.cols, data: weights.data(id) }, self.rows(x, t), t, accumulate, y)
                     }
                 };
                 self.put(out, o);
@@ -309,20 +309,20 @@ impl Executor for CpuExecutor {
                 let n = t * k;
                 self.cpu.router_topk(&self.act[&Act::Router][..t * c.n_expert], c.n_expert, k, &mut self.ids[..n], &mut self.route_w[..n])
             }
-            Op::Experts { gate, up, down } => {
+            Op::Experts { gate, up, down, out, accumulate } => {
                 let k = c.n_expert_used;
                 let tensor = |id: WeightId| {
                     let e = weights.get(id);
                     let GgmlType::Quant(format) = e.ty else { unreachable!("the loader admits quantized experts only") };
                     ExpertTensor { format, n_expert: e.n_expert, rows: e.rows, cols: e.cols, data: weights.data(id) }
                 };
-                let mut o = self.take(Act::Experts);
+                let mut o = self.take(out);
                 let xq = &self.qx[&Qx::X][..t * c.n_embd / 32 * q8_1::BYTES];
                 let win = MoeWindow { tokens: t, k, ids: &self.ids[..t * k], weights: &self.route_w[..t * k], xq, gate: tensor(gate), up: tensor(up), down: tensor(down) };
                 let mut hq = vec![0u8; t * k * c.n_ff_exp / 32 * q8_1::BYTES];
                 let mut y = vec![0f32; t * k * c.n_embd];
-                let r = self.cpu.moe(&win, &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut o[..t * c.n_embd] });
-                self.act.insert(Act::Experts, o);
+                let r = self.cpu.moe(&win, &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut o[..t * c.n_embd], accumulate });
+                self.put(out, o);
                 r
             }
             Op::Pick(pick) => {

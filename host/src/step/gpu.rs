@@ -46,7 +46,7 @@ pub struct GpuExecutor {
     act: HashMap<Act, CudaSlice<f32>>,
     /// The q8_1 buffers but `Qx::X`, which is the experts' input, `moe.xq`.
     qx: HashMap<Qx, CudaSlice<u8>>,
-    /// The window's expert selections, their q8_1 input, scratch and combined output.
+    /// The window's expert selections, their q8_1 input and scratch.
     moe: MoeBuffers,
     /// Per layer: its K and V caches (attention) or its conv ring and recurrent states (Gated
     /// DeltaNet).
@@ -171,7 +171,6 @@ impl GpuExecutor {
             table: gpu.scratch("moe", moe::table_words(sel))?,
             hq: gpu.scratch("moe", sel * c.n_ff_exp / 32 * q8_1::BYTES)?,
             y: gpu.scratch("moe", sel * c.n_embd)?,
-            out: gpu.scratch("moe", MAX_WINDOW * c.n_embd)?,
         };
         let sizes = StateSizes::of(&c, n_ctx);
         let cache = sizes.layers.iter().map(|l| Ok(if l.kv > 0 { Some((gpu.scratch("kv cache", l.kv)?, gpu.scratch("kv cache", l.kv)?)) } else { None })).collect::<Result<Vec<_>>>()?;
@@ -435,7 +434,7 @@ impl Executor for GpuExecutor {
                 };
                 self.gpu.quantize_q8_1_queue(&self.act[&x], dst, n)
             }
-            Op::Linear { w: id, xq, x, out } => {
+            Op::Linear { w: id, xq, x, out, accumulate } => {
                 let lw = weights.get(id);
                 let mut o = self.take(out);
                 let r = match lw.ty {
@@ -444,11 +443,11 @@ impl Executor for GpuExecutor {
                             Qx::X => &self.moe.xq,
                             q => &self.qx[&q],
                         };
-                        self.gpu.mmvq_queue(self.bytes(id), format, lw.rows, lw.cols, q, t, &mut o)
+                        self.gpu.mmvq_queue(self.bytes(id), format, lw.rows, lw.cols, q, t, accumulate, &mut o)
                     }
                     ty => {
                         let format = float_format(ty).expect("not quantized, so float");
-                        self.gpu.matvec_queue(self.bytes(id), format, lw.rows, lw.cols, &self.act[&x], t, &mut o)
+                        self.gpu.matvec_queue(self.bytes(id), format, lw.rows, lw.cols, &self.act[&x], t, accumulate, &mut o)
                     }
                 };
                 self.act.insert(out, o);
@@ -462,11 +461,7 @@ impl Executor for GpuExecutor {
             }
             Op::AddInto { acc, b } => {
                 let mut a = self.take(acc);
-                let n = t * act_len(c, acc);
-                let r = match b {
-                    Act::Experts => self.gpu.add_into_queue(&mut a, &self.moe.out, n),
-                    _ => self.gpu.add_into_queue(&mut a, &self.act[&b], n),
-                };
+                let r = self.gpu.add_into_queue(&mut a, &self.act[&b], t * act_len(c, acc));
                 self.act.insert(acc, a);
                 r
             }
@@ -554,16 +549,10 @@ impl Executor for GpuExecutor {
                 r
             }
             Op::AddGated { acc, y, s } => {
-                let n = act_len(c, acc);
-                if acc == Act::Experts {
-                    // The routed experts' output lives in the expert buffers.
-                    self.gpu.add_gated_queue(&mut self.moe.out, &self.act[&y], &self.act[&s], t, n)
-                } else {
-                    let mut a = self.take(acc);
-                    let r = self.gpu.add_gated_queue(&mut a, &self.act[&y], &self.act[&s], t, n);
-                    self.act.insert(acc, a);
-                    r
-                }
+                let mut a = self.take(acc);
+                let r = self.gpu.add_gated_queue(&mut a, &self.act[&y], &self.act[&s], t, act_len(c, acc));
+                self.act.insert(acc, a);
+                r
             }
             Op::Concat { a, b, out } => {
                 let mut o = self.take(out);
@@ -582,9 +571,12 @@ impl Executor for GpuExecutor {
                 self.gpu.stream().memcpy_dtod(&last, &mut first).map_err(self.gpu.driver_err("last row first", "copy"))
             }
             Op::RouterTopK { k } => self.gpu.router_topk_queue(&self.act[&Act::Router], t, c.n_expert, k, &mut self.moe.ids, &mut self.moe.weights),
-            Op::Experts { gate, .. } => {
+            Op::Experts { gate, out, accumulate, .. } => {
                 self.moe.tokens = t;
-                self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, MoeStages::ALL)
+                let mut o = self.take(out);
+                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, MoeStages::ALL);
+                self.act.insert(out, o);
+                r
             }
             Op::Pick(pick) => match pick {
                 Pick::Greedy => self.gpu.argmax_rows_queue(&self.act[&Act::Logits], t, c.n_vocab, &mut self.argmax, &mut self.next, &mut self.all_nan),

@@ -209,8 +209,10 @@ pub enum Op {
     RmsNorm { x: Act, w: WeightId, out: Act },
     /// `out = q8_1(x)` per row.
     Quantize { x: Act, out: Qx },
-    /// `out = w * input` per row: quantized weights read `xq`, float weights read `x`.
-    Linear { w: WeightId, xq: Qx, x: Act, out: Act },
+    /// `out = w * input` per row, or with `accumulate` `out += w * input` (the residual add
+    /// fused into the matvec: the bits of `Linear` then `AddInto`): quantized weights read `xq`,
+    /// float weights read `x`.
+    Linear { w: WeightId, xq: Qx, x: Act, out: Act, accumulate: bool },
     /// `acc += w` (a weight of [`MAX_WINDOW`] repeated rows: a bias).
     AddWeight { acc: Act, w: WeightId },
     /// `acc += b`.
@@ -239,8 +241,9 @@ pub enum Op {
     LastRowFirst { act: Act },
     /// Softmax over the router logits, top-k, renormalised: the window's expert selections.
     RouterTopK { k: usize },
-    /// The routed experts of the window (`Qx::X` in, `Act::Experts` out).
-    Experts { gate: WeightId, up: WeightId, down: WeightId },
+    /// The routed experts of the window (`Qx::X` in): their combined rows into `out`, or with
+    /// `accumulate` added to it (as [`Op::Linear`]).
+    Experts { gate: WeightId, up: WeightId, down: WeightId, out: Act, accumulate: bool },
     /// The next token of each row, from `Logits`.
     Pick(Pick),
     /// Verify-window acceptance: how many of the window's drafts (rows 1..) the model's own
@@ -280,7 +283,7 @@ impl Op {
             Op::RmsNorm { w, .. } | Op::Linear { w, .. } | Op::AddWeight { w, .. } | Op::GdnConv { w, .. } | Op::RmsNormGated { w, .. } => vec![w],
             Op::AttnPrep { q_norm, k_norm, .. } => vec![q_norm, k_norm],
             Op::GdnRecur { dt_bias, a, .. } => vec![dt_bias, a],
-            Op::Experts { gate, up, down } => vec![gate, up, down],
+            Op::Experts { gate, up, down, .. } => vec![gate, up, down],
             _ => vec![],
         }
     }
