@@ -128,21 +128,30 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
   }
   // Lane h keeps the warp's running maximum of head h.
   float lane_max = attn_neg_inf();
-  for (uint32_t j = w; j < n; j += ATTN_WARPS) {
-    const uint16_t* key = keys + j * stride;
-    float k[ATTN_PER_LANE];
+  // Keys j and j + ATTN_WARPS loaded together (two in flight), each scored as alone.
+  for (uint32_t j = w; j < n; j += 2 * ATTN_WARPS) {
+    float k[2][ATTN_PER_LANE];
 #pragma unroll
-    for (uint32_t i = 0; i < ATTN_PER_LANE; i++) k[i] = i < per_lane ? attn_ld_f16(key, l + 32 * i) : 0.0f;
+    for (uint32_t u = 0; u < 2; u++) {
+      const uint16_t* key = keys + (uint64_t)(j + u * ATTN_WARPS) * stride;
 #pragma unroll
-    for (uint32_t h = 0; h < STRATA_ATTN_MAX_BAND; h++) {
-      if (h < heads) {
-        float acc = 0.0f;
+      for (uint32_t i = 0; i < ATTN_PER_LANE; i++) k[u][i] = i < per_lane && j + u * ATTN_WARPS < n ? attn_ld_f16(key, l + 32 * i) : 0.0f;
+    }
 #pragma unroll
-        for (uint32_t i = 0; i < ATTN_PER_LANE; i++)
-          if (i < per_lane) acc = acc + attn_smem_f32(ATTN_Q_WORD + h * hd + l + 32 * i) * k[i];
-        float s = scale * warp_sum_f32(acc);
-        if (l == 0) strata_smem[ATTN_S_WORD + h * STRATA_ATTN_CHUNK + j] = __builtin_bit_cast(uint32_t, s);
-        if (l == h) lane_max = max_f32(lane_max, s);
+    for (uint32_t u = 0; u < 2; u++) {
+      uint32_t ju = j + u * ATTN_WARPS;
+      if (ju >= n) continue;
+#pragma unroll
+      for (uint32_t h = 0; h < STRATA_ATTN_MAX_BAND; h++) {
+        if (h < heads) {
+          float acc = 0.0f;
+#pragma unroll
+          for (uint32_t i = 0; i < ATTN_PER_LANE; i++)
+            if (i < per_lane) acc = acc + attn_smem_f32(ATTN_Q_WORD + h * hd + l + 32 * i) * k[u][i];
+          float s = scale * warp_sum_f32(acc);
+          if (l == 0) strata_smem[ATTN_S_WORD + h * STRATA_ATTN_CHUNK + ju] = __builtin_bit_cast(uint32_t, s);
+          if (l == h) lane_max = max_f32(lane_max, s);
+        }
       }
     }
   }

@@ -255,34 +255,42 @@ impl Band {
         }
         // Lane h keeps the warp's running maximum of head h (one register, not one a head).
         let mut lane_max = f32::NEG_INFINITY;
+        // Keys j and j + WARPS loaded together (two in flight), each scored as alone.
         let mut j = w;
         while j < n {
-            let key = keys.add(j as usize * stride);
-            let mut k = [0.0f32; ATTN_MAX_HD / 32];
-            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-                if (i as u32) < per_lane {
-                    k[i] = ld_f16(key, lane as usize + 32 * i);
-                }
+            let mut k = [[0.0f32; ATTN_MAX_HD / 32]; 2];
+            crate::unroll!(u in [0, 1] {
+                let key = keys.add((j + u as u32 * WARPS) as usize * stride);
+                crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    if (i as u32) < per_lane && j + (u as u32) * WARPS < n {
+                        k[u][i] = ld_f16(key, lane as usize + 32 * i);
+                    }
+                });
             });
-            crate::unroll!(h in [0, 1, 2, 3, 4, 5, 6, 7] {
-                if (h as u32) < heads {
-                    let mut acc = 0.0f32;
-                    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        if (i as u32) < per_lane {
-                            let qv = f32::from_bits(smem.ld_u32(Q_WORD + h as u32 * hd + lane + 32 * i as u32));
-                            acc += qv * k[i];
+            crate::unroll!(u in [0, 1] {
+                let ju = j + u as u32 * WARPS;
+                if ju < n {
+                    crate::unroll!(h in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        if (h as u32) < heads {
+                            let mut acc = 0.0f32;
+                            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                if (i as u32) < per_lane {
+                                    let qv = f32::from_bits(smem.ld_u32(Q_WORD + h as u32 * hd + lane + 32 * i as u32));
+                                    acc += qv * k[u][i];
+                                }
+                            });
+                            let s = scale * warp::warp_sum_f32(acc);
+                            if lane == 0 {
+                                smem.st_u32(S_WORD + h as u32 * ATTN_CHUNK as u32 + ju, s.to_bits());
+                            }
+                            if lane == h as u32 {
+                                lane_max = lane_max.max(s);
+                            }
                         }
                     });
-                    let s = scale * warp::warp_sum_f32(acc);
-                    if lane == 0 {
-                        smem.st_u32(S_WORD + h as u32 * ATTN_CHUNK as u32 + j, s.to_bits());
-                    }
-                    if lane == h as u32 {
-                        lane_max = lane_max.max(s);
-                    }
                 }
             });
-            j += WARPS;
+            j += 2 * WARPS;
         }
         if lane < heads {
             smem.st_u32(M_WORD + w * ATTN_MAX_BAND as u32 + lane, lane_max.to_bits());

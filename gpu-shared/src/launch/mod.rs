@@ -108,8 +108,8 @@ pub const COPY_CHUNK: usize = 4096;
 pub const COPY_SEGMENT_WORDS: usize = 4;
 /// Elements per lane the float `matvec` loads before adding them (in order), to keep loads in
 /// flight: each `32 * MATVEC_AHEAD` elements of a row cost one memory latency (the 2,048-wide
-/// F32 router row eight; at 4 it was sixteen, 14 us a launch under ncu on the H200).
-pub const MATVEC_AHEAD: u32 = 8;
+/// F32 router row four; at 4 it was sixteen, 14 us a launch under ncu on the H200, 6.8 us at 8).
+pub const MATVEC_AHEAD: u32 = 16;
 /// Activation rows one `mmvq` launch multiplies.
 pub const MMVQ_MAX_ROWS: usize = 8;
 
