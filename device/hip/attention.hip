@@ -96,6 +96,8 @@ STRATA_FN uint32_t attn_n_chunks(uint32_t n_ctx) { return (n_ctx + STRATA_ATTN_C
 #define ATTN_SET_HEADS 4
 // Value rows a thread loads before adding their terms.
 #define ATTN_V_AHEAD 8
+// Chunks' parts a merge thread loads before folding them.
+#define ATTN_MERGE_AHEAD 8
 
 STRATA_FN float attn_smem_f32(uint32_t word) { return __builtin_bit_cast(float, strata_smem[word]); }
 
@@ -234,14 +236,34 @@ STRATA_KERNEL(attn_merge)(const float* part, uint32_t tokens, uint32_t n_q, uint
   uint32_t nc = attn_n_chunks(attn_context_len(pos, th / n_q, n_ctx)), n_chunks = attn_n_chunks(n_ctx);
   uint64_t stride = (uint64_t)hd + 2;
   const float* parts = part + (uint64_t)th * n_chunks * stride;
+  // ATTN_MERGE_AHEAD chunks' parts are loaded before they are folded, in chunk order.
   float big_m = attn_neg_inf();
-  for (uint32_t c = 0; c < nc; c++) big_m = max_f32(big_m, attn_ld_f32(parts, c * stride));
+  for (uint32_t c = 0; c < nc; c += ATTN_MERGE_AHEAD) {
+    float m[ATTN_MERGE_AHEAD];
+#pragma unroll
+    for (uint32_t i = 0; i < ATTN_MERGE_AHEAD; i++) m[i] = c + i < nc ? attn_ld_f32(parts, (c + i) * stride) : attn_neg_inf();
+#pragma unroll
+    for (uint32_t i = 0; i < ATTN_MERGE_AHEAD; i++) big_m = max_f32(big_m, m[i]);
+  }
   float big_l = 0.0f, big_o = 0.0f;
-  for (uint32_t c = 0; c < nc; c++) {
-    const float* pc = parts + c * stride;
-    float f = exp_neg(attn_ld_f32(pc, 0) - big_m);
-    big_l = big_l + attn_ld_f32(pc, 1) * f;
-    big_o = big_o + attn_ld_f32(pc, 2 + d) * f;
+  for (uint32_t c = 0; c < nc; c += ATTN_MERGE_AHEAD) {
+    float m[ATTN_MERGE_AHEAD], lc[ATTN_MERGE_AHEAD], o[ATTN_MERGE_AHEAD];
+#pragma unroll
+    for (uint32_t i = 0; i < ATTN_MERGE_AHEAD; i++) {
+      const float* pc = parts + (c + i) * stride;
+      bool in = c + i < nc;
+      m[i] = in ? attn_ld_f32(pc, 0) : 0.0f;
+      lc[i] = in ? attn_ld_f32(pc, 1) : 0.0f;
+      o[i] = in ? attn_ld_f32(pc, 2 + d) : 0.0f;
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < ATTN_MERGE_AHEAD; i++) {
+      if (c + i < nc) {
+        float f = exp_neg(m[i] - big_m);
+        big_l = big_l + lc[i] * f;
+        big_o = big_o + o[i] * f;
+      }
+    }
   }
   out[(uint64_t)th * hd + d] = big_o / big_l;
 }

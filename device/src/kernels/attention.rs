@@ -17,6 +17,8 @@ use strata_gpu_shared::math::exp_neg;
 const WARPS: u32 = ATTN_THREADS / 32;
 /// Value rows a thread of `attn_chunk` loads before adding their terms.
 const ATTN_V_AHEAD: u32 = 8;
+/// Chunks' parts a thread of `attn_merge` loads before folding them (the unrolled lists name 8).
+const MERGE_AHEAD: u32 = 8;
 /// Loads in flight per lane in the per-head norm: a 128-value head is one memory latency.
 const ATTN_NORM_AHEAD: usize = 4;
 
@@ -386,16 +388,40 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
     let n_chunks = n_ctx.div_ceil(ATTN_CHUNK as u32);
     let stride = hd as usize + 2;
     let parts = part.add(th as usize * n_chunks as usize * stride);
+    // `MERGE_AHEAD` chunks' parts are loaded before they are folded, in chunk order: a long
+    // context is one memory latency per that many chunks, not per chunk.
+    let part_of = |c: u32, i: usize| mem::ld_nc_f32(parts, c as usize * stride + i);
     let mut big_m = f32::NEG_INFINITY;
-    for c in 0..nc {
-        big_m = big_m.max(mem::ld_nc_f32(parts, c as usize * stride));
+    let mut c = 0;
+    while c < nc {
+        let mut m = [f32::NEG_INFINITY; MERGE_AHEAD as usize];
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if c + (i as u32) < nc {
+                m[i] = part_of(c + i as u32, 0);
+            }
+        });
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            big_m = big_m.max(m[i]);
+        });
+        c += MERGE_AHEAD;
     }
     let (mut big_l, mut big_o) = (0.0f32, 0.0f32);
-    for c in 0..nc {
-        let pc = parts.add(c as usize * stride);
-        let f = exp_neg(mem::ld_nc_f32(pc, 0) - big_m);
-        big_l += mem::ld_nc_f32(pc, 1) * f;
-        big_o += mem::ld_nc_f32(pc, 2 + d as usize) * f;
+    let mut c = 0;
+    while c < nc {
+        let (mut m, mut l, mut o) = ([0.0f32; MERGE_AHEAD as usize], [0.0f32; MERGE_AHEAD as usize], [0.0f32; MERGE_AHEAD as usize]);
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if c + (i as u32) < nc {
+                (m[i], l[i], o[i]) = (part_of(c + i as u32, 0), part_of(c + i as u32, 1), part_of(c + i as u32, 2 + d as usize));
+            }
+        });
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if c + (i as u32) < nc {
+                let f = exp_neg(m[i] - big_m);
+                big_l += l[i] * f;
+                big_o += o[i] * f;
+            }
+        });
+        c += MERGE_AHEAD;
     }
     mem::st_f32(out.add(th as usize * hd as usize + d as usize), big_o / big_l);
 }
