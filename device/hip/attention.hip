@@ -113,6 +113,7 @@ STRATA_FN float attn_head_max(uint32_t h) {
 // scores keys w, w + 8, ... for every head; thread i turns key i's scores into softmax terms;
 // thread d of set r sums p_j * v_j[d] and p_j in key order for heads r, r + sets, ... The whole
 // block calls it.
+template <uint32_t W>
 STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, uint32_t t, uint32_t h0, uint32_t heads, uint32_t n_q, uint32_t n_kv,
                               uint32_t hd, uint64_t g, uint32_t len, uint32_t c, float scale, float* part, uint32_t n_chunks) {
   uint32_t start = c * STRATA_ATTN_CHUNK;
@@ -145,7 +146,7 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
       if (ju >= n) continue;
 #pragma unroll
       for (uint32_t h = 0; h < STRATA_ATTN_MAX_BAND; h++) {
-        if (h < heads) {
+        if (h < W && h < heads) {
           float acc = 0.0f;
 #pragma unroll
           for (uint32_t i = 0; i < ATTN_PER_LANE; i++)
@@ -177,7 +178,7 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
 #pragma unroll
       for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) {
         uint32_t h = r + x * sets;
-        if (h < heads) {
+        if (x < W && h < heads) {
           float p = attn_smem_f32(ATTN_S_WORD + h * STRATA_ATTN_CHUNK + j);
           lsum[x] = lsum[x] + p;
           o[x] = o[x] + p * v;
@@ -196,7 +197,7 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
 #pragma unroll
     for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) {
       uint32_t h = r + x * sets;
-      if (h < heads) {
+      if (x < W && h < heads) {
         float* out = part + (((uint64_t)t * n_q + h0 + h) * n_chunks + c) * (hd + 2);
         out[2 + d] = o[x];
         if (d == 0) {
@@ -212,8 +213,10 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
 // (t * (n_q / heads) + band) * split + s computes chunks s, s + split, ... of the token's
 // context for each head of the band, each into part (t * n_q + h) * n_chunks + c, n_chunks =
 // ceil(n_ctx / STRATA_ATTN_CHUNK).
-STRATA_KERNEL(attn_chunk)(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q, uint32_t n_kv,
-                          uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split, uint32_t heads, float* part) {
+template <uint32_t W>
+STRATA_FN void attn_chunk_band(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q,
+                                                       uint32_t n_kv, uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split,
+                                                       uint32_t heads, float* part) {
   uint32_t bands = n_q / heads, b = block_idx();
   if (b >= tokens * bands * split) return;  // the whole block
   uint32_t tb = b / split, first = b % split;
@@ -224,9 +227,18 @@ STRATA_KERNEL(attn_chunk)(const float* q, const uint16_t* k_cache, const uint16_
   for (uint32_t i = thread_idx(); i < heads * hd; i += STRATA_ATTN_THREADS) strata_smem[ATTN_Q_WORD + i] = ld_nc_u32((const uint8_t*)(rows + i));
   for (uint32_t c = first; c * STRATA_ATTN_CHUNK < len; c += split) {
     sync_threads();  // the queries are in; the previous chunk's readers are done
-    attn_one_chunk(k_cache, v_cache, t, h0, heads, n_q, n_kv, hd, g, len, c, scale, part, n_chunks);
+    attn_one_chunk<W>(k_cache, v_cache, t, h0, heads, n_q, n_kv, hd, g, len, c, scale, part, n_chunks);
   }
 }
+
+// One entry per widest band W (attn_chunk_one: one head a block, fewer registers).
+#define ATTN_CHUNK_ENTRY(name, w)                                                                                                          \
+  STRATA_KERNEL(name)(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q, uint32_t n_kv,     \
+                      uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split, uint32_t heads, float* part) {       \
+    attn_chunk_band<w>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part);                               \
+  }
+ATTN_CHUNK_ENTRY(attn_chunk, 8)
+ATTN_CHUNK_ENTRY(attn_chunk_one, 1)
 
 // Block (t, h), thread d < hd: the token's ceil((*pos + t + 1) / STRATA_ATTN_CHUNK) parts
 // combined; every thread folds the maxima and L alike.

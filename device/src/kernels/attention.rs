@@ -169,9 +169,9 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
 /// `ATTN_MAX_HD`; `n_q` a multiple of `n_kv`, `heads` (at most `ATTN_MAX_BAND`) dividing
 /// `n_q / n_kv` and at most `attn_max_band(hd)`; `ATTN_CHUNK_SMEM_WORDS` words of shared memory. Keys past the caches'
 /// positions are never read: a token's context is clamped to them.
-#[no_mangle]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn attn_chunk(
+unsafe fn attn_chunk_band<const W: usize>(
     q: *const f32,
     k_cache: *const u16,
     v_cache: *const u16,
@@ -186,7 +186,6 @@ pub unsafe extern "ptx-kernel" fn attn_chunk(
     heads: u32,
     part: *mut f32,
 ) {
-    crate::arch::sync::chain_grids();
     let bands = n_q / heads;
     let b = index::block_idx();
     if b >= tokens * bands * split {
@@ -207,12 +206,45 @@ pub unsafe extern "ptx-kernel" fn attn_chunk(
     let mut c = first;
     while c * (ATTN_CHUNK as u32) < len {
         sync::sync_threads(); // the queries are in; the previous chunk's readers are done
-        band.chunk(smem, k_cache, v_cache, len, c, scale, part, n_chunks);
+        band.chunk::<W>(smem, k_cache, v_cache, len, c, scale, part, n_chunks);
         c += split;
     }
 }
 
-/// Shared words of `attn_chunk`: the band's queries `Q[heads][hd]` from `Q_WORD`, the scores
+/// Declares the `attn_chunk` entries: one per widest band `W` it takes (the narrow one, for
+/// one head a block, needs fewer registers and so runs more blocks per SM).
+macro_rules! attn_chunk_entries {
+    ($($name:ident => $w:literal),* $(,)?) => {$(
+        /// `attn_chunk_band` for bands of at most `W` heads (launch bounds by name in gpu-shared).
+        ///
+        /// # Safety
+        /// As `attn_chunk_band`, with `heads <= W`.
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            q: *const f32,
+            k_cache: *const u16,
+            v_cache: *const u16,
+            tokens: u32,
+            n_q: u32,
+            n_kv: u32,
+            hd: u32,
+            pos: *const u32,
+            scale: f32,
+            n_ctx: u32,
+            split: u32,
+            heads: u32,
+            part: *mut f32,
+        ) {
+            crate::arch::sync::chain_grids();
+            attn_chunk_band::<$w>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part)
+        }
+    )*};
+}
+
+attn_chunk_entries! { attn_chunk => 8, attn_chunk_one => 1 }
+
+/// Shared words of the `attn_chunk` entries: the band's queries `Q[heads][hd]` from `Q_WORD`, the scores
 /// then softmax terms `S[heads][ATTN_CHUNK]` from `S_WORD`, the warps' running maxima
 /// `M[warp][heads]` from `M_WORD`.
 const Q_WORD: u32 = 0;
@@ -236,7 +268,7 @@ impl Band {
     /// into its part slot. The whole block calls it.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn chunk(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, part: *mut f32, n_chunks: u32) {
+    unsafe fn chunk<const W: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, part: *mut f32, n_chunks: u32) {
         let start = c * ATTN_CHUNK as u32;
         let n = (len - start).min(ATTN_CHUNK as u32);
         let (hd, heads) = (self.hd, self.heads);
@@ -273,7 +305,7 @@ impl Band {
                 let ju = j + u as u32 * WARPS;
                 if ju < n {
                     crate::unroll!(h in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        if (h as u32) < heads {
+                        if h < W && (h as u32) < heads {
                             let mut acc = 0.0f32;
                             crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
                                 if (i as u32) < per_lane {
@@ -320,7 +352,7 @@ impl Band {
             let mut add = |j: u32, v: f32| {
                 crate::unroll!(x in [0, 1, 2, 3] {
                     let h = r + x as u32 * sets;
-                    if h < heads {
+                    if x < W && h < heads {
                         let p = f32::from_bits(smem.ld_u32(S_WORD + h * ATTN_CHUNK as u32 + j));
                         l[x] += p;
                         o[x] += p * v;
@@ -344,7 +376,7 @@ impl Band {
             }
             crate::unroll!(x in [0, 1, 2, 3] {
                 let h = r + x as u32 * sets;
-                if h < heads {
+                if x < W && h < heads {
                     let out = part.add((((self.t * self.n_q + self.h0 + h) * n_chunks + c) * (hd + 2)) as usize);
                     mem::st_f32(out.add(2 + d as usize), o[x]);
                     if d == 0 {

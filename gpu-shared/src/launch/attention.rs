@@ -33,6 +33,16 @@ pub const ATTN_PREP_WARPS: u32 = 4;
 pub const ATTN_MAX_HD: usize = 256;
 const _: () = assert!(ATTN_MAX_HD <= ATTN_THREADS as usize && ATTN_CHUNK == ATTN_THREADS as usize);
 
+/// The `attn_chunk` entry for a band of `band` heads: `attn_chunk_one` (compiled for one head, so
+/// with fewer registers and more blocks per SM) or `attn_chunk` (up to [`ATTN_MAX_BAND`]).
+pub const fn attn_chunk_kernel(band: usize) -> &'static str {
+    if band == 1 {
+        "attn_chunk_one"
+    } else {
+        "attn_chunk"
+    }
+}
+
 /// The most query heads one `attn_chunk` block computes (a band of one KV group's heads, which
 /// read each key and value of the group once).
 pub const ATTN_MAX_BAND: usize = 8;
@@ -79,10 +89,12 @@ pub const fn attn_band(n_q: usize, n_kv: usize, hd: usize, tokens: usize, split:
 pub const ATTN_BAND_BLOCKS_PER_SM: usize = 2;
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
-pub const BOUNDS: [Bounds; 3] = [
+pub const BOUNDS: [Bounds; 4] = [
     Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 8, smem_bytes: 0 },
-    // 3 blocks: 85 registers a thread, what a band of 8 heads needs without spilling.
+    // Bands of up to 8 heads need 127 registers a thread: 2 blocks per SM. One head a block
+    // needs fewer, and runs 4 blocks per SM.
     Bounds { kernel: "attn_chunk", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
+    Bounds { kernel: "attn_chunk_one", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
     Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 0 },
 ];
 

@@ -12,7 +12,7 @@ use crate::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
-use strata_gpu_shared::launch::attention::{attn_band, attn_chunks, attn_split, attn_max_band, ATTN_BAND_BLOCKS_PER_SM, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
+use strata_gpu_shared::launch::attention::{attn_band, attn_chunk_kernel, attn_chunks, attn_split, attn_max_band, ATTN_BAND_BLOCKS_PER_SM, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
 use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
 
 const PREP: &str = "attn_prep";
@@ -364,14 +364,15 @@ impl GpuBackend {
         }
         let split = attn_split(ctx_bound.min(s.n_ctx));
         let (tokens, n_q, n_kv, hd, n_ctx, split_u, band_u) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_ctx as u32, split as u32, band as u32);
-        let mut a = self.builder(CHUNK);
+        let kernel = attn_chunk_kernel(band);
+        let mut a = self.builder(kernel);
         a.arg(q).arg(k_cache).arg(v_cache).arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(pos).arg(&scale).arg(&n_ctx).arg(&split_u).arg(&band_u);
         a.arg(&mut *part);
         // SAFETY (both): each kernel's parameters in order over the buffers checked above, the
         // chunk kernel's shared memory from BOUNDS, a band dividing the group; contexts are
         // clamped to the caches' `n_ctx` positions; blocks past the window's (token, band,
         // split) triples or (token, head) pairs return at once, so padded grids are covered.
-        unsafe { self.launch_async(CHUNK, self.padded_grid(CHUNK, (s.tokens * (s.n_q / band) * split) as u32), a) }?;
+        unsafe { self.launch_async(kernel, self.padded_grid(kernel, (s.tokens * (s.n_q / band) * split) as u32), a) }?;
         let mut a = self.builder(MERGE);
         a.arg(&*part).arg(&tokens).arg(&n_q).arg(&hd).arg(pos).arg(&n_ctx).arg(out);
         unsafe { self.launch_async(MERGE, self.padded_grid(MERGE, (s.tokens * s.n_q) as u32), a) }
