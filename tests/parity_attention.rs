@@ -211,7 +211,7 @@ fn every_grid_gives_the_same_bits() {
                 for &band in &bands {
                     let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
                     let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
-                    gpu.attention_queue_band(&dq, &dkc, &dvc, s, &dpos, bound, c.scale, band, &mut part, &mut out).unwrap();
+                    gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, c.scale, Some(band), &mut part, &mut out).unwrap();
                     let mut got = vec![0f32; s.q_len()];
                     gpu.download("attention", &out, &mut got).unwrap();
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
@@ -267,13 +267,13 @@ fn launchers_check_device_buffers() {
     let mut small_part = gpu.upload("attention", &vec![0f32; 10]).unwrap();
     let mut out = gpu.upload("attention", &vec![0f32; s.q_len() + 3]).unwrap();
     let bound = c.pos0 + s.tokens;
-    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, &mut small_part, &mut out)));
-    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, &mut part, &mut short)));
+    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, None, &mut small_part, &mut out)));
+    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, None, &mut part, &mut short)));
     // A band that does not divide the group, or wider than the widest, is a shape error.
     for band in [0, s.n_q / s.n_kv + 1, attn_max_band(s.hd) + 1] {
-        assert!(is_shape(gpu.attention_queue_band(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, band, &mut part, &mut out)), "band {band}");
+        assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, Some(band), &mut part, &mut out)), "band {band}");
     }
-    gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, &mut part, &mut out).unwrap();
+    gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, None, &mut part, &mut out).unwrap();
     let mut got = vec![0f32; s.q_len() + 3];
     gpu.download("attention", &out, &mut got).unwrap();
 

@@ -309,12 +309,21 @@ impl GpuBackend {
         unsafe { self.launch_async(PREP, self.padded_grid(PREP, rows.div_ceil(ATTN_PREP_WARPS as usize) as u32), a) }
     }
 
+    /// The query heads per `attn_chunk` block the step launches for `shape` and `ctx_bound`:
+    /// [`attn_band`] at [`ATTN_BAND_BLOCKS_PER_SM`] blocks per SM.
+    pub fn attn_band(&self, shape: AttnShape, ctx_bound: usize) -> usize {
+        let split = attn_split(ctx_bound.min(shape.n_ctx));
+        attn_band(shape.n_q, shape.n_kv, shape.hd, shape.tokens, split, ATTN_BAND_BLOCKS_PER_SM * self.info().sm_count.max(1) as usize)
+    }
+
     /// Queues the window's attention at the position `pos[0]` holds when the kernels run (see
     /// [`AttentionOps::attention`]): `attn_chunk` into `part` (at least [`attn_part_len`] of the
     /// shape), then `attn_merge` into `out`; buffers may be longer than the shape needs. The grid
     /// is sized for contexts of up to `ctx_bound` keys ([`attn_split`]): every position gives
     /// the same bits whatever `ctx_bound` is, a shorter bound only makes each block walk more
-    /// chunks. Each block computes a band of query heads ([`Self::attn_band`]).
+    /// chunks. Each `attn_chunk` block computes a band of `band` query heads (a divisor of the
+    /// group's `n_q / n_kv`, at most [`attn_max_band`]; benches and tests compare them), or
+    /// [`Self::attn_band`]'s when `band` is `None` (what the step launches).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_queue(
         &self,
@@ -325,39 +334,14 @@ impl GpuBackend {
         pos: &CudaSlice<u32>,
         ctx_bound: usize,
         scale: f32,
-        part: &mut CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        let band = self.attn_band(shape, ctx_bound);
-        self.attention_queue_band(q, k_cache, v_cache, shape, pos, ctx_bound, scale, band, part, out)
-    }
-
-    /// The query heads per `attn_chunk` block the step launches for `shape` and `ctx_bound`:
-    /// [`attn_band`] at [`ATTN_BAND_BLOCKS_PER_SM`] blocks per SM.
-    pub fn attn_band(&self, shape: AttnShape, ctx_bound: usize) -> usize {
-        let split = attn_split(ctx_bound.min(shape.n_ctx));
-        attn_band(shape.n_q, shape.n_kv, shape.hd, shape.tokens, split, ATTN_BAND_BLOCKS_PER_SM * self.info().sm_count.max(1) as usize)
-    }
-
-    /// As [`Self::attention_queue`] with `band` query heads per `attn_chunk` block (a divisor of
-    /// the group's `n_q / n_kv`, at most [`attn_max_band`]; benches and tests compare them).
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_queue_band(
-        &self,
-        q: &CudaSlice<f32>,
-        k_cache: &CudaSlice<u16>,
-        v_cache: &CudaSlice<u16>,
-        shape: AttnShape,
-        pos: &CudaSlice<u32>,
-        ctx_bound: usize,
-        scale: f32,
-        band: usize,
+        band: Option<usize>,
         part: &mut CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         check_attention(shape, 0, [q.len(), k_cache.len(), v_cache.len(), out.len()], false)?;
         let s = shape;
         check_lens(CHUNK, &[("part", part.len(), attn_part_len(s)), ("pos", pos.len(), 1)], false)?;
+        let band = band.unwrap_or_else(|| self.attn_band(s, ctx_bound));
         if band == 0 || band > attn_max_band(s.hd) || (s.n_q / s.n_kv) % band != 0 {
             let detail = format!("a band of {band} query heads does not divide a group of {} (at most {} for {}-value heads)", s.n_q / s.n_kv, attn_max_band(s.hd), s.hd);
             return Err(Error::Shape { kernel: CHUNK, detail });
@@ -421,7 +405,7 @@ impl AttentionOps for GpuBackend {
         let mut part = self.upload(CHUNK, &vec![f32::from_bits(POISON_F32); attn_part_len(shape)])?;
         let mut dout = self.upload_out(MERGE, out)?;
         let dpos = self.upload(CHUNK, &[pos0 as u32])?;
-        self.attention_queue(&dq, &dkc, &dvc, shape, &dpos, pos0 + shape.tokens, scale, &mut part, &mut dout)?;
+        self.attention_queue(&dq, &dkc, &dvc, shape, &dpos, pos0 + shape.tokens, scale, None, &mut part, &mut dout)?;
         self.synchronize(MERGE)?;
         self.download_out(MERGE, &dout, out)
     }
