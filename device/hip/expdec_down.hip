@@ -86,7 +86,7 @@ static __device__ __forceinline__ void expdec_down(const uint8_t* w, uint64_t ex
                       uint32_t n, uint32_t ff_groups, uint32_t n_embd, uint32_t drb, float* y) {           \
     expdec_down<F, DR>(w, expert_bytes, hq, table, n, ff_groups, n_embd, drb, y);                           \
   }
-// DR=4 only at 2 blocks per SM (launch.rs: EXPDEC_MINB4_MAX_DR).
+// DR=4 only at 2 blocks per SM (launch/mod.rs: EXPDEC_MINB4_MAX_DR).
 #define EXPDEC_DOWN_FORMAT(tag, F)                 \
   EXPDEC_DOWN_ENTRY(expdec_down_##tag##_d1_m2, F, 1) \
   EXPDEC_DOWN_ENTRY(expdec_down_##tag##_d1_m4, F, 1) \

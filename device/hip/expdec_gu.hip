@@ -89,13 +89,16 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
                       uint32_t rb, uint8_t* hq) {                                                          \
     expdec_gu<F, R>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq);                         \
   }
-// R=2 only at 2 blocks per SM (launch.rs: EXPDEC_MINB4_MAX_R).
-#define EXPDEC_GU_FORMAT(tag, F)              \
+// 4 blocks per SM only with R=1 and an IQ format (launch/mod.rs: EXPDEC_MINB4_MAX_R,
+// EXPDEC_GU_MINB4_FORMATS).
+#define EXPDEC_GU_FORMAT_M2(tag, F)              \
   EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m2, F, 1) \
-  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m4, F, 1) \
   EXPDEC_GU_ENTRY(expdec_gu_##tag##_r2_m2, F, 2)
+#define EXPDEC_GU_FORMAT(tag, F) \
+  EXPDEC_GU_FORMAT_M2(tag, F)    \
+  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m4, F, 1)
 
-EXPDEC_GU_FORMAT(q8_0, Q8_0)
+EXPDEC_GU_FORMAT_M2(q8_0, Q8_0)
 EXPDEC_GU_FORMAT(iq2_xxs, Iq2Xxs)
 EXPDEC_GU_FORMAT(iq2_xs, Iq2Xs)
 EXPDEC_GU_FORMAT(iq2_s, Iq2S)

@@ -7,7 +7,8 @@
 use strata_gpu_shared::formats::WeightFormat;
 use strata_gpu_shared::launch::{
     bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_smem, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
-    EXPDEC_DOWN_MAX_GROUPS, EXPDEC_DR, EXPDEC_DRB, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R, EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_GU_ROWS,
+    EXPDEC_DOWN_MAX_GROUPS, EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R,
+    EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_GU_ROWS,
 };
 
 /// Dynamic shared memory the EXPDEC kernels may ask for without opting in to more (48 KiB):
@@ -64,7 +65,7 @@ pub const KNOBS: [Knob; 10] = [
     Knob { name: "EXPDEC_D20", values: "0|1", what: "EXPDEC down for Q2_0" },
     Knob { name: "EXPDEC_DR", values: "1|2|4", what: "down rows per lane" },
     Knob { name: "EXPDEC_DRB", values: "0|16|32|64|128|256", what: "down rows per block (0: minimum-blocks rule)" },
-    Knob { name: "EXPDEC_MINB", values: "2|4", what: "EXPDEC gate/up launch bounds: minimum blocks per SM (4 needs R=1)" },
+    Knob { name: "EXPDEC_MINB", values: "2|4", what: "EXPDEC gate/up launch bounds: minimum blocks per SM (4 needs R=1 and an IQ format)" },
     Knob { name: "EXPDEC_DMINB", values: "2|4", what: "EXPDEC down launch bounds: minimum blocks per SM (4 needs DR<=2)" },
     Knob { name: "EXPDEC_MINBLK", values: "1..=1000000", what: "minimum-blocks rule: blocks a launch should reach" },
 ];
@@ -103,7 +104,9 @@ impl ExpertKnobs {
         Ok(())
     }
 
-    /// The combinations no entry is compiled for: 4 blocks per SM with R=2 or with DR=4.
+    /// The combinations no entry is compiled for: 4 blocks per SM with R=2 or with DR=4 (and with
+    /// a gate/up format outside `EXPDEC_GU_MINB4_FORMATS`, which [`Self::plan`] refuses: the
+    /// knobs alone do not know the format).
     pub fn check(&self) -> Result<(), String> {
         if self.minb == 4 && self.r > EXPDEC_MINB4_MAX_R {
             return Err(format!("EXPDEC_MINB=4 needs EXPDEC_R<={EXPDEC_MINB4_MAX_R} (given {}): more rows per lane spill in 64 registers", self.r));
@@ -150,8 +153,11 @@ impl ExpertKnobs {
     }
 
     /// The kernels and launch sizes for one window of `n = tokens * k` selections over a layer
-    /// of `formats` (gate/up, down) and `n_embd` x `n_ff`.
-    pub fn plan(&self, formats: (WeightFormat, WeightFormat), n_embd: usize, n_ff: usize, n: usize) -> ExpertPlan {
+    /// of `formats` (gate/up, down) and `n_embd` x `n_ff`; an error when the knobs ask for an
+    /// entry that is not compiled ([`Self::check`], and `EXPDEC_MINB=4` for a gate/up format
+    /// outside `EXPDEC_GU_MINB4_FORMATS`).
+    pub fn plan(&self, formats: (WeightFormat, WeightFormat), n_embd: usize, n_ff: usize, n: usize) -> Result<ExpertPlan, String> {
+        self.check()?;
         let (gf, df) = formats;
         let n = n as u32;
         let (n_embd32, n_ff32) = (n_embd as u32, n_ff as u32);
@@ -160,7 +166,15 @@ impl ExpertKnobs {
             rb => rb,
         };
         let gu_smem = expdec_gu_smem(n_embd, rb, gf.grid().len());
-        let expdec_gu = (self.expdec && gu_smem <= EXPDEC_SMEM_MAX).then(|| expdec_gu_kernel(gf, self.r, self.minb)).flatten();
+        let expdec_gu = if self.expdec && gu_smem <= EXPDEC_SMEM_MAX && EXPDEC_GU_FORMATS.contains(&gf) {
+            let kernel = expdec_gu_kernel(gf, self.r, self.minb).ok_or_else(|| {
+                let minb4 = EXPDEC_GU_MINB4_FORMATS.map(|f| f.name()).join(", ");
+                format!("EXPDEC_MINB={} has no {} gate/up entry (it spills in 64 registers; 4 blocks per SM is compiled for {minb4} only): set EXPDEC_MINB=2", self.minb, gf.name())
+            })?;
+            Some(kernel)
+        } else {
+            None
+        };
         let gu = match expdec_gu {
             Some(kernel) => Launch { kernel, blocks: n * n_ff32.div_ceil(rb), smem: gu_smem, rows_per_block: rb },
             None => plain(&format!("moe_gu_{}", gf.tag()), n * (n_ff32 / MOE_GU_ROWS), MOE_GU_ROWS),
@@ -182,7 +196,7 @@ impl ExpertKnobs {
             Some(kernel) => Launch { kernel, blocks: n * n_embd32.div_ceil(drb), smem: down_smem, rows_per_block: drb },
             None => plain(&format!("moe_down_{}", df.tag()), n * n_embd32.div_ceil(MMVQ_WARPS), MMVQ_WARPS),
         };
-        ExpertPlan { gu, down }
+        Ok(ExpertPlan { gu, down })
     }
 }
 
@@ -252,35 +266,43 @@ mod tests {
     #[test]
     fn plan_follows_the_knobs() {
         let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1 };
-        let p = on.plan((Iq3S, Q2_0), 2560, 640, 40);
+        let p = on.plan((Iq3S, Q2_0), 2560, 640, 40).unwrap();
         assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.
         assert_eq!(p.down, Launch { kernel: "expdec_down_q2_0_d4_m2", blocks: 40 * 2560u32.div_ceil(96), smem: expdec_down_smem(20, 4), rows_per_block: 96 });
-        assert_eq!(on.plan((Iq3S, Iq4Nl), 2560, 640, 40).down.kernel, "expdec_down_iq4_nl_d4_m2");
+        assert_eq!(on.plan((Iq3S, Iq4Nl), 2560, 640, 40).unwrap().down.kernel, "expdec_down_iq4_nl_d4_m2");
         let m4 = ExpertKnobs { minb: 4, dminb: 4, dr: 2, ..on };
-        assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40).down.kernel, "expdec_down_iq4_nl_d2_m4");
-        assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40).gu.kernel, "expdec_gu_iq3_s_r1_m4");
+        assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40).unwrap().down.kernel, "expdec_down_iq4_nl_d2_m4");
+        assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
         // Knobs off, formats without EXPDEC entries, rows too long: the default kernels.
         let off = ExpertKnobs { expdec: false, down: false, d20: false, ..on };
-        let p = off.plan((Iq3S, Q2_0), 2560, 640, 40);
+        let p = off.plan((Iq3S, Q2_0), 2560, 640, 40).unwrap();
         assert_eq!((p.gu.kernel, p.gu.blocks, p.down.kernel, p.down.blocks), ("moe_gu_iq3_s", 40 * 20, "moe_down_q2_0", 40 * 640));
-        assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8).gu.kernel, "moe_gu_iq4_xs");
-        assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8).down.kernel, "moe_down_iq3_s");
-        assert_eq!(on.plan((Iq2S, Q2_0), 2048, 2048, 8).down.kernel, "moe_down_q2_0");
+        assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8).unwrap().gu.kernel, "moe_gu_iq4_xs");
+        assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8).unwrap().down.kernel, "moe_down_iq3_s");
+        assert_eq!(on.plan((Iq2S, Q2_0), 2048, 2048, 8).unwrap().down.kernel, "moe_down_q2_0");
         // Staged rows over 48 KiB: the default gate/up.
         assert!(expdec_gu_smem(12288, 64, 2048) > EXPDEC_SMEM_MAX);
-        assert_eq!(on.plan((Iq2S, Q2_0), 12288, 640, 8).gu.kernel, "moe_gu_iq2_s");
+        assert_eq!(on.plan((Iq2S, Q2_0), 12288, 640, 8).unwrap().gu.kernel, "moe_gu_iq2_s");
+        // Q8_0 gate/up has no entry at 4 blocks per SM: refused, naming it; at 2, or with
+        // EXPDEC gate/up off, it plans.
+        let e = m4.plan((Q8_0, Q2_0), 2560, 640, 40).unwrap_err();
+        assert!(e.contains("EXPDEC_MINB=4 has no Q8_0 gate/up entry"), "{e}");
+        assert_eq!(on.plan((Q8_0, Q2_0), 2560, 640, 40).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
+        assert_eq!(ExpertKnobs { expdec: false, ..m4 }.plan((Q8_0, Q2_0), 2560, 640, 40).unwrap().gu.kernel, "moe_gu_q8_0");
+        // Combinations `check` refuses are refused by the plan too.
+        assert!(ExpertKnobs { r: 2, ..m4 }.plan((Iq3S, Q2_0), 2560, 640, 40).unwrap_err().contains("EXPDEC_MINB=4 needs"));
     }
 
     #[test]
     fn rows_per_block_zero_follows_the_minimum_blocks_rule() {
         let auto = ExpertKnobs { rb: 0, drb: 0, minblk: 400, dminb: 2, ..ExpertKnobs::default() };
         // 10 selections of n_ff 640: 20 blocks each at 32 rows, 10 at 64, 5 at 128.
-        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 10).gu.rows_per_block, 32);
-        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 40).gu.rows_per_block, 64);
-        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 80).gu.rows_per_block, 128);
+        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 10).unwrap().gu.rows_per_block, 32);
+        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 40).unwrap().gu.rows_per_block, 64);
+        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 80).unwrap().gu.rows_per_block, 128);
         // 256, 128, 64 rows per block: 100, 200, 400 blocks; 64 rounds to two steps of 12 x 2.
-        let p = ExpertKnobs { dr: 2, ..auto }.plan((Iq2Xxs, Q2_0), 2560, 640, 10);
+        let p = ExpertKnobs { dr: 2, ..auto }.plan((Iq2Xxs, Q2_0), 2560, 640, 10).unwrap();
         assert_eq!((p.down.rows_per_block, p.down.blocks), (48, 10 * 2560u32.div_ceil(48)));
     }
 }

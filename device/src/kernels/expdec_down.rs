@@ -76,17 +76,20 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
             // After the first step: the previous step's partials have been summed.
             sync::sync_lds();
             if slot < slots {
-                crate::unroll!(r in [0, 1, 2, 3] {
-                    if (r as u32) < m {
-                        let (q, dx) = staged_block(smem, r as u32, g, g_count);
-                        crate::unroll!(j in [0, 1, 2, 3] {
-                            if j < DR && row(j) < end_row {
-                                let p = 0.0f32 + contribution_words(&wg[j], &q, dx, pow2);
-                                smem.st_u32(p_base + (r as u32 * step_rows + row(j) - step) * g_count + g, p.to_bits());
-                            }
-                        });
-                    }
-                });
+                // Each partial goes straight to shared memory, so the entries need no unrolled
+                // copies: a loop keeps one entry's addresses live, not four (at 64 registers the
+                // unrolled copies spilled).
+                let mut r = 0;
+                while r < m {
+                    let (q, dx) = staged_block(smem, r, g, g_count);
+                    crate::unroll!(j in [0, 1, 2, 3] {
+                        if j < DR && row(j) < end_row {
+                            let p = 0.0f32 + contribution_words(&wg[j], &q, dx, pow2);
+                            smem.st_u32(p_base + (r * step_rows + row(j) - step) * g_count + g, p.to_bits());
+                        }
+                    });
+                    r += 1;
+                }
             }
             sync::sync_lds();
             // One warp per (entry, row): lane p holds partial p, then the butterfly.
@@ -135,5 +138,5 @@ expdec_down_entries! {
     expdec_down_iq4_nl_d4_m2 => blocks::Iq4Nl, 4;
 }
 
-// Four staged entries, DR <= 4: the unrolled loops list them.
-const _: () = assert!(EXPDEC_ENTRIES == 4 && strata_gpu_shared::launch::EXPDEC_DR[2] == 4);
+// DR <= 4: the unrolled loop lists the rows.
+const _: () = assert!(strata_gpu_shared::launch::EXPDEC_DR[2] == 4);

@@ -129,7 +129,8 @@ unsafe fn expdec_gu<F: Block, const R: usize>(
 }
 
 /// One entry per format, rows per lane and minimum blocks per SM (the launch bounds come from
-/// the gpu-shared table by name; R=2 only at 2 blocks per SM, `EXPDEC_MINB4_MAX_R`).
+/// the gpu-shared table by name; 4 blocks per SM only with R=1 and an IQ format,
+/// `EXPDEC_MINB4_MAX_R` and `EXPDEC_GU_MINB4_FORMATS`).
 macro_rules! expdec_gu_entries {
     ($($name:ident => $block:ty, $r:literal;)*) => {$(
         /// EXPDEC gate/up. Launch as `moe_gu_*` but with `n * ceil(n_ff / rb)` blocks of
@@ -146,8 +147,7 @@ macro_rules! expdec_gu_entries {
 }
 
 expdec_gu_entries! {
-    expdec_gu_q8_0_r1_m2 => blocks::Q8_0, 1; expdec_gu_q8_0_r1_m4 => blocks::Q8_0, 1;
-    expdec_gu_q8_0_r2_m2 => blocks::Q8_0, 2;
+    expdec_gu_q8_0_r1_m2 => blocks::Q8_0, 1; expdec_gu_q8_0_r2_m2 => blocks::Q8_0, 2;
     expdec_gu_iq2_xxs_r1_m2 => blocks::Iq2Xxs, 1; expdec_gu_iq2_xxs_r1_m4 => blocks::Iq2Xxs, 1;
     expdec_gu_iq2_xxs_r2_m2 => blocks::Iq2Xxs, 2;
     expdec_gu_iq2_xs_r1_m2 => blocks::Iq2Xs, 1; expdec_gu_iq2_xs_r1_m4 => blocks::Iq2Xs, 1;

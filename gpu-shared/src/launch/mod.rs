@@ -48,11 +48,14 @@ pub const EXPDEC_DR: [u32; 3] = [1, 2, 4];
 /// Minimum resident blocks per SM the EXPDEC entries are compiled for (`STRATA_EXPDEC_MINB`),
 /// one compiled entry each.
 pub const EXPDEC_MINB: [u32; 2] = [2, 4];
-/// The most rows per lane compiled for 4 blocks per SM (64 registers a thread): R=2 gate/up and
-/// DR=4 down spilled there (220-320 bytes from NVRTC 13.0 on the H200 machine), so those
-/// entries exist for 2 blocks per SM only.
+/// What is compiled for 4 blocks per SM (64 registers a thread), one rule: gate/up with at most
+/// [`EXPDEC_MINB4_MAX_R`] rows per lane and a format of [`EXPDEC_GU_MINB4_FORMATS`], down with at
+/// most [`EXPDEC_MINB4_MAX_DR`]. R=2 gate/up and DR=4 down spilled there (220-320 bytes from
+/// NVRTC 13.0 on the H200 machine), and so did Q8_0's R=1 gate/up (12 bytes, ptxas 13.0 for
+/// sm_90), so those entries exist for 2 blocks per SM only.
 pub const EXPDEC_MINB4_MAX_R: u32 = 1;
 pub const EXPDEC_MINB4_MAX_DR: u32 = 2;
+pub const EXPDEC_GU_MINB4_FORMATS: [WeightFormat; 5] = [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S];
 /// Gate/up rows per block of `expdec_gu_*` (`STRATA_EXPDEC_RB`): whole q8_1 groups of the
 /// SwiGLU output, 1, 2 or 4 of them. A run-time argument.
 pub const EXPDEC_RB: [u32; 3] = [32, 64, 128];
@@ -180,9 +183,13 @@ const fn expdec(kernel: &'static str, min_blocks: u32) -> Bounds {
 
 /// Every EXPDEC entry: `expdec_gu_<format>_r<R>_m<MINB>` and `expdec_down_<format>_d<DR>_m<MINB>`
 /// over [`EXPDEC_R`], [`EXPDEC_DR`] and [`EXPDEC_MINB`] (4 blocks per SM only up to
-/// [`EXPDEC_MINB4_MAX_R`] and [`EXPDEC_MINB4_MAX_DR`]).
+/// [`EXPDEC_MINB4_MAX_R`] and [`EXPDEC_MINB4_MAX_DR`], and for gate/up only in the `gu` formats,
+/// [`EXPDEC_GU_MINB4_FORMATS`]; `gu_m2` formats have 2 blocks per SM only).
 macro_rules! expdec_bounds {
-    (gu: $($g:literal),*; down: $($d:literal),*) => {[
+    (gu_m2: $($g2:literal),*; gu: $($g:literal),*; down: $($d:literal),*) => {[
+        $(
+            expdec(concat!("expdec_gu_", $g2, "_r1_m2"), 2), expdec(concat!("expdec_gu_", $g2, "_r2_m2"), 2),
+        )*
         $(
             expdec(concat!("expdec_gu_", $g, "_r1_m2"), 2), expdec(concat!("expdec_gu_", $g, "_r1_m4"), 4),
             expdec(concat!("expdec_gu_", $g, "_r2_m2"), 2),
@@ -200,7 +207,7 @@ pub const EXPDEC_GU_FORMATS: [WeightFormat; 6] =
     [WeightFormat::Q8_0, WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S];
 pub const EXPDEC_DOWN_FORMATS: [WeightFormat; 2] = [WeightFormat::Q2_0, WeightFormat::Iq4Nl];
 
-const EXPDEC_BOUNDS: [Bounds; 28] = expdec_bounds!(gu: "q8_0", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"; down: "q2_0", "iq4_nl");
+const EXPDEC_BOUNDS: [Bounds; 27] = expdec_bounds!(gu_m2: "q8_0"; gu: "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"; down: "q2_0", "iq4_nl");
 
 /// `a` then `b`, in a const context.
 const fn join<const A: usize, const B: usize, const N: usize>(a: [Bounds; A], b: [Bounds; B]) -> [Bounds; N] {
@@ -300,6 +307,8 @@ mod tests {
         assert_eq!(expdec_gu_kernel(WeightFormat::Iq2Xs, 2, 2), Some("expdec_gu_iq2_xs_r2_m2"));
         assert_eq!(expdec_gu_kernel(WeightFormat::Iq2Xs, 1, 4), Some("expdec_gu_iq2_xs_r1_m4"));
         assert_eq!(expdec_gu_kernel(WeightFormat::Iq2Xs, 2, 4), None);
+        assert_eq!(expdec_gu_kernel(WeightFormat::Q8_0, 1, 2), Some("expdec_gu_q8_0_r1_m2"));
+        assert_eq!(expdec_gu_kernel(WeightFormat::Q8_0, 1, 4), None);
         assert_eq!(expdec_down_kernel(WeightFormat::Q2_0, 4, 2), Some("expdec_down_q2_0_d4_m2"));
         assert_eq!(expdec_gu_kernel(WeightFormat::Iq4Nl, 1, 2), None);
         assert_eq!(expdec_gu_kernel(WeightFormat::Iq2S, 3, 2), None);
@@ -308,10 +317,11 @@ mod tests {
 
     #[test]
     fn every_expdec_entry_is_in_the_table() {
+        assert!(EXPDEC_GU_MINB4_FORMATS.iter().all(|f| EXPDEC_GU_FORMATS.contains(f)));
         for f in EXPDEC_GU_FORMATS {
             for r in EXPDEC_R {
                 for m in EXPDEC_MINB {
-                    if m == 4 && r > EXPDEC_MINB4_MAX_R {
+                    if m == 4 && (r > EXPDEC_MINB4_MAX_R || !EXPDEC_GU_MINB4_FORMATS.contains(&f)) {
                         assert_eq!(expdec_gu_kernel(f, r, m), None);
                         continue;
                     }
