@@ -68,25 +68,29 @@ pub const fn attn_max_band(hd: usize) -> usize {
 /// and head.
 pub const ATTN_CHUNK_SMEM_WORDS: u32 = (ATTN_MAX_BAND * (ATTN_MAX_HD + ATTN_CHUNK)) as u32 + ATTN_THREADS / 32 * ATTN_MAX_BAND as u32;
 
-/// Query heads per `attn_chunk` block: the most (a divisor of the group's `n_q / n_kv`, at most
-/// [`attn_max_band`]) whose grid of `tokens * (n_q / band) * split` blocks still has at least
-/// `min_blocks`, else 1. A wider band reads the keys and values fewer times but leaves fewer
-/// blocks to spread over the SMs; any band gives the same bits.
+/// Query heads per `attn_chunk` block: the widest band (the group's largest divisor at most
+/// [`attn_max_band`]) when its grid of `tokens * (n_q / band) * split` blocks has at least
+/// `min_blocks`, else 1 (`attn_chunk_one`, which runs twice the blocks per SM). A wide band reads
+/// the keys and values once for all its heads but leaves fewer, longer blocks; on the H200 the
+/// bands in between were never the fastest (`strata bench attention --bands`). Any band gives
+/// the same bits.
 pub const fn attn_band(n_q: usize, n_kv: usize, hd: usize, tokens: usize, split: usize, min_blocks: usize) -> usize {
     let group = n_q / n_kv;
     let widest = attn_max_band(hd);
     let mut band = if group < widest { group } else { widest };
-    while band > 1 {
-        if group % band == 0 && tokens * (n_q / band) * split >= min_blocks {
-            return band;
-        }
+    while group % band != 0 {
         band -= 1;
     }
-    1
+    if tokens * (n_q / band) * split >= min_blocks {
+        band
+    } else {
+        1
+    }
 }
 
-/// [`attn_band`]'s `min_blocks` per SM of the device.
-pub const ATTN_BAND_BLOCKS_PER_SM: usize = 2;
+/// [`attn_band`]'s `min_blocks` per SM of the device: the wide band's grid must fill 3 blocks a
+/// SM (2 are resident at once), measured on the H200 (docs/kernels/attention.md).
+pub const ATTN_BAND_BLOCKS_PER_SM: usize = 3;
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
 pub const BOUNDS: [Bounds; 4] = [
@@ -117,17 +121,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn band_is_the_widest_divisor_that_keeps_the_blocks() {
-        // 30b-a3b heads (8 a group), one token: depth 32768 (split 128) takes the whole group,
-        // depth 8192 (split 32) two heads a block at 264 blocks, depth 0 one.
-        assert_eq!(attn_band(32, 4, 128, 1, 128, 264), 8);
-        assert_eq!(attn_band(32, 4, 128, 1, 32, 264), 2);
-        assert_eq!(attn_band(32, 4, 128, 1, 1, 264), 1);
-        // Bands divide the group: 6 heads a group, at most 8 a band.
+    fn band_is_the_widest_divisor_or_one() {
+        // 30b-a3b heads (8 a group) on 132 SMs (396 blocks): one token takes the whole group from
+        // depth 16384 (split 128: 512 blocks), one head a block below (split 64: 256 blocks);
+        // eight tokens from depth 2048 (split 16: 512 blocks).
+        assert_eq!(attn_band(32, 4, 128, 1, 128, 396), 8);
+        assert_eq!(attn_band(32, 4, 128, 1, 64, 396), 1);
+        assert_eq!(attn_band(32, 4, 128, 8, 16, 396), 8);
+        assert_eq!(attn_band(32, 4, 128, 4, 16, 396), 1);
+        assert_eq!(attn_band(32, 4, 128, 1, 1, 396), 1);
+        // Bands divide the group: 6 heads a group gives 6, 12 heads of 256 values (at most 4)
+        // give 4, 7 heads give 7 at 128 values and 1 at 256 (no divisor of 7 in 2..=4).
         assert_eq!(attn_band(12, 2, 128, 8, 256, 1), 6);
-        assert_eq!(attn_band(12, 2, 128, 1, 64, 200), 3);
-        // Groups wider than a band: 16 a group gives at most 8, and 4 for 256-value heads
-        // (one thread set of four heads).
+        assert_eq!(attn_band(12, 1, 256, 1, 256, 1), 4);
+        assert_eq!(attn_band(7, 1, 128, 1, 256, 1), 7);
+        assert_eq!(attn_band(7, 1, 256, 1, 256, 1), 1);
+        // Groups wider than a band: 16 a group gives at most 8, and 4 for 256-value heads.
         assert_eq!(attn_band(16, 1, 128, 1, 256, 1), 8);
         assert_eq!(attn_band(16, 1, 256, 1, 256, 1), 4);
         assert_eq!(attn_max_band(64), 8);
