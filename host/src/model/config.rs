@@ -54,6 +54,11 @@ impl HybridConfig {
     pub fn inner(&self) -> usize {
         self.n_v_heads * self.d_state
     }
+
+    /// The delta rule's shape for a window of `tokens` (0: the state alone).
+    pub fn recur_shape(&self, tokens: usize) -> strata_gpu_shared::replica::gdn::RecurShape {
+        strata_gpu_shared::replica::gdn::RecurShape { tokens, n_k: self.n_k_heads, n_v: self.n_v_heads, d: self.d_state }
+    }
 }
 
 impl ModelConfig {

@@ -17,7 +17,6 @@ use crate::ops::norm::NormOps;
 use crate::ops::route::RouteOps;
 use crate::ops::spec::SpecOps;
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::replica::gdn::RecurShape;
 
 pub struct CpuExecutor {
     model: Arc<Model>,
@@ -252,7 +251,7 @@ impl Executor for CpuExecutor {
             }
             Op::GdnRecur { layer, dt_bias, a } => {
                 let h = c.hybrid.as_ref().expect("GDN ops come from a hybrid model");
-                let shape = RecurShape { tokens: t, n_k: h.n_k_heads, n_v: h.n_v_heads, d: h.d_state };
+                let shape = h.recur_shape(t);
                 let mut o = self.take(Act::Gdn);
                 let (_, state) = &mut self.gdn[layer];
                 let r = self.cpu.gdn_recur(

@@ -28,7 +28,6 @@ use crate::ops::route::ArgmaxScratch;
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::launch::attention::attn_split;
 use strata_gpu_shared::moe;
-use strata_gpu_shared::replica::gdn::RecurShape;
 
 /// A weight on the device: a matrix as the file stores it, or a prepared f32 vector.
 enum DevWeight {
@@ -295,10 +294,7 @@ impl GpuExecutor {
     }
 
     fn f32s(&self, id: WeightId) -> &CudaSlice<f32> {
-        match &self.weights[&id] {
-            DevWeight::F32(v) => v,
-            DevWeight::Bytes(_) => unreachable!("{} is a prepared vector", self.model.weights.get(id).name),
-        }
+        prepared(&self.weights, &self.model, id)
     }
 
     /// The first `rows` rows of an activation, copied to the host once the stream is done.
@@ -476,14 +472,8 @@ impl Executor for GpuExecutor {
                     &view(k),
                     &view(v),
                     strides,
-                    match &self.weights[&q_norm] {
-                        DevWeight::F32(v) => v,
-                        DevWeight::Bytes(_) => unreachable!("norms are prepared vectors"),
-                    },
-                    match &self.weights[&k_norm] {
-                        DevWeight::F32(v) => v,
-                        DevWeight::Bytes(_) => unreachable!("norms are prepared vectors"),
-                    },
+                    prepared(&self.weights, &model, q_norm),
+                    prepared(&self.weights, &model, k_norm),
                     &self.rope,
                     shape,
                     &self.pos,
@@ -513,23 +503,17 @@ impl Executor for GpuExecutor {
                 let h = c.hybrid.as_ref().expect("GDN ops come from a hybrid model");
                 let mut o = self.take(Act::Conv);
                 let (ring, _) = self.gdn[layer].as_mut().expect("GDN layers have their state");
-                let taps = match &self.weights[&taps] {
-                    DevWeight::F32(v) => v,
-                    DevWeight::Bytes(_) => unreachable!("conv taps are prepared vectors"),
-                };
+                let taps = prepared(&self.weights, &model, taps);
                 let r = self.gpu.gdn_conv_queue(&self.act[&Act::Mixed], taps, ring, &mut o, &self.pos, t, h.conv_channels(), h.d_conv);
                 self.act.insert(Act::Conv, o);
                 r
             }
             Op::GdnRecur { layer, dt_bias, a } => {
                 let h = c.hybrid.as_ref().expect("GDN ops come from a hybrid model");
-                let shape = RecurShape { tokens: t, n_k: h.n_k_heads, n_v: h.n_v_heads, d: h.d_state };
+                let shape = h.recur_shape(t);
                 let mut o = self.take(Act::Gdn);
                 let (_, state) = self.gdn[layer].as_mut().expect("GDN layers have their state");
-                let vec = |id: WeightId| match &self.weights[&id] {
-                    DevWeight::F32(v) => v,
-                    DevWeight::Bytes(_) => unreachable!("GDN biases are prepared vectors"),
-                };
+                let vec = |id: WeightId| prepared(&self.weights, &model, id);
                 let (act, pos) = (&self.act, &self.pos);
                 let r = self.gpu.gdn_recur_queue(&act[&Act::Conv], &act[&Act::Alpha], &act[&Act::Beta], vec(dt_bias), vec(a), state, &mut o, pos, shape, c.rms_eps, attn_scale(h.d_state));
                 self.act.insert(Act::Gdn, o);
@@ -632,5 +616,14 @@ impl Executor for GpuExecutor {
             }
         }
         Some(out)
+    }
+}
+
+/// A prepared vector's device buffer (norms, biases, conv taps): a free function over the weight
+/// map, so the executor can hold a cache or state mutably while it reads one.
+fn prepared<'a>(weights: &'a HashMap<WeightId, DevWeight>, model: &Model, id: WeightId) -> &'a CudaSlice<f32> {
+    match &weights[&id] {
+        DevWeight::F32(v) => v,
+        DevWeight::Bytes(_) => unreachable!("{} is a prepared vector", model.weights.get(id).name),
     }
 }

@@ -17,7 +17,6 @@ use crate::model::{Mixer, ModelConfig, WeightId, Weights};
 use crate::ops::attention::QkvStrides;
 use crate::ops::route::SampleParams;
 use strata_gpu_shared::launch::gdn::gdn_conv_ring;
-use strata_gpu_shared::replica::gdn::RecurShape;
 
 /// The most tokens one step takes (a verify window).
 pub const MAX_WINDOW: usize = 8;
@@ -177,7 +176,7 @@ impl StateSizes {
         let layers = (0..c.cache_layers())
             .map(|i| match &c.hybrid {
                 Some(h) if h.recurrent.get(i) == Some(&true) => {
-                    let shape = RecurShape { tokens: 0, n_k: h.n_k_heads, n_v: h.n_v_heads, d: h.d_state };
+                    let shape = h.recur_shape(0);
                     LayerState { kv: 0, ring: gdn_conv_ring(h.d_conv) * h.conv_channels(), state: shape.state_len() }
                 }
                 _ => LayerState { kv, ring: 0, state: 0 },
