@@ -5,7 +5,8 @@
 
 /// `log2(e)`, `ln(2)` split into a high part with 16 significant bits (so `n * LN2_HI` is exact
 /// for the `|n| <= 150` used here) and the rest.
-const LOG2E: f32 = 1.442_695_04;
+const LOG2E: f32 = core::f32::consts::LOG2_E;
+const _: () = assert!(LOG2E.to_bits() == 0x3fb8_aa3b);
 const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
 const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
 /// 1.5 * 2^23: adding and subtracting it rounds an |x| < 2^22 to the nearest integer (ties even).
@@ -154,7 +155,7 @@ mod tests {
     #[test]
     fn sqrt_rn_matches_ieee_sqrt() {
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut check = |x: f32| {
+        let check = |x: f32| {
             let (a, b) = (sqrt_rn(x), std::primitive::f32::sqrt(x));
             assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "sqrt({x:e} = {:#x}): {a:e} vs {b:e}", x.to_bits());
         };
