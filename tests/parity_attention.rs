@@ -14,7 +14,7 @@ use strata::host::ops::attention::{
 };
 use strata::host::parity::Outcome;
 use strata::host::Error;
-use strata_gpu_shared::launch::attention::attn_max_band;
+use strata_gpu_shared::launch::attention::{attn_band_fits, attn_max_band};
 
 fn check(o: Outcome) {
     eprintln!("  {} {}: {} passed {} nmse {:?}", o.kernel, o.shape, o.backends.join("="), o.passed(), o.nmse);
@@ -205,7 +205,7 @@ fn every_grid_gives_the_same_bits() {
             CpuBackend::new().attention(&c.q, &c.k_cache, &c.v_cache, s, c.pos0, c.scale, &mut want).unwrap();
             let (dq, dkc, dvc) = (gpu.upload("attention", &c.q).unwrap(), gpu.upload("attention", &c.k_cache).unwrap(), gpu.upload("attention", &c.v_cache).unwrap());
             let dpos = gpu.upload("attention", &[c.pos0 as u32]).unwrap();
-            let bands: Vec<usize> = (1..=attn_max_band(s.hd)).filter(|b| (s.n_q / s.n_kv) % b == 0).collect();
+            let bands: Vec<usize> = (1..=attn_max_band(s.hd)).filter(|&b| attn_band_fits(s.n_q, s.n_kv, s.hd, b)).collect();
             assert!(bands.len() > 1, "{heads:?} offers one band only");
             for bound in [1, 256, 3000, 9000, c.pos0 + s.tokens, s.n_ctx] {
                 for &band in &bands {

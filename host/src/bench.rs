@@ -419,7 +419,7 @@ pub fn attention(
 ) -> Result<Vec<AttnRow>> {
     use crate::ops::attention::{attn_part_len, AttnShape};
     use strata_gpu_shared::f16::f32_to_f16;
-    use strata_gpu_shared::launch::attention::attn_max_band;
+    use strata_gpu_shared::launch::attention::attn_band_fits;
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut rows = Vec::new();
     for &depth in depths {
@@ -441,7 +441,7 @@ pub fn attention(
             let rule = g.attn_band(shape, depth + t);
             let mut seen = Vec::new();
             for band in bands.iter().map(|&b| if b == 0 { rule } else { b }) {
-                if seen.contains(&band) || (n_q / n_kv) % band != 0 || band > attn_max_band(hd) {
+                if seen.contains(&band) || !attn_band_fits(n_q, n_kv, hd, band) {
                     continue;
                 }
                 seen.push(band);

@@ -68,6 +68,12 @@ pub const fn attn_max_band(hd: usize) -> usize {
 /// and head.
 pub const ATTN_CHUNK_SMEM_WORDS: u32 = (ATTN_MAX_BAND * (ATTN_MAX_HD + ATTN_CHUNK)) as u32 + ATTN_THREADS / 32 * ATTN_MAX_BAND as u32;
 
+/// Whether `attn_chunk` takes bands of `band` query heads for `n_q` query heads over `n_kv` KV
+/// groups of `hd` values: a divisor of the group's `n_q / n_kv`, at most [`attn_max_band`].
+pub const fn attn_band_fits(n_q: usize, n_kv: usize, hd: usize, band: usize) -> bool {
+    band > 0 && band <= attn_max_band(hd) && (n_q / n_kv) % band == 0
+}
+
 /// Query heads per `attn_chunk` block: the widest band (the group's largest divisor at most
 /// [`attn_max_band`]) when its grid of `tokens * (n_q / band) * split` blocks has at least
 /// `min_blocks`, else 1 (`attn_chunk_one`, which runs twice the blocks per SM). A wide band reads
@@ -78,7 +84,7 @@ pub const fn attn_band(n_q: usize, n_kv: usize, hd: usize, tokens: usize, split:
     let group = n_q / n_kv;
     let widest = attn_max_band(hd);
     let mut band = if group < widest { group } else { widest };
-    while group % band != 0 {
+    while !attn_band_fits(n_q, n_kv, hd, band) {
         band -= 1;
     }
     if tokens * (n_q / band) * split >= min_blocks {
@@ -141,5 +147,13 @@ mod tests {
         assert_eq!(attn_band(16, 1, 256, 1, 256, 1), 4);
         assert_eq!(attn_max_band(64), 8);
         assert_eq!(attn_band(4, 4, 128, 1, 256, 1), 1);
+    }
+
+    #[test]
+    fn a_band_fits_when_it_divides_the_group_within_the_widest() {
+        assert!(attn_band_fits(32, 4, 128, 8) && attn_band_fits(32, 4, 128, 4) && attn_band_fits(32, 4, 128, 1));
+        assert!(!attn_band_fits(32, 4, 128, 0) && !attn_band_fits(32, 4, 128, 3) && !attn_band_fits(32, 4, 128, 16));
+        assert!(attn_band_fits(16, 1, 256, 4) && !attn_band_fits(16, 1, 256, 8));
+        assert!(attn_band_fits(12, 2, 64, 6) && !attn_band_fits(12, 2, 64, 4));
     }
 }

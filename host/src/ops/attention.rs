@@ -12,7 +12,7 @@ use crate::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
-use strata_gpu_shared::launch::attention::{attn_band, attn_chunk_kernel, attn_chunks, attn_split, attn_max_band, ATTN_BAND_BLOCKS_PER_SM, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
+use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunk_kernel, attn_chunks, attn_split, attn_max_band, ATTN_BAND_BLOCKS_PER_SM, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
 use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
 
 const PREP: &str = "attn_prep";
@@ -342,7 +342,7 @@ impl GpuBackend {
         let s = shape;
         check_lens(CHUNK, &[("part", part.len(), attn_part_len(s)), ("pos", pos.len(), 1)], false)?;
         let band = band.unwrap_or_else(|| self.attn_band(s, ctx_bound));
-        if band == 0 || band > attn_max_band(s.hd) || (s.n_q / s.n_kv) % band != 0 {
+        if !attn_band_fits(s.n_q, s.n_kv, s.hd, band) {
             let detail = format!("a band of {band} query heads does not divide a group of {} (at most {} for {}-value heads)", s.n_q / s.n_kv, attn_max_band(s.hd), s.hd);
             return Err(Error::Shape { kernel: CHUNK, detail });
         }

@@ -52,7 +52,8 @@ pub enum Act {
     GdnNormed,
     Beta,
     Alpha,
-    /// The mixer's output projection (`n_embd`).
+    /// A scratch row of `n_embd`: the MTP block's normed hidden state, before it is concatenated
+    /// (the mixers' output projections add into `X` themselves).
     Proj,
     /// Router logits (`n_expert`).
     Router,
