@@ -21,46 +21,63 @@ STRATA_FN float contribution(const Group& g, const uint8_t* xb, float pow2) {
 }
 
 // This lane's partials of one weight row against up to 8 q8_1 rows, row r at act(r): the mmvq
-// spec before its butterfly (device/src/kernels/mmvq.rs row_partials).
-template <typename F, typename Act>
+// spec before its butterfly (device/src/kernels/mmvq.rs row_partials), AHEAD groups loaded
+// before the first is used.
+template <typename F, int AHEAD, typename Act>
 static __device__ __forceinline__ void row_partials(const uint8_t* wrow, uint32_t groups, uint32_t rows, Act act,
                                                     float* acc) {
   float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
 #pragma unroll
   for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) acc[r] = 0.0f;
-  for (uint32_t b = lane(); b < groups; b += 32) {
-    Group g = F::load(wrow + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS);
+  for (uint32_t b = lane(); b < groups; b += 32 * AHEAD) {
+    Group g[AHEAD];
 #pragma unroll
-    for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
-      if ((uint32_t)r < rows) acc[r] = acc[r] + contribution(g, act(r) + (uint64_t)b * STRATA_Q8_1_BYTES, pow2);
+    for (int i = 0; i < AHEAD; i++) {
+      uint32_t at = b + 32 * i;
+      if (at < groups) g[i] = F::load(wrow + (uint64_t)(at / F::GROUPS) * F::BYTES, at % F::GROUPS);
+    }
+#pragma unroll
+    for (int i = 0; i < AHEAD; i++) {
+      uint32_t at = b + 32 * i;
+      if (at >= groups) continue;
+#pragma unroll
+      for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
+        if ((uint32_t)r < rows) acc[r] = acc[r] + contribution(g[i], act(r) + (uint64_t)at * STRATA_Q8_1_BYTES, pow2);
+      }
     }
   }
 }
 
-template <typename F>
+template <typename F, int AHEAD>
 static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, float* y, uint32_t m,
                                             uint32_t groups, uint32_t rows, uint32_t accumulate) {
   uint32_t row = block_idx() * STRATA_MMVQ_WARPS + warp_in_block();
   if (row >= m) return;
   const uint8_t* wrow = w + (uint64_t)row * (groups / F::GROUPS) * F::BYTES;
   float acc[STRATA_MMVQ_MAX_ROWS];
-  row_partials<F>(wrow, groups, rows, [&](int r) { return x + (uint64_t)r * groups * STRATA_Q8_1_BYTES; }, acc);
+  row_partials<F, AHEAD>(wrow, groups, rows, [&](int r) { return x + (uint64_t)r * groups * STRATA_Q8_1_BYTES; }, acc);
   store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 
-#define MMVQ_ENTRY(name, F)                                                                                     \
+// Per format: the entry for 1..8 activation rows, and the one-row entry (mmvq1_*: the row count
+// a constant, STRATA_MMVQ1_AHEAD weight groups a lane in flight).
+#define MMVQ_ENTRY(name, one, F)                                                                                \
   STRATA_KERNEL(name)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows, \
                       uint32_t accumulate) {                                                                    \
-    mmvq<F>(w, x, y, m, groups, rows, accumulate);                                                              \
+    mmvq<F, 1>(w, x, y, m, groups, rows, accumulate);                                                           \
+  }                                                                                                             \
+  STRATA_KERNEL(one)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t,       \
+                     uint32_t accumulate) {                                                                     \
+    mmvq<F, STRATA_MMVQ1_AHEAD>(w, x, y, m, groups, 1, accumulate);                                             \
   }
 
-MMVQ_ENTRY(mmvq_q8_0, Q8_0)
-MMVQ_ENTRY(mmvq_q6_k, Q6K)
-MMVQ_ENTRY(mmvq_iq2_xxs, Iq2Xxs)
-MMVQ_ENTRY(mmvq_iq2_xs, Iq2Xs)
-MMVQ_ENTRY(mmvq_iq2_s, Iq2S)
-MMVQ_ENTRY(mmvq_iq3_xxs, Iq3Xxs)
-MMVQ_ENTRY(mmvq_iq3_s, Iq3S)
-MMVQ_ENTRY(mmvq_iq4_nl, Iq4Nl)
-MMVQ_ENTRY(mmvq_iq4_xs, Iq4Xs)
-MMVQ_ENTRY(mmvq_q2_0, Q2_0)
+MMVQ_ENTRY(mmvq_q8_0, mmvq1_q8_0, Q8_0)
+MMVQ_ENTRY(mmvq_q6_k, mmvq1_q6_k, Q6K)
+MMVQ_ENTRY(mmvq_iq2_xxs, mmvq1_iq2_xxs, Iq2Xxs)
+MMVQ_ENTRY(mmvq_iq2_xs, mmvq1_iq2_xs, Iq2Xs)
+MMVQ_ENTRY(mmvq_iq2_s, mmvq1_iq2_s, Iq2S)
+MMVQ_ENTRY(mmvq_iq3_xxs, mmvq1_iq3_xxs, Iq3Xxs)
+MMVQ_ENTRY(mmvq_iq3_s, mmvq1_iq3_s, Iq3S)
+MMVQ_ENTRY(mmvq_iq4_nl, mmvq1_iq4_nl, Iq4Nl)
+MMVQ_ENTRY(mmvq_iq4_xs, mmvq1_iq4_xs, Iq4Xs)
+MMVQ_ENTRY(mmvq_q2_0, mmvq1_q2_0, Q2_0)

@@ -125,8 +125,8 @@ static __device__ __forceinline__ void moe_gu(const uint8_t* gate, const uint8_t
       uint32_t local = warp * rows_per_warp + j;
       uint64_t row = (uint64_t)chunk * STRATA_MOE_GU_ROWS + local;
       float gs[STRATA_MMVQ_MAX_ROWS], us[STRATA_MMVQ_MAX_ROWS];
-      row_partials<F>(gate + row * row_bytes, embd_groups, m, act, gs);
-      row_partials<F>(up + row * row_bytes, embd_groups, m, act, us);
+      row_partials<F, 1>(gate + row * row_bytes, embd_groups, m, act, gs);
+      row_partials<F, 1>(up + row * row_bytes, embd_groups, m, act, us);
 #pragma unroll
       for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
         if ((uint32_t)r < m) {
@@ -159,7 +159,7 @@ static __device__ __forceinline__ void moe_down(const uint8_t* w, uint64_t exper
     uint32_t m = count - pass < STRATA_MOE_ENTRY_PASS ? count - pass : STRATA_MOE_ENTRY_PASS;
     auto entry = [&](int r) { return (uint64_t)ld_u32w(entries, pass + r); };
     float acc[STRATA_MMVQ_MAX_ROWS];
-    row_partials<F>(wrow, ff_groups, m, [&](int r) { return hq + entry(r) * ff_groups * STRATA_Q8_1_BYTES; }, acc);
+    row_partials<F, 1>(wrow, ff_groups, m, [&](int r) { return hq + entry(r) * ff_groups * STRATA_Q8_1_BYTES; }, acc);
     store_row_sums(acc, m, false, [&](int r) { return y + entry(r) * n_embd + row; });
   }
 }

@@ -280,6 +280,32 @@ impl WeightFormat {
         }
     }
 
+    /// The `mmvq` entry for one activation row (the 1..8-row entry's body with the row count a
+    /// constant and more weight loads in flight).
+    pub const fn mmvq1_kernel(self) -> &'static str {
+        match self {
+            WeightFormat::Q8_0 => "mmvq1_q8_0",
+            WeightFormat::Q6K => "mmvq1_q6_k",
+            WeightFormat::Iq2Xxs => "mmvq1_iq2_xxs",
+            WeightFormat::Iq2Xs => "mmvq1_iq2_xs",
+            WeightFormat::Iq2S => "mmvq1_iq2_s",
+            WeightFormat::Iq3Xxs => "mmvq1_iq3_xxs",
+            WeightFormat::Iq3S => "mmvq1_iq3_s",
+            WeightFormat::Iq4Nl => "mmvq1_iq4_nl",
+            WeightFormat::Iq4Xs => "mmvq1_iq4_xs",
+            WeightFormat::Q2_0 => "mmvq1_q2_0",
+        }
+    }
+
+    /// The `mmvq` entry a launch of `rows` activation rows runs.
+    pub const fn mmvq_entry(self, rows: usize) -> &'static str {
+        if rows == 1 {
+            self.mmvq1_kernel()
+        } else {
+            self.mmvq_kernel()
+        }
+    }
+
     /// Byte offset of the fp16 scale `d` in a block.
     pub const fn off_d(self) -> usize {
         match self {

@@ -108,6 +108,22 @@ pub fn top_prob_term(x: f32, m: f32) -> f32 {
     }
 }
 
+/// `(p, i)` as one integer whose order is [`argmax_better`]'s, for `p` as [`top_prob_term`]
+/// returns it (a number in `[+0.0, 1]`: no NaN, no `-0.0`): the probability's bits above the
+/// inverted id, so a larger `p` wins and an equal `p` goes to the lower id. The router's kernels
+/// reduce these with integer maxima (`redux.sync` on NVIDIA) instead of comparing pairs. 0 is
+/// below every such key: it marks a slot holding no expert (or one already picked).
+#[inline(always)]
+pub fn prob_key(p: f32, i: u32) -> u64 {
+    ((p.to_bits() as u64) << 32) | !i as u64
+}
+
+/// The probability and id of a [`prob_key`].
+#[inline(always)]
+pub fn prob_key_parts(key: u64) -> (f32, u32) {
+    (f32::from_bits((key >> 32) as u32), !(key as u32))
+}
+
 /// Partial sums per output value: the lanes of one warp.
 pub const LANES: usize = 32;
 
@@ -202,6 +218,31 @@ mod tests {
             let x = f32::from_bits(next() as u32);
             let (a, b) = (x.round_ties_even_core(), std::primitive::f32::round_ties_even(x));
             assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{x:e}");
+        }
+    }
+
+    #[test]
+    fn prob_key_orders_as_argmax_better() {
+        // Probabilities as the router makes them (0, 1, ties, subnormals, neighbours), ids up to
+        // the largest: the keys' order must be `argmax_better`'s, both ways, and round-trip.
+        let mut s = 99u32;
+        let mut next = move || {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            s
+        };
+        let fixed = [0.0f32, 1.0, f32::from_bits(1), f32::MIN_POSITIVE, 0.5, f32::from_bits(0x3f7f_ffff)];
+        let draw = |kind: u32, r: u32| match kind % 3 {
+            0 => fixed[(r % fixed.len() as u32) as usize],
+            1 => f32::from_bits(r % 0x3f80_0001), // any bits in [+0, 1]
+            _ => top_prob_term(-((r % 2000) as f32) * 0.01, 0.0),
+        };
+        for n in 0..200_000u32 {
+            let (pa, pb) = (draw(n, next()), draw(n / 3, next()));
+            let (ia, ib) = (next() % 512, if n % 5 == 0 { u32::MAX - 1 } else { next() % 512 });
+            let (ka, kb) = (prob_key(pa, ia), prob_key(pb, ib));
+            assert_eq!(ka > kb, argmax_better(pa, ia, pb, ib), "({pa:e}, {ia}) vs ({pb:e}, {ib})");
+            assert_eq!(kb > ka, argmax_better(pb, ib, pa, ia), "({pb:e}, {ib}) vs ({pa:e}, {ia})");
+            assert!(ka > 0 && prob_key_parts(ka) == (pa, ia));
         }
     }
 

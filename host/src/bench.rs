@@ -26,6 +26,8 @@ use strata_gpu_shared::replica::quantize_q8_1::quantize;
 #[derive(Clone, Debug)]
 pub struct MmvqRow {
     pub backend: &'static str,
+    /// The entry measured: at one row both the one-row entry and the 1..8-row one.
+    pub kernel: &'static str,
     pub format: WeightFormat,
     pub m: usize,
     pub k: usize,
@@ -86,6 +88,11 @@ pub fn mmvq(
     let s = g.stream();
     let mut rng = SmallRng::seed_from_u64(seed);
     let wbytes = m * format.row_bytes(k);
+    // Each row count on the entry the step launches for it; one row on the 1..8-row entry too.
+    let runs: Vec<(usize, &'static str)> = rows_list
+        .iter()
+        .flat_map(|&r| std::iter::once((r, format.mmvq_entry(r))).chain((r == 1).then_some((r, kernel))))
+        .collect();
     let pool_min = 4 * g.info().l2_bytes.max(1) as usize;
     let slots = pool_min.div_ceil(wbytes).max(2);
     let host_w = random_weights(&mut rng, format, m, k);
@@ -105,7 +112,7 @@ pub fn mmvq(
     s.synchronize().map_err(drv(g, "preparing the pool"))?;
     let s = &s.context().new_stream().map_err(drv(g, "creating the capture stream"))?;
     let mut out = Vec::new();
-    for &rows in rows_list {
+    for (rows, kernel) in runs {
         let rows32 = rows as u32;
         s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(drv(g, "graph capture"))?;
         for c in 0..calls {
@@ -135,7 +142,7 @@ pub fn mmvq(
         }
         let us = median(us);
         let bytes = wbytes + rows * (k / GROUP) * q8_1::BYTES;
-        out.push(MmvqRow { backend: g.name_static(), format, m, k, rows, us, gbps: bytes as f64 / (us * 1e-6) / 1e9, slots });
+        out.push(MmvqRow { backend: g.name_static(), kernel, format, m, k, rows, us, gbps: bytes as f64 / (us * 1e-6) / 1e9, slots });
     }
     Ok(out)
 }

@@ -403,7 +403,7 @@ impl GpuBackend {
         accumulate: bool,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let kernel = format.mmvq_kernel();
+        let kernel = format.mmvq_entry(rows);
         if k == 0 || k % format.block_values() != 0 || k > u32::MAX as usize {
             return Err(Error::Shape { kernel, detail: format!("row length {k} is not a positive multiple of {} in u32", format.block_values()) });
         }

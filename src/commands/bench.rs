@@ -668,7 +668,7 @@ fn mmvq(a: &MmvqArgs) -> anyhow::Result<ExitCode> {
     if !a.json {
         println!("device: {}, {} SMs, L2 {} MiB", info.name, info.sm_count, info.l2_bytes >> 20);
         println!("device-to-device copy: {copy:.0} GB/s (1 GiB, read + write bytes, median of 5)");
-        print!("{:<8} {:<12} {:>4}", "format", "shape", "rows");
+        print!("{:<8} {:<12} {:>4} {:<15}", "format", "shape", "rows", "kernel");
         for g in &gpus {
             print!(" | {:>9} {:>7} {:>5}", format!("{} us", g.name_static()), "GB/s", "%copy");
         }
@@ -683,18 +683,19 @@ fn mmvq(a: &MmvqArgs) -> anyhow::Result<ExitCode> {
                 per.push(bench::mmvq(g, format, m, k, &rows, a.run.rounds, a.seed)?);
             }
             eprint!("\r{:60}\r", "");
-            for (i, &r) in rows.iter().enumerate() {
+            for (i, row) in per[0].iter().enumerate() {
+                let r = row.rows;
                 if a.json {
                     for p in &per {
                         let x = &p[i];
                         println!(
                             "{{\"kernel\":\"{}\",\"backend\":\"{}\",\"format\":\"{}\",\"m\":{m},\"k\":{k},\"rows\":{r},\"us\":{:.3},\"gbps\":{:.1},\"copy_gbps\":{copy:.1},\"pct_copy\":{:.1},\"pool_slots\":{}}}",
-                            format.mmvq_kernel(), x.backend, format.name(), x.us, x.gbps, 100.0 * x.gbps / copy, x.slots
+                            x.kernel, x.backend, format.name(), x.us, x.gbps, 100.0 * x.gbps / copy, x.slots
                         );
                     }
                     continue;
                 }
-                print!("{:<8} {:<12} {:>4}", format.name(), format!("{m}x{k}"), r);
+                print!("{:<8} {:<12} {:>4} {:<15}", format.name(), format!("{m}x{k}"), r, row.kernel);
                 for p in &per {
                     let x = &p[i];
                     print!(" | {:>9.2} {:>7.0} {:>5.1}", x.us, x.gbps, 100.0 * x.gbps / copy);

@@ -19,6 +19,11 @@ pub struct Group {
     pub f: [i32; 2],
 }
 
+impl Group {
+    /// A placeholder for a group slot that holds none.
+    pub const ZERO: Group = Group { d: 0.0, w: [0; 8], f: [0; 2] };
+}
+
 /// Where a format's codebook words are read from.
 pub trait Grid: Copy {
     /// Word `i` of the codebook.

@@ -9,7 +9,7 @@
 use super::blocks::{self, Block};
 use crate::arch::{convert, index, int, mem, warp};
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MMVQ_WARPS};
+use strata_gpu_shared::launch::{MMVQ1_AHEAD, MMVQ_MAX_ROWS, MMVQ_WARPS};
 
 // The unrolled row loop below lists the slots 0..8.
 const _: () = assert!(MMVQ_MAX_ROWS == 8);
@@ -38,26 +38,40 @@ pub fn contribution_words(g: &blocks::Group, q: &[u32; 8], dx: f32, pow2: f32) -
 /// This lane's partials of one weight row (`groups` groups of `F` at `wrow`) against up to 8
 /// q8_1 activation rows, row `r` starting at `act(r)`: partial `r` sums, left to right from +0.0,
 /// the contributions of groups `lane, lane + 32, ...`. The mmvq spec before its butterfly; every
-/// kernel that multiplies quantized weights by q8_1 rows is built on it.
+/// kernel that multiplies quantized weights by q8_1 rows is built on it. `AHEAD` groups are
+/// loaded before the first of them is used (a choice of the caller's, trading registers for
+/// loads in flight: it changes no bits).
 ///
 /// # Safety
 /// `wrow` holds the row's whole blocks; each `act(r)` for `r < rows` holds `groups` q8_1
 /// blocks, 4-byte aligned; `rows <= MMVQ_MAX_ROWS`.
 #[inline(always)]
-pub unsafe fn row_partials<F: Block>(wrow: *const u8, groups: u32, rows: u32, act: impl Fn(usize) -> *const u8) -> [f32; MMVQ_MAX_ROWS] {
+pub unsafe fn row_partials<F: Block, const AHEAD: usize>(wrow: *const u8, groups: u32, rows: u32, act: impl Fn(usize) -> *const u8) -> [f32; MMVQ_MAX_ROWS] {
+    const { assert!(1 <= AHEAD && AHEAD <= 4) };
     // 2^-k, exact: the group's integer dot times it is the exact rational S / 2^k.
     let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
     let mut acc = [0.0f32; MMVQ_MAX_ROWS];
     let mut b = index::lane();
     while b < groups {
-        let g = F::load(wrow.add((b / F::GROUPS) as usize * F::BYTES), b % F::GROUPS);
-        // One unrolled copy per row slot so `acc` stays in registers; slots past `rows` skip.
-        crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
-            if (r as u32) < rows {
-                acc[r] += contribution(&g, act(r).add(b as usize * q8_1::BYTES), pow2);
+        let at = |i: usize| b + 32 * i as u32;
+        // Unrolled (`AHEAD <= 4`) so the groups stay in registers.
+        let mut g = [blocks::Group::ZERO; AHEAD];
+        crate::unroll!(i in [0, 1, 2, 3] {
+            if i < AHEAD && at(i) < groups {
+                g[i] = F::load(wrow.add((at(i) / F::GROUPS) as usize * F::BYTES), at(i) % F::GROUPS);
             }
         });
-        b += 32;
+        crate::unroll!(i in [0, 1, 2, 3] {
+            if i < AHEAD && at(i) < groups {
+                // One unrolled copy per row slot so `acc` stays in registers; slots past `rows` skip.
+                crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    if (r as u32) < rows {
+                        acc[r] += contribution(&g[i], act(r).add(at(i) as usize * q8_1::BYTES), pow2);
+                    }
+                });
+            }
+        });
+        b += 32 * AHEAD as u32;
     }
     acc
 }
@@ -73,7 +87,7 @@ pub fn prefetch_row<F: Block>(w: *const u8, m: u32, groups: u32) {
     }
 }
 
-/// The shared body of every `mmvq_*` entry.
+/// The shared body of every `mmvq_*` entry, `AHEAD` weight groups a lane in flight.
 ///
 /// # Safety
 /// `w`: `m` rows of `groups` 32-value groups of `F` (whole blocks); `x`: `rows * groups` q8_1
@@ -81,19 +95,21 @@ pub fn prefetch_row<F: Block>(w: *const u8, m: u32, groups: u32) {
 /// overlapping the inputs; `1 <= rows <= MMVQ_MAX_ROWS`. `accumulate`: 0 stores the sums, 1 adds
 /// them to `y`'s values.
 #[inline(always)]
-unsafe fn mmvq<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
+unsafe fn mmvq<F: Block, const AHEAD: usize>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
     let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
     if row >= m {
         return; // whole warp: the butterfly below needs every lane, and gets it
     }
     let wrow = w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES);
-    let acc = row_partials::<F>(wrow, groups, rows, |r| x.add(r * groups as usize * q8_1::BYTES));
+    let acc = row_partials::<F, AHEAD>(wrow, groups, rows, |r| x.add(r * groups as usize * q8_1::BYTES));
     warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
 }
 
-/// Declares one `extern "ptx-kernel"` entry per format over the shared body.
+/// Declares, per format, the `extern "ptx-kernel"` entry for 1..8 activation rows and the one
+/// for a single row (`mmvq1_*`: the row count a constant, which frees the registers of seven
+/// row slots for `MMVQ1_AHEAD` weight groups in flight) over the shared body.
 macro_rules! mmvq_entries {
-    ($($name:ident => $block:ty),* $(,)?) => {$(
+    ($($name:ident, $one:ident => $block:ty),* $(,)?) => {$(
         /// `mmvq` for one weight format. Launch: `ceil(m / MMVQ_WARPS)` blocks of
         /// `32 * MMVQ_WARPS` threads.
         ///
@@ -103,20 +119,32 @@ macro_rules! mmvq_entries {
         pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
             prefetch_row::<$block>(w, m, groups);
             crate::arch::sync::chain_grids();
-            mmvq::<$block>(w, x, y, m, groups, rows, accumulate)
+            mmvq::<$block, 1>(w, x, y, m, groups, rows, accumulate)
+        }
+
+        /// `mmvq` of one activation row (`rows` must be 1; the parameter keeps the signature
+        /// of the entry above). Launch as that entry.
+        ///
+        /// # Safety
+        /// As `mmvq` with `rows == 1`.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $one(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, _rows: u32, accumulate: u32) {
+            prefetch_row::<$block>(w, m, groups);
+            crate::arch::sync::chain_grids();
+            mmvq::<$block, { MMVQ1_AHEAD as usize }>(w, x, y, m, groups, 1, accumulate)
         }
     )*};
 }
 
 mmvq_entries! {
-    mmvq_q8_0 => blocks::Q8_0,
-    mmvq_q6_k => blocks::Q6K,
-    mmvq_iq2_xxs => blocks::Iq2Xxs,
-    mmvq_iq2_xs => blocks::Iq2Xs,
-    mmvq_iq2_s => blocks::Iq2S,
-    mmvq_iq3_xxs => blocks::Iq3Xxs,
-    mmvq_iq3_s => blocks::Iq3S,
-    mmvq_iq4_nl => blocks::Iq4Nl,
-    mmvq_iq4_xs => blocks::Iq4Xs,
-    mmvq_q2_0 => blocks::Q2_0,
+    mmvq_q8_0, mmvq1_q8_0 => blocks::Q8_0,
+    mmvq_q6_k, mmvq1_q6_k => blocks::Q6K,
+    mmvq_iq2_xxs, mmvq1_iq2_xxs => blocks::Iq2Xxs,
+    mmvq_iq2_xs, mmvq1_iq2_xs => blocks::Iq2Xs,
+    mmvq_iq2_s, mmvq1_iq2_s => blocks::Iq2S,
+    mmvq_iq3_xxs, mmvq1_iq3_xxs => blocks::Iq3Xxs,
+    mmvq_iq3_s, mmvq1_iq3_s => blocks::Iq3S,
+    mmvq_iq4_nl, mmvq1_iq4_nl => blocks::Iq4Nl,
+    mmvq_iq4_xs, mmvq1_iq4_xs => blocks::Iq4Xs,
+    mmvq_q2_0, mmvq1_q2_0 => blocks::Q2_0,
 }

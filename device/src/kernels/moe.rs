@@ -148,8 +148,8 @@ unsafe fn gu<F: Block>(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *c
         for j in 0..rows_per_warp {
             let local = warp * rows_per_warp + j;
             let row = (chunk * MOE_GU_ROWS + local) as usize;
-            let g = row_partials::<F>(gate.add(row * row_bytes), embd_groups, m, act);
-            let u = row_partials::<F>(up.add(row * row_bytes), embd_groups, m, act);
+            let g = row_partials::<F, 1>(gate.add(row * row_bytes), embd_groups, m, act);
+            let u = row_partials::<F, 1>(up.add(row * row_bytes), embd_groups, m, act);
             crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
                 if (r as u32) < m {
                     let h = moe::swiglu(warp::warp_sum_f32(g[r]), warp::warp_sum_f32(u[r]));
@@ -191,7 +191,7 @@ unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: 
     while pass < count {
         let m = (count - pass).min(MOE_ENTRY_PASS);
         let entry = |r: usize| ld(entries, pass as usize + r) as usize;
-        let acc = row_partials::<F>(wrow, ff_groups, m, |r| hq.add(entry(r) * ff_groups as usize * q8_1::BYTES));
+        let acc = row_partials::<F, 1>(wrow, ff_groups, m, |r| hq.add(entry(r) * ff_groups as usize * q8_1::BYTES));
         warp::store_row_sums(&acc, m, false, |r| y.add(entry(r) * n_embd as usize + row as usize));
         pass += MOE_ENTRY_PASS;
     }

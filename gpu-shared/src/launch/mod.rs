@@ -115,13 +115,23 @@ pub const COPY_SEGMENT_WORDS: usize = 4;
 pub const MATVEC_AHEAD: u32 = 16;
 /// Activation rows one `mmvq` launch multiplies.
 pub const MMVQ_MAX_ROWS: usize = 8;
+/// Weight groups a lane of the one-row `mmvq1_*` entries loads before using the first: a row of
+/// up to 4,096 values (4 groups a lane) in one memory latency instead of one latency a group.
+/// (The 1..8-row entries load one at a time: at their 64 registers two spilled.)
+pub const MMVQ1_AHEAD: u32 = 4;
 
 /// The matvec geometry: one warp per weight row, `MMVQ_WARPS` rows per block.
 const fn mmvq(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8, smem_bytes: 0 }
 }
 
-const BASE: [Bounds; 46] = [
+/// The one-row `mmvq1_*` entries: the matvec geometry at 6 blocks per SM (80 registers), room
+/// for [`MMVQ1_AHEAD`] decoded groups (Q6_K spilled at 64).
+const fn mmvq1(kernel: &'static str) -> Bounds {
+    Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 6, smem_bytes: 0 }
+}
+
+const BASE: [Bounds; 56] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q6_k"),
@@ -133,6 +143,16 @@ const BASE: [Bounds; 46] = [
     mmvq("mmvq_iq4_nl"),
     mmvq("mmvq_iq4_xs"),
     mmvq("mmvq_q2_0"),
+    mmvq1("mmvq1_q8_0"),
+    mmvq1("mmvq1_q6_k"),
+    mmvq1("mmvq1_iq2_xxs"),
+    mmvq1("mmvq1_iq2_xs"),
+    mmvq1("mmvq1_iq2_s"),
+    mmvq1("mmvq1_iq3_xxs"),
+    mmvq1("mmvq1_iq3_s"),
+    mmvq1("mmvq1_iq4_nl"),
+    mmvq1("mmvq1_iq4_xs"),
+    mmvq1("mmvq1_q2_0"),
     mmvq("matvec_f32"),
     mmvq("matvec_bf16"),
     mmvq("matvec_f16"),
