@@ -211,7 +211,7 @@ fn every_grid_gives_the_same_bits() {
                 for &band in &bands {
                     let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
                     let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
-                    gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, c.scale, Some(band), &mut part, &mut out).unwrap();
+                    gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, bound >= c.pos0 + s.tokens, c.scale, Some(band), &mut part, &mut out, None).unwrap();
                     let mut got = vec![0f32; s.q_len()];
                     gpu.download("attention", &out, &mut got).unwrap();
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
@@ -267,13 +267,13 @@ fn launchers_check_device_buffers() {
     let mut small_part = gpu.upload("attention", &vec![0f32; 10]).unwrap();
     let mut out = gpu.upload("attention", &vec![0f32; s.q_len() + 3]).unwrap();
     let bound = c.pos0 + s.tokens;
-    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, None, &mut small_part, &mut out)));
-    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, None, &mut part, &mut short)));
+    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, true, c.scale, None, &mut small_part, &mut out, None)));
+    assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, true, c.scale, None, &mut part, &mut short, None)));
     // A band that does not divide the group, or wider than the widest, is a shape error.
     for band in [0, s.n_q / s.n_kv + 1, attn_max_band(s.hd) + 1] {
-        assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, Some(band), &mut part, &mut out)), "band {band}");
+        assert!(is_shape(gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, true, c.scale, Some(band), &mut part, &mut out, None)), "band {band}");
     }
-    gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, c.scale, None, &mut part, &mut out).unwrap();
+    gpu.attention_queue(&dq_out, &dkc, &dvc, s, &dpos, bound, true, c.scale, None, &mut part, &mut out, None).unwrap();
     let mut got = vec![0f32; s.q_len() + 3];
     gpu.download("attention", &out, &mut got).unwrap();
 
@@ -303,4 +303,51 @@ fn launchers_check_device_buffers() {
     gpu.download("attention", &fused_v, &mut got_v).unwrap();
     assert_eq!(bits(&got_q), bits(&q_out), "fused layout: q_out");
     assert!(got_k == kc && got_v == vc, "fused layout: the caches");
+}
+
+/// Contexts of one chunk: with the bound promised (`bound_holds`) `attn_chunk` writes the
+/// outputs itself and no merge runs; they are the merge's bits, and the q8_1 blocks either kernel
+/// writes with `xq` are `quantize_q8_1`'s (the replica's) of those outputs, every byte written
+/// (two runs, the blocks poisoned 0x00 and 0xff). Windows of 1..8 tokens ending anywhere up to
+/// position 256, every band of the heads.
+#[test]
+fn one_chunk_contexts_finish_in_the_chunk_kernel() {
+    use strata_gpu_shared::formats::{q8_1, GROUP};
+    for name in ["cuda", "hip"] {
+        let Some(gpu) = common::open_gpu(name) else { continue };
+        let seed = common::seed("one_chunk_contexts_finish_in_the_chunk_kernel");
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for case in 0..12 {
+            let tokens = rng.random_range(1..=8);
+            let pos0 = if case == 0 { 256 - tokens } else { rng.random_range(0..=256 - tokens) };
+            let heads = [(32, 4, 128), (12, 2, 64), (16, 1, 256)][case % 3];
+            let c = AttnCase::random_heads(&mut rng, tokens, pos0, heads);
+            let s = c.shape;
+            let (dq, dkc, dvc) = (gpu.upload("attention", &c.q).unwrap(), gpu.upload("attention", &c.k_cache).unwrap(), gpu.upload("attention", &c.v_cache).unwrap());
+            let dpos = gpu.upload("attention", &[c.pos0 as u32]).unwrap();
+            let bound = c.pos0 + s.tokens;
+            let blocks = s.q_len() / GROUP * q8_1::BYTES;
+            let run = |holds: bool, band: usize, poison: u8| -> (Vec<u32>, Vec<u8>) {
+                let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
+                let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
+                let mut xq = gpu.upload("attention", &vec![poison; blocks]).unwrap();
+                gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, holds, c.scale, Some(band), &mut part, &mut out, Some(&mut xq)).unwrap();
+                let (mut got, mut got_q) = (vec![0f32; s.q_len()], vec![0u8; blocks]);
+                gpu.download("attention", &out, &mut got).unwrap();
+                gpu.download("attention", &xq, &mut got_q).unwrap();
+                (got.iter().map(|v| v.to_bits()).collect(), got_q)
+            };
+            let (merged, _) = run(false, 1, 0);
+            let mut want_q = vec![0u8; blocks];
+            strata_gpu_shared::replica::quantize_q8_1::quantize(&merged.iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>(), &mut want_q);
+            for band in (1..=attn_max_band(s.hd)).filter(|&b| attn_band_fits(s.n_q, s.n_kv, s.hd, b)) {
+                for (holds, poison) in [(true, 0x00), (true, 0xff), (false, 0x00), (false, 0xff)] {
+                    let (got, got_q) = run(holds, band, poison);
+                    let what = format!("{name}, seed {seed}, case {case}: {tokens} tokens at {pos0}, heads {heads:?}, band {band}, bound holds {holds}, poison {poison:#x}");
+                    assert_eq!(got, merged, "{what}: outputs differ from the merged ones");
+                    assert_eq!(got_q, want_q, "{what}: q8_1 blocks differ from quantize_q8_1 of the outputs (or were not all written)");
+                }
+            }
+        }
+    }
 }

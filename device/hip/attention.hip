@@ -6,6 +6,7 @@
 // is attn_-prefixed: all .hip sources
 // share one translation unit.
 #include "strata_hip.h"
+#include "quantize_q8_1.hip"
 
 #define ATTN_WARPS (STRATA_ATTN_THREADS / 32)
 #define ATTN_PER_LANE (STRATA_ATTN_MAX_HD / 32)
@@ -108,14 +109,30 @@ STRATA_FN float attn_head_max(uint32_t h) {
   return m;
 }
 
+// attn_merge's output value from one part (m, l, o): its fold for a context of one chunk.
+STRATA_FN float attn_one_part(float m, float l, float o) {
+  float big_m = max_f32(attn_neg_inf(), m);
+  float f = exp_neg(m - big_m);
+  return (0.0f + o * f) / (0.0f + l * f);
+}
+
+// Output value `at` of the attention rows, and with xq its warp's 32 values quantized into q8_1
+// block at / 32. The whole warp calls it.
+STRATA_FN void attn_store_output(float* out, uint8_t* xq, uint64_t at, float v) {
+  out[at] = v;
+  if (xq != nullptr) quantize_group(v, xq + at / STRATA_GROUP * STRATA_Q8_1_BYTES);
+}
+
 // Chunk c of token t's len keys for the band's heads h0 .. h0 + heads of KV group g (queries in
 // shared memory): each head's max, softmax sum and weighted values into its part slot. Warp w
 // scores keys w, w + 8, ... for every head; thread i turns key i's scores into softmax terms;
-// thread d of set r sums p_j * v_j[d] and p_j in key order for heads r, r + sets, ... The whole
-// block calls it.
+// thread d of set r sums p_j * v_j[d] and p_j in key order for heads r, r + sets, ... With out
+// not null the context is this one chunk: the heads' outputs (and with xq their q8_1 blocks)
+// instead of parts. The whole block calls it.
 template <uint32_t W>
 STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, uint32_t t, uint32_t h0, uint32_t heads, uint32_t n_q, uint32_t n_kv,
-                              uint32_t hd, uint64_t g, uint32_t len, uint32_t c, float scale, float* part, uint32_t n_chunks) {
+                              uint32_t hd, uint64_t g, uint32_t len, uint32_t c, float scale, float* part, uint32_t n_chunks,
+                              float* out, uint8_t* xq) {
   uint32_t start = c * STRATA_ATTN_CHUNK;
   uint32_t n = len - start < STRATA_ATTN_CHUNK ? len - start : STRATA_ATTN_CHUNK;
   uint64_t stride = (uint64_t)n_kv * hd;
@@ -198,11 +215,16 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
     for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) {
       uint32_t h = r + x * sets;
       if (x < W && h < heads) {
-        float* out = part + (((uint64_t)t * n_q + h0 + h) * n_chunks + c) * (hd + 2);
-        out[2 + d] = o[x];
-        if (d == 0) {
-          out[0] = attn_head_max(h);
-          out[1] = lsum[x];
+        uint64_t head = (uint64_t)t * n_q + h0 + h;
+        if (out != nullptr) {
+          attn_store_output(out, xq, head * hd + d, attn_one_part(attn_head_max(h), lsum[x], o[x]));
+        } else {
+          float* pt = part + (head * n_chunks + c) * (hd + 2);
+          pt[2 + d] = o[x];
+          if (d == 0) {
+            pt[0] = attn_head_max(h);
+            pt[1] = lsum[x];
+          }
         }
       }
     }
@@ -212,39 +234,44 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
 // split blocks per (t, band of heads consecutive query heads of one KV group): block
 // (t * (n_q / heads) + band) * split + s computes chunks s, s + split, ... of the token's
 // context for each head of the band, each into part (t * n_q + h) * n_chunks + c, n_chunks =
-// ceil(n_ctx / STRATA_ATTN_CHUNK).
+// ceil(n_ctx / STRATA_ATTN_CHUNK). With out not null (the host's choice for contexts of one
+// chunk) the outputs directly, and no parts; a longer context traps.
 template <uint32_t W>
 STRATA_FN void attn_chunk_band(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q,
                                                        uint32_t n_kv, uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split,
-                                                       uint32_t heads, float* part) {
+                                                       uint32_t heads, float* part, float* out, uint8_t* xq) {
   uint32_t bands = n_q / heads, b = block_idx();
   if (b >= tokens * bands * split) return;  // the whole block
   uint32_t tb = b / split, first = b % split;
   uint32_t t = tb / bands, h0 = tb % bands * heads;
   uint32_t len = attn_context_len(pos, t, n_ctx), n_chunks = attn_n_chunks(n_ctx);
+  if (out != nullptr && len > STRATA_ATTN_CHUNK) __builtin_trap();
   uint64_t g = h0 / (n_q / n_kv);
   const float* rows = q + ((uint64_t)t * n_q + h0) * hd;
   for (uint32_t i = thread_idx(); i < heads * hd; i += STRATA_ATTN_THREADS) strata_smem[ATTN_Q_WORD + i] = ld_nc_u32((const uint8_t*)(rows + i));
   for (uint32_t c = first; c * STRATA_ATTN_CHUNK < len; c += split) {
     sync_threads();  // the queries are in; the previous chunk's readers are done
-    attn_one_chunk<W>(k_cache, v_cache, t, h0, heads, n_q, n_kv, hd, g, len, c, scale, part, n_chunks);
+    attn_one_chunk<W>(k_cache, v_cache, t, h0, heads, n_q, n_kv, hd, g, len, c, scale, part, n_chunks, out, xq);
   }
 }
 
 // One entry per widest band W (attn_chunk_one: one head a block, fewer registers).
 #define ATTN_CHUNK_ENTRY(name, w)                                                                                                          \
   STRATA_KERNEL(name)(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q, uint32_t n_kv,     \
-                      uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split, uint32_t heads, float* part) {       \
-    attn_chunk_band<w>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part);                               \
+                      uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split, uint32_t heads, float* part,        \
+                      float* out, uint8_t* xq) {                                                                                          \
+    attn_chunk_band<w>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq);                      \
   }
 ATTN_CHUNK_ENTRY(attn_chunk, 8)
 ATTN_CHUNK_ENTRY(attn_chunk_one, 1)
 
 // Block (t, h), thread d < hd: the token's ceil((*pos + t + 1) / STRATA_ATTN_CHUNK) parts
-// combined; every thread folds the maxima and L alike.
-STRATA_KERNEL(attn_merge)(const float* part, uint32_t tokens, uint32_t n_q, uint32_t hd, const uint32_t* pos, uint32_t n_ctx, float* out) {
+// combined; every thread folds the maxima and L alike. With xq each warp also quantizes its 32
+// outputs into their q8_1 block.
+STRATA_KERNEL(attn_merge)(const float* part, uint32_t tokens, uint32_t n_q, uint32_t hd, const uint32_t* pos, uint32_t n_ctx, float* out,
+                          uint8_t* xq) {
   uint32_t th = block_idx(), d = thread_idx();
-  if (th >= tokens * n_q || d >= hd) return;  // no barrier below
+  if (th >= tokens * n_q || d >= hd) return;  // whole warps (hd a multiple of 32); no barrier below
   uint32_t nc = attn_n_chunks(attn_context_len(pos, th / n_q, n_ctx)), n_chunks = attn_n_chunks(n_ctx);
   uint64_t stride = (uint64_t)hd + 2;
   const float* parts = part + (uint64_t)th * n_chunks * stride;
@@ -277,5 +304,5 @@ STRATA_KERNEL(attn_merge)(const float* part, uint32_t tokens, uint32_t n_q, uint
       }
     }
   }
-  out[(uint64_t)th * hd + d] = big_o / big_l;
+  attn_store_output(out, xq, (uint64_t)th * hd + d, big_o / big_l);
 }

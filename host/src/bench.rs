@@ -456,7 +456,7 @@ pub fn attention(
                 let us = median_us(g, rounds, || {
                     i += 1;
                     let (k, v) = &layers[i % 2];
-                    g.attention_queue(&q, k, v, shape, &pos, depth + t, scale, Some(band), &mut part, &mut out)
+                    g.attention_queue(&q, k, v, shape, &pos, depth + t, true, scale, Some(band), &mut part, &mut out, None)
                 })?;
                 let bytes = ((depth + t) * n_kv * hd * 2 * 2) as f64;
                 rows.push(AttnRow { backend: g.name_static(), depth, tokens: t, band, rule: band == rule, us, gbps: bytes / (us * 1e-6) / 1e9 });

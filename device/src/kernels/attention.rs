@@ -7,7 +7,9 @@
 //! in position order, so a token's result does not depend on its window. Spec:
 //! `strata_gpu_shared::replica::attention` (module doc).
 use crate::arch::mem::Smem;
+use super::quantize_q8_1::quantize_group;
 use crate::arch::{convert, index, mem, sync, warp};
+use strata_gpu_shared::formats::{q8_1, GROUP};
 use strata_gpu_shared::launch::attention::{ATTN_CHUNK, ATTN_CHUNK_SMEM_WORDS, ATTN_MAX_BAND, ATTN_MAX_HD, ATTN_PREP_WARPS, ATTN_SET_HEADS, ATTN_THREADS};
 
 // The unrolled lists below name every head of a band and of a thread's set.
@@ -162,13 +164,21 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
 /// sets) sums `p_j * v_j[d]` and `p_j` over the chunk's keys in order for heads `r, r + sets,
 /// ...` of the band (the thread with `d = 0` writes each head's `m` and `l`).
 ///
+/// With `out` not null (the host's choice where every token's context is one chunk:
+/// `split == 1` and a context bound of at most `ATTN_CHUNK` keys) there is nothing to merge:
+/// each thread writes its heads' outputs `out[t][h * hd + d]` as `attn_merge` computes them from
+/// one part ([`one_part`]), and no parts; a context longer than one chunk then traps. With `xq`
+/// not null too, each warp quantizes its 32 outputs into their q8_1 block (`quantize_q8_1`'s
+/// bits): the output projection's input, without a launch of its own.
+///
 /// # Safety
 /// `q`: `tokens * n_q * hd` f32; the caches hold `n_ctx` positions (`n_kv * hd` u16 each),
 /// those before `*pos + tokens` written; `part`: `tokens * n_q * n_chunks * (hd + 2)` f32 with
 /// `n_chunks = ceil(n_ctx / ATTN_CHUNK)`; `split >= 1`; `hd` a multiple of 32, at most
 /// `ATTN_MAX_HD`; `n_q` a multiple of `n_kv`, `heads` (at most `ATTN_MAX_BAND`) dividing
 /// `n_q / n_kv` and at most `attn_max_band(hd)`; `ATTN_CHUNK_SMEM_WORDS` words of shared memory. Keys past the caches'
-/// positions are never read: a token's context is clamped to them.
+/// positions are never read: a token's context is clamped to them. `out`: null or `tokens *
+/// n_q * hd` f32; `xq`: null or `tokens * n_q * hd / 32` q8_1 blocks (only with `out`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attn_chunk_band<const W: usize>(
@@ -185,6 +195,8 @@ unsafe fn attn_chunk_band<const W: usize>(
     split: u32,
     heads: u32,
     part: *mut f32,
+    out: *mut f32,
+    xq: *mut u8,
 ) {
     let bands = n_q / heads;
     let b = index::block_idx();
@@ -195,6 +207,9 @@ unsafe fn attn_chunk_band<const W: usize>(
     let (t, h0) = (tb / bands, tb % bands * heads);
     let band = Band { t, h0, heads, g: (h0 / (n_q / n_kv)) as usize, n_q, n_kv, hd };
     let (len, n_chunks) = (context_len(pos, t, n_ctx), n_ctx.div_ceil(ATTN_CHUNK as u32));
+    if !out.is_null() && len > ATTN_CHUNK as u32 {
+        sync::trap(); // one part cannot be the output: the host launched this for short contexts
+    }
     // The band's query rows, consecutive in `q`, into shared memory (read by every warp).
     let smem = Smem::dynamic();
     let rows = q.add((t * n_q + h0) as usize * hd as usize);
@@ -206,7 +221,7 @@ unsafe fn attn_chunk_band<const W: usize>(
     let mut c = first;
     while c * (ATTN_CHUNK as u32) < len {
         sync::sync_threads(); // the queries are in; the previous chunk's readers are done
-        band.chunk::<W>(smem, k_cache, v_cache, len, c, scale, part, n_chunks);
+        band.chunk::<W>(smem, k_cache, v_cache, len, c, scale, Dest { part, n_chunks, out, xq });
         c += split;
     }
 }
@@ -235,9 +250,11 @@ macro_rules! attn_chunk_entries {
             split: u32,
             heads: u32,
             part: *mut f32,
+            out: *mut f32,
+            xq: *mut u8,
         ) {
             crate::arch::sync::chain_grids();
-            attn_chunk_band::<$w>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part)
+            attn_chunk_band::<$w>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq)
         }
     )*};
 }
@@ -263,12 +280,42 @@ struct Band {
     hd: u32,
 }
 
+/// Where a chunk's results go: part slots (`part`, `n_chunks` a head), or with `out` the final
+/// outputs (the context is that one chunk) and, with `xq`, their q8_1 blocks.
+#[derive(Clone, Copy)]
+struct Dest {
+    part: *mut f32,
+    n_chunks: u32,
+    out: *mut f32,
+    xq: *mut u8,
+}
+
+/// `attn_merge`'s output value from one part `(m, l, o)`: its fold for a context of one chunk
+/// (`M = maxNum(-inf, m)`, `f = exp_neg(m - M)`, `L = +0.0 + l f`, `O = +0.0 + o f`, `O / L`).
+#[inline(always)]
+fn one_part(m: f32, l: f32, o: f32) -> f32 {
+    let big_m = f32::NEG_INFINITY.max(m);
+    let f = exp_neg(m - big_m);
+    (0.0 + o * f) / (0.0 + l * f)
+}
+
+/// Stores output value `at` of the attention rows (`[token][n_q * hd]`, row-major) and, with
+/// `xq`, quantizes the warp's 32 values (`at` = 32 g + lane) into q8_1 block `g`. The whole warp
+/// calls it, converged.
+#[inline(always)]
+unsafe fn store_output(out: *mut f32, xq: *mut u8, at: usize, v: f32) {
+    mem::st_f32(out.add(at), v);
+    if !xq.is_null() {
+        quantize_group(v, xq.add(at / GROUP * q8_1::BYTES));
+    }
+}
+
 impl Band {
     /// One chunk `c` of the token's `len` keys, each head's max, softmax sum and weighted values
-    /// into its part slot. The whole block calls it.
+    /// into its part slot (or, with `dest.out`, the head's outputs). The whole block calls it.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn chunk<const W: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, part: *mut f32, n_chunks: u32) {
+    unsafe fn chunk<const W: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, dest: Dest) {
         let start = c * ATTN_CHUNK as u32;
         let n = (len - start).min(ATTN_CHUNK as u32);
         let (hd, heads) = (self.hd, self.heads);
@@ -374,18 +421,29 @@ impl Band {
                 add(j, ld_f16(values, j as usize * stride));
                 j += 1;
             }
+            let band_max = |h: u32| {
+                let mut m = f32::NEG_INFINITY;
+                for x in 0..WARPS {
+                    m = m.max(f32::from_bits(smem.ld_u32(M_WORD + x * ATTN_MAX_BAND as u32 + h)));
+                }
+                m
+            };
+            // Per warp: `r` and so each `h` are the warp's alone (`hd` a multiple of 32), so a
+            // warp quantizes whole groups, converged.
             crate::unroll!(x in [0, 1, 2, 3] {
                 let h = r + x as u32 * sets;
                 if x < W && h < heads {
-                    let out = part.add((((self.t * self.n_q + self.h0 + h) * n_chunks + c) * (hd + 2)) as usize);
-                    mem::st_f32(out.add(2 + d as usize), o[x]);
-                    if d == 0 {
-                        let mut m = f32::NEG_INFINITY;
-                        for x in 0..WARPS {
-                            m = m.max(f32::from_bits(smem.ld_u32(M_WORD + x * ATTN_MAX_BAND as u32 + h)));
+                    let head = self.t * self.n_q + self.h0 + h;
+                    if !dest.out.is_null() {
+                        let at = (head * hd + d) as usize;
+                        store_output(dest.out, dest.xq, at, one_part(band_max(h), l[x], o[x]));
+                    } else {
+                        let out = dest.part.add(((head * dest.n_chunks + c) * (hd + 2)) as usize);
+                        mem::st_f32(out.add(2 + d as usize), o[x]);
+                        if d == 0 {
+                            mem::st_f32(out, band_max(h));
+                            mem::st_f32(out.add(1), l[x]);
                         }
-                        mem::st_f32(out, m);
-                        mem::st_f32(out.add(1), l[x]);
                     }
                 }
             });
@@ -403,18 +461,21 @@ unsafe fn context_len(pos: *const u32, t: u32, n_ctx: u32) -> u32 {
 
 /// One block per (token `t`, query head `h`), thread `d < hd`: the token's
 /// `ceil((*pos + t + 1) / ATTN_CHUNK)` parts combined (every thread folds the maxima and `L`
-/// alike), `out[t][h * hd + d] = O / L`.
+/// alike), `out[t][h * hd + d] = O / L`; with `xq` not null each warp also quantizes its 32
+/// outputs into their q8_1 block (`quantize_q8_1`'s bits).
 ///
 /// # Safety
 /// `part` as `attn_chunk` wrote it for the same `tokens, n_q, hd, pos, n_ctx`; `out`:
-/// `tokens * n_q * hd` f32; `hd <= ATTN_THREADS`.
+/// `tokens * n_q * hd` f32; `xq`: null or `tokens * n_q * hd / 32` q8_1 blocks; `hd <=
+/// ATTN_THREADS`, a multiple of 32.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q: u32, hd: u32, pos: *const u32, n_ctx: u32, out: *mut f32) {
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q: u32, hd: u32, pos: *const u32, n_ctx: u32, out: *mut f32, xq: *mut u8) {
     crate::arch::sync::chain_grids();
     let th = index::block_idx();
     let d = index::thread_idx();
     if th >= tokens * n_q || d >= hd {
-        return; // no barrier below: threads leave one by one
+        return; // whole warps (`hd` a multiple of 32), and no barrier below
     }
     let nc = context_len(pos, th / n_q, n_ctx).div_ceil(ATTN_CHUNK as u32);
     let n_chunks = n_ctx.div_ceil(ATTN_CHUNK as u32);
@@ -455,5 +516,5 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
         });
         c += MERGE_AHEAD;
     }
-    mem::st_f32(out.add(th as usize * hd as usize + d as usize), big_o / big_l);
+    store_output(out, xq, th as usize * hd as usize + d as usize, big_o / big_l);
 }

@@ -12,6 +12,7 @@ use crate::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
+use strata_gpu_shared::formats::{q8_1, GROUP};
 use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunk_kernel, attn_chunks, attn_split, attn_max_band, ATTN_BAND_BLOCKS_PER_SM, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
 use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
 
@@ -324,6 +325,12 @@ impl GpuBackend {
     /// chunks. Each `attn_chunk` block computes a band of `band` query heads (a divisor of the
     /// group's `n_q / n_kv`, at most [`attn_max_band`]; benches and tests compare them), or
     /// [`Self::attn_band`]'s when `band` is `None` (what the step launches).
+    ///
+    /// With `bound_holds` the caller promises that no token's context is longer than
+    /// `ctx_bound` (the decode step's window end is such a bound): where that is one chunk,
+    /// `attn_chunk` writes `out` itself (the merge's bits for one part) and `attn_merge` is not
+    /// launched. With `xq`, the kernel that writes `out` also writes its q8_1 blocks
+    /// (`quantize_q8_1`'s bits: the output projection's input).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_queue(
         &self,
@@ -333,32 +340,55 @@ impl GpuBackend {
         shape: AttnShape,
         pos: &CudaSlice<u32>,
         ctx_bound: usize,
+        bound_holds: bool,
         scale: f32,
         band: Option<usize>,
         part: &mut CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
+        mut xq: Option<&mut CudaSlice<u8>>,
     ) -> Result<()> {
         check_attention(shape, 0, [q.len(), k_cache.len(), v_cache.len(), out.len()], false)?;
         let s = shape;
         check_lens(CHUNK, &[("part", part.len(), attn_part_len(s)), ("pos", pos.len(), 1)], false)?;
+        if let Some(xq) = &xq {
+            check_lens(CHUNK, &[("q8_1 output", xq.len(), s.q_len() / GROUP * q8_1::BYTES)], false)?;
+        }
         let band = band.unwrap_or_else(|| self.attn_band(s, ctx_bound));
         if !attn_band_fits(s.n_q, s.n_kv, s.hd, band) {
             let detail = format!("a band of {band} query heads does not divide a group of {} (at most {} for {}-value heads)", s.n_q / s.n_kv, attn_max_band(s.hd), s.hd);
             return Err(Error::Shape { kernel: CHUNK, detail });
         }
         let split = attn_split(ctx_bound.min(s.n_ctx));
+        let direct = bound_holds && ctx_bound <= ATTN_CHUNK;
         let (tokens, n_q, n_kv, hd, n_ctx, split_u, band_u) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_ctx as u32, split as u32, band as u32);
+        let null = 0u64;
         let kernel = attn_chunk_kernel(band);
         let mut a = self.builder(kernel);
         a.arg(q).arg(k_cache).arg(v_cache).arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(pos).arg(&scale).arg(&n_ctx).arg(&split_u).arg(&band_u);
         a.arg(&mut *part);
+        // Null pointers (u64 0) where the chunk kernel writes parts, or no q8_1 blocks.
+        match (direct, xq.as_deref_mut()) {
+            (true, Some(xq)) => a.arg(&mut *out).arg(xq),
+            (true, None) => a.arg(&mut *out).arg(&null),
+            (false, _) => a.arg(&null).arg(&null),
+        };
         // SAFETY (both): each kernel's parameters in order over the buffers checked above, the
         // chunk kernel's shared memory from BOUNDS, a band dividing the group; contexts are
         // clamped to the caches' `n_ctx` positions; blocks past the window's (token, band,
         // split) triples or (token, head) pairs return at once, so padded grids are covered.
+        // The chunk kernel writes `out` (and `xq`) only when the caller's bound holds and is
+        // one chunk: then every context is one chunk (the kernel traps on a longer one rather
+        // than write a partial result).
         unsafe { self.launch_async(kernel, self.padded_grid(kernel, (s.tokens * (s.n_q / band) * split) as u32), a) }?;
+        if direct {
+            return Ok(());
+        }
         let mut a = self.builder(MERGE);
         a.arg(&*part).arg(&tokens).arg(&n_q).arg(&hd).arg(pos).arg(&n_ctx).arg(out);
+        match xq {
+            Some(xq) => a.arg(xq),
+            None => a.arg(&null),
+        };
         unsafe { self.launch_async(MERGE, self.padded_grid(MERGE, (s.tokens * s.n_q) as u32), a) }
     }
 }
@@ -405,7 +435,7 @@ impl AttentionOps for GpuBackend {
         let mut part = self.upload(CHUNK, &vec![f32::from_bits(POISON_F32); attn_part_len(shape)])?;
         let mut dout = self.upload_out(MERGE, out)?;
         let dpos = self.upload(CHUNK, &[pos0 as u32])?;
-        self.attention_queue(&dq, &dkc, &dvc, shape, &dpos, pos0 + shape.tokens, scale, None, &mut part, &mut dout)?;
+        self.attention_queue(&dq, &dkc, &dvc, shape, &dpos, pos0 + shape.tokens, true, scale, None, &mut part, &mut dout, None)?;
         self.synchronize(MERGE)?;
         self.download_out(MERGE, &dout, out)
     }

@@ -489,7 +489,7 @@ impl Executor for GpuExecutor {
                 let shape = attn_shape(&model, t, self.n_ctx);
                 let mut o = self.take(Act::Attn);
                 let (kc, vc) = self.cache[layer].as_ref().expect("attention layers have a KV cache");
-                let r = self.gpu.attention_queue(&self.act[&Act::Qr], kc, vc, shape, &self.pos, w.pos0 + t, attn_scale(c.head_dim), None, &mut self.part, &mut o);
+                let r = self.gpu.attention_queue(&self.act[&Act::Qr], kc, vc, shape, &self.pos, w.pos0 + t, true, attn_scale(c.head_dim), None, &mut self.part, &mut o, None);
                 self.act.insert(Act::Attn, o);
                 r
             }
