@@ -2,9 +2,9 @@
 //! bits whatever window it is decoded in) on every backend, graph replay = eager launches =
 //! launches unchained (where the backend chains them by programmatic dependent launch),
 //! cuda = hip = cpu bit for bit at every position of a decode, speculation keeping the tokens,
-//! one q/k/v matrix giving the bits of three, and residual adds fused into their producers
-//! giving the bits of the separate adds. GPU cases skip without a GPU unless
-//! `STRATA_REQUIRE_GPU=1`.
+//! one q/k/v matrix giving the bits of three, residual adds fused into their producers giving
+//! the bits of the separate adds, and each RMSNorm fused with the quantization of its output
+//! giving the bits of the two ops. GPU cases skip without a GPU unless `STRATA_REQUIRE_GPU=1`.
 mod common;
 
 use std::sync::Arc;
@@ -15,12 +15,13 @@ use rand::{Rng, SeedableRng};
 use strata::host::generate::{forced_logits, generate, Draft, Request, Stop};
 use strata::host::gguf::{GgmlType, GgufFile};
 use strata::host::model::synth::{build_in_memory, SynthSpec};
-use strata::host::model::{LoadOptions, Mixer, Model, QkvProj};
+use strata::host::model::{qwen35moe, qwen3moe, LoadOptions, Mixer, Model, QkvProj};
 use strata::host::ops::route::SampleParams;
 use strata::host::step::cpu::CpuExecutor;
 use strata::host::step::gpu::GpuExecutor;
-use strata::host::step::{Act, Executor, Op, Pick, Window};
+use strata::host::step::{fuse, Act, Executor, Op, Pick, Window};
 use strata_gpu_shared::formats::WeightFormat;
+use strata_gpu_shared::launch::norm::NQ_MAX_N;
 
 /// A small model of the given shape, random weights from `seed`.
 fn model(seed: u64, heads: (usize, usize), head_dim: usize, experts: (usize, usize), formats: (WeightFormat, WeightFormat)) -> Arc<Model> {
@@ -792,4 +793,77 @@ fn every_loaded_weight_is_read() {
         let unread: Vec<&str> = m.weights.list.iter().zip(&read).filter(|(_, r)| !**r).map(|(w, _)| w.name.as_str()).collect();
         assert!(unread.is_empty(), "{}: loaded but never read: {unread:?}", m.arch);
     }
+}
+
+/// How many ops of `ops` are a norm fused with its quantization.
+fn norm_quants(ops: &[Op]) -> usize {
+    ops.iter().filter(|op| matches!(op, Op::NormQuant { .. })).count()
+}
+
+/// Each RMSNorm followed by the quantization of its output made one `NormQuant`
+/// (`step::fuse`, one `rms_norm_q8_1` launch) gives the bits of the two ops: the trunk's logits
+/// of a 40-token sequence in windows of 5, then the MTP block's over the first 8 positions, of
+/// the unfused lists (the architecture modules' own) against the fused ones (`Model::step_ops`,
+/// `Model::mtp_ops`), on a qwen3moe and a qwen35moe, on the CPU or on a GPU with graphs and
+/// eagerly. The fused trunk is shorter by exactly one op for each layer's attention (or Gated
+/// DeltaNet) input, its FFN input and the head's input; the MTP block's by its layer's two and
+/// its head's. Rows longer than `NQ_MAX_N` are not fused.
+fn fused_norm_quant_gives_the_unfused_bits(backend: &str) {
+    let seed = common::seed(&format!("fused_norm_quant_gives_the_unfused_bits_{backend}"));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for m in [models(seed).remove(0), hybrid(seed, (4, 2), 64, 4)] {
+        let c = &m.config;
+        let pick = Op::Pick(Pick::Greedy);
+        let (unfused, unfused_mtp) = match m.arch {
+            qwen35moe::ARCH => (qwen35moe::step_ops(&m, pick), qwen35moe::mtp_ops(&m)),
+            _ => (qwen3moe::step_ops(&m, pick), None),
+        };
+        let (fused, mtp) = (m.step_ops(pick), m.mtp_ops());
+        assert_eq!((norm_quants(&unfused), norm_quants(&fused)), (0, 2 * c.n_layer + 1), "{}: fused norms of the trunk", m.describe());
+        assert_eq!(fused.len() + 2 * c.n_layer + 1, unfused.len(), "{}: the trunk's ops", m.describe());
+        assert_eq!(mtp.is_some(), m.arch == qwen35moe::ARCH, "{}: the tiny qwen35moe has an MTP block", m.describe());
+        if let (Some(mtp), Some(unfused_mtp)) = (&mtp, &unfused_mtp) {
+            assert_eq!((norm_quants(unfused_mtp), norm_quants(mtp)), (0, 3), "{}: fused norms of the MTP block", m.describe());
+            assert_eq!(mtp.len() + 3, unfused_mtp.len(), "{}: the MTP block's ops", m.describe());
+        }
+        let mut long = c.clone();
+        long.n_embd = NQ_MAX_N + 32;
+        assert_eq!(fuse(unfused.clone(), &long), unfused, "{}: rows past NQ_MAX_N stay unfused", m.describe());
+        long.n_embd = NQ_MAX_N;
+        assert_eq!(norm_quants(&fuse(unfused.clone(), &long)), 2 * c.n_layer + 1, "{}: rows of NQ_MAX_N fuse", m.describe());
+        let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
+        let logits = |ops: &[Op], mtp: Option<&[Op]>| -> Vec<(String, Vec<f32>)> {
+            let run = |exec: &mut dyn Executor| {
+                let mut logits = forced_logits(exec, ops, &seq, 5).expect("decode");
+                if let Some(mtp) = mtp {
+                    exec.set_tokens(&seq[1..9]).unwrap();
+                    exec.run(mtp, Window { tokens: 8, pos0: 0 }).unwrap();
+                    exec.next_ids(8).unwrap();
+                    logits.extend(exec.logits(8).unwrap());
+                }
+                logits
+            };
+            executors(backend, &m, 64).into_iter().map(|(label, mut exec)| (label, run(exec.as_mut()))).collect()
+        };
+        for ((label, a), (_, b)) in logits(&unfused, unfused_mtp.as_deref()).into_iter().zip(logits(&fused, mtp.as_deref())) {
+            if let Some(d) = first_difference(&a, &b, c.n_vocab) {
+                panic!("{label}, seed {seed}, {}: the fused norms differ from the unfused ops at {d} (rows: 40 trunk positions, then 8 MTP ones)", m.describe());
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_norm_quant_gives_the_unfused_bits_cpu() {
+    fused_norm_quant_gives_the_unfused_bits("cpu");
+}
+
+#[test]
+fn fused_norm_quant_gives_the_unfused_bits_cuda() {
+    fused_norm_quant_gives_the_unfused_bits("cuda");
+}
+
+#[test]
+fn fused_norm_quant_gives_the_unfused_bits_hip() {
+    fused_norm_quant_gives_the_unfused_bits("hip");
 }

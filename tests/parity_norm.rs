@@ -1,8 +1,9 @@
-//! The norm family (`embed_rows_<tag>`, `rms_norm`, `add_f32`): the CPU replica against float64,
-//! its written spec and the dequantization `strata dump` writes (which tests/gguf_files.rs checks
-//! against the `gguf` package), NaN rows for ids past the table, shape errors; then `cuda` and
-//! `hip` against the replica bit for bit, with and without padded grids (skipped without a GPU
-//! unless `STRATA_REQUIRE_GPU=1`).
+//! The norm family (`embed_rows_<tag>`, `rms_norm`, `rms_norm_q8_1`, `add_f32`): the CPU replica
+//! against float64, its written spec and the dequantization `strata dump` writes (which
+//! tests/gguf_files.rs checks against the `gguf` package), NaN rows for ids past the table,
+//! `rms_norm_q8_1` as the two launches it replaces, shape errors; then `cuda` and `hip` against
+//! the replica bit for bit, with and without padded grids (skipped without a GPU unless
+//! `STRATA_REQUIRE_GPU=1`).
 mod common;
 
 use rand::rngs::SmallRng;
@@ -12,10 +13,10 @@ use strata::host::cpu::CpuBackend;
 use strata::host::gguf::GgmlType;
 use strata::host::ops::norm::{embed_table, parity_cases, random_table, NormOps};
 use strata::host::reference::{dequant_row_f32, nmse, rms_norm_f64};
-use strata::host::Error;
+use strata::host::{Backend, Error};
 use strata_gpu_shared::f16::f16_to_f32;
-use strata_gpu_shared::formats::WeightFormat;
-use strata_gpu_shared::launch::norm::{EMBED_NAN, NORM_MAX_N};
+use strata_gpu_shared::formats::{q8_1, WeightFormat};
+use strata_gpu_shared::launch::norm::{EMBED_NAN, NORM_MAX_N, NQ_MAX_N};
 use strata_gpu_shared::replica::norm::rms_norm_row;
 use strata_gpu_shared::replica::row_group;
 
@@ -103,6 +104,38 @@ fn rms_norm_replica_follows_its_written_spec() {
             let want = (x[j] * scale) * w[j];
             assert_eq!(got[j].to_bits(), want.to_bits(), "seed {seed}: n {n} value {j}: {} vs {want}", got[j]);
         }
+    }
+}
+
+/// `rms_norm_q8_1` is `rms_norm` then `quantize_q8_1` of its output: the CPU backend's fused
+/// call over 1..=8 rows (each at its own scale, 1e-4 to 1e4, some all zero) equals its two
+/// calls one after the other, both outputs bit for bit, at `NQ_MAX_N` and random multiples of
+/// 32 below it.
+#[test]
+fn rms_norm_q8_1_is_rms_norm_then_quantize() {
+    let seed = common::seed("rms_norm_q8_1_is_rms_norm_then_quantize");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let cpu = CpuBackend::new();
+    for case in 0..100 {
+        let n = if case % 4 == 0 { NQ_MAX_N } else { 32 * rng.random_range(1..=NQ_MAX_N / 32) };
+        let rows = rng.random_range(1..=8);
+        let x: Vec<f32> = (0..rows)
+            .flat_map(|_| {
+                let scale = if rng.random_bool(0.2) { 0.0 } else { 10f32.powf(rng.random_range(-4.0..4.0)) };
+                (0..n).map(|_| rng.random_range(-1.0f32..1.0) * scale).collect::<Vec<_>>()
+            })
+            .collect();
+        let w: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+        let eps = rng.random_range(1e-7f32..1e-4);
+        let qlen = rows * n / 32 * q8_1::BYTES;
+        let (mut got, mut got_q) = (vec![f32::NAN; rows * n], vec![0xa5u8; qlen]);
+        cpu.rms_norm_q8_1(&x, &w, n, eps, &mut got, &mut got_q).unwrap();
+        let (mut want, mut want_q) = (vec![0f32; rows * n], vec![0x5au8; qlen]);
+        cpu.rms_norm(&x, &w, n, eps, &mut want).unwrap();
+        cpu.quantize_q8_1(&want, &mut want_q).unwrap();
+        let at = format!("seed {seed}: case {case}, {rows}x{n}");
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{at}: the normed rows");
+        assert_eq!(got_q, want_q, "{at}: the q8_1 blocks");
     }
 }
 
@@ -229,6 +262,25 @@ fn shape_errors_are_errors() {
 
     shape_err(cpu.add(&x, &x[1..], &mut y), "b one short");
     shape_err(cpu.add(&x[1..], &x[1..], &mut y), "output one long");
+
+    // rms_norm_q8_1: 4 rows of 64 (2 q8_1 blocks a row).
+    let qb = q8_1::BYTES;
+    let mut q = vec![0u8; 4 * 2 * qb];
+    assert!(cpu.rms_norm_q8_1(&x, &w, 64, 1e-6, &mut y, &mut q).is_ok());
+    assert!(cpu.rms_norm_q8_1(&[], &w, 64, 1e-6, &mut [], &mut []).is_ok(), "no rows");
+    shape_err(cpu.rms_norm_q8_1(&x[..96], &w[..48], 48, 1e-6, &mut y[..96], &mut q[..3 * qb]), "row not whole warps");
+    shape_err(cpu.rms_norm_q8_1(&x[..64 * 3 + 32], &w, 64, 1e-6, &mut y[..64 * 3 + 32], &mut q[..7 * qb]), "not whole rows");
+    shape_err(cpu.rms_norm_q8_1(&x, &w, 0, 1e-6, &mut y, &mut q), "empty rows");
+    shape_err(cpu.rms_norm_q8_1(&x, &w[..32], 64, 1e-6, &mut y, &mut q), "weights of another length");
+    shape_err(cpu.rms_norm_q8_1(&x, &w, 64, 1e-6, &mut y[1..], &mut q), "output one short");
+    shape_err(cpu.rms_norm_q8_1(&x, &w, 64, 1e-6, &mut y, &mut q[1..]), "q8_1 output one byte short");
+    shape_err(cpu.rms_norm_q8_1(&x, &w, 64, 1e-6, &mut y, &mut [q.clone(), vec![0]].concat()), "q8_1 output one byte long");
+    let n = NQ_MAX_N + 32;
+    let mut big_q = vec![0u8; n / 32 * qb];
+    shape_err(cpu.rms_norm_q8_1(&big[..n], &big[..n], n, 1e-6, &mut big_out[..n], &mut big_q), "row past NQ_MAX_N");
+    assert!(cpu.rms_norm(&big[..n], &big[..n], n, 1e-6, &mut big_out[..n]).is_ok(), "rms_norm takes it");
+    let n = NQ_MAX_N;
+    assert!(cpu.rms_norm_q8_1(&big[..n], &big[..n], n, 1e-6, &mut big_out[..n], &mut big_q[..n / 32 * qb]).is_ok());
 }
 
 
@@ -245,6 +297,12 @@ fn gpu_matches_cpu(name: &str) {
     }
     let mut out = vec![0f32; 64];
     let r = gpu.rms_norm(&[1f32; 64], &[1f32; 32], 64, 1e-6, &mut out);
+    assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
+    // The launcher itself refuses a row its block's shared memory cannot stage.
+    let n = NQ_MAX_N + 32;
+    let x = gpu.upload("test", &vec![1f32; n]).unwrap();
+    let (mut dout, mut dq) = (gpu.upload("test", &vec![0f32; n]).unwrap(), gpu.upload("test", &vec![0u8; n / 32 * q8_1::BYTES]).unwrap());
+    let r = gpu.rms_norm_q8_1_queue(&x, &x, &mut dout, &mut dq, 1, n, 1e-6);
     assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
 }
 

@@ -259,4 +259,24 @@ STRATA_FN float softplus(float x) {
 // ---- dynamic shared memory as u32 words (device/src/arch/mem.rs Smem) -----------------------------
 extern __shared__ uint32_t strata_smem[];
 
+// ---- 16-byte moves (mem::ld_v4, Smem::st_v4): four words through one 16-byte access --------------
+// (through a struct, element by element: an array of such structs kept clang's AMD build from
+// promoting it to registers)
+struct alignas(16) StrataU32x4 {
+  uint32_t w[4];
+};
+// v = the four words at p (global memory, coherent load), p 16-byte aligned.
+STRATA_FN void ld_v4(const uint8_t* p, uint32_t* v) {
+  StrataU32x4 c = *(const StrataU32x4*)p;
+#pragma unroll
+  for (int k = 0; k < 4; k++) v[k] = c.w[k];
+}
+// Shared words word .. word + 3 = v, word a multiple of 4.
+STRATA_FN void smem_st_v4(uint32_t word, const uint32_t* v) {
+  StrataU32x4 c;
+#pragma unroll
+  for (int k = 0; k < 4; k++) c.w[k] = v[k];
+  *(StrataU32x4*)(strata_smem + word) = c;
+}
+
 #endif  // STRATA_HIP_H

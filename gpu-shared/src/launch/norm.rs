@@ -1,5 +1,6 @@
-//! Launch bounds and geometry of the embedding rows, RMSNorm and residual add of the decode step
-//! (the float matvec, `matvec_f16` included, keeps the `mmvq` geometry in [`super::BASE`]).
+//! Launch bounds and geometry of the embedding rows, RMSNorm (alone and fused with the q8_1
+//! quantization of its output) and residual add of the decode step (the float matvec,
+//! `matvec_f16` included, keeps the `mmvq` geometry in [`super::BASE`]).
 use super::Bounds;
 use crate::formats::{FloatFormat, WeightFormat};
 
@@ -15,8 +16,33 @@ pub const NORM_WARPS: u32 = 4;
 pub const NORM_AHEAD: u32 = 16;
 /// The longest row `rms_norm` takes (a multiple of 32).
 pub const NORM_MAX_N: usize = 16384;
+/// Warps of an `rms_norm_q8_1` block, one 32-value group of the row each: a row of `n` values
+/// takes `ceil(n / 32 / NQ_WARPS)` blocks ([`nq_parts`]), every one of which stages the whole row
+/// in shared memory and computes its scale.
+pub const NQ_WARPS: u32 = 8;
+/// The longest row `rms_norm_q8_1` takes (a multiple of 32): its `n * 4` bytes of dynamic
+/// shared memory must fit the 48 KiB a launch gets without opting in to more. Longer rows keep
+/// `rms_norm` then `quantize_q8_1`.
+pub const NQ_MAX_N: usize = 12288;
+/// 16-byte loads of the row each thread of an `rms_norm_q8_1` block issues before storing them
+/// to shared memory: `4 * 32 * NQ_WARPS * NQ_AHEAD` = 4,096 values a round, so rows up to 4,096
+/// are staged in one memory round trip (three at [`NQ_MAX_N`]).
+pub const NQ_AHEAD: u32 = 4;
 /// Threads of an `add_f32` block, one element each.
 pub const ADD_THREADS: u32 = 256;
+/// Blocks of `rms_norm_q8_1` per row of `n` values (`n` a multiple of 32).
+pub const fn nq_parts(n: u32) -> u32 {
+    (n / 32).div_ceil(NQ_WARPS)
+}
+
+/// Dynamic shared memory of an `rms_norm_q8_1` launch over rows of `n` values: the row.
+pub const fn nq_smem(n: usize) -> u32 {
+    (4 * n) as u32
+}
+
+// The size rule: the longest row fits the default dynamic shared memory of a launch.
+const _: () = assert!(nq_smem(NQ_MAX_N) as usize <= 48 * 1024 && NQ_MAX_N.is_multiple_of(32));
+
 /// What `embed_rows_*` writes for a token id past the table: a quiet NaN (every value of the row).
 pub const EMBED_NAN: u32 = 0x7fc0_0000;
 
@@ -90,7 +116,7 @@ const fn embed(kernel: &'static str) -> Bounds {
 }
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
-pub const BOUNDS: [Bounds; 15] = [
+pub const BOUNDS: [Bounds; 16] = [
     embed("embed_rows_q8_0"),
     embed("embed_rows_q6_k"),
     embed("embed_rows_iq2_xxs"),
@@ -107,6 +133,8 @@ pub const BOUNDS: [Bounds; 15] = [
     // 4 blocks: room for the `2 * NORM_AHEAD` values a lane keeps in flight.
     Bounds { kernel: "rms_norm", threads: 32 * NORM_WARPS, min_blocks: 4, smem_bytes: 0 },
     Bounds { kernel: "add_f32", threads: ADD_THREADS, min_blocks: 4, smem_bytes: 0 },
+    // The launcher passes `nq_smem(n)`; this default is the longest row's.
+    Bounds { kernel: "rms_norm_q8_1", threads: 32 * NQ_WARPS, min_blocks: 4, smem_bytes: nq_smem(NQ_MAX_N) },
 ];
 
 /// Sizes the HIP sources read as `STRATA_<NAME>`.
@@ -116,6 +144,8 @@ pub const GEOMETRY: &[(&str, usize)] = &[
     ("NORM_WARPS", NORM_WARPS as usize),
     ("NORM_AHEAD", NORM_AHEAD as usize),
     ("ADD_THREADS", ADD_THREADS as usize),
+    ("NQ_WARPS", NQ_WARPS as usize),
+    ("NQ_AHEAD", NQ_AHEAD as usize),
 ];
 
 #[cfg(test)]

@@ -81,18 +81,21 @@ impl Model {
         }
     }
 
-    /// The MTP block's step (drafts for the verify windows), where the model has one.
+    /// The MTP block's step (drafts for the verify windows), where the model has one: described
+    /// unfused by [`qwen35moe::mtp_ops`], then fused ([`crate::step::fuse`]).
     pub fn mtp_ops(&self) -> Option<Vec<Op>> {
-        qwen35moe::mtp_ops(self)
+        qwen35moe::mtp_ops(self).map(|ops| crate::step::fuse(ops, &self.config))
     }
 
     /// One step over a window as an op list (the window size and position are given when it
-    /// runs): every backend runs this same list.
+    /// runs): every backend runs this same list. Described unfused by the architecture's
+    /// module, then fused ([`crate::step::fuse`]).
     pub fn step_ops(&self, pick: Op) -> Vec<Op> {
-        match self.arch {
+        let ops = match self.arch {
             qwen35moe::ARCH => qwen35moe::step_ops(self, pick),
             _ => qwen3moe::step_ops(self, pick),
-        }
+        };
+        crate::step::fuse(ops, &self.config)
     }
 
     /// The architecture and shapes in one line: `qwen35moe, 4 layers (2 Gated DeltaNet), 8

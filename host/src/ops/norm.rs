@@ -1,10 +1,12 @@
 //! The norm family of the decode step: the embedding rows (`embed_rows_<tag>`), RMSNorm
-//! (`rms_norm`) and the residual add (`add_f32`). [`NormOps`] (host slices, what parity runs) for
-//! the CPU replica and the GPU backends, the typed launchers on device buffers
-//! (`embed_rows_queue`, `rms_norm_queue`, `add_into_queue`), and [`parity_cases`].
+//! (`rms_norm`), RMSNorm with the q8_1 quantization of its output (`rms_norm_q8_1`) and the
+//! residual add (`add_f32`). [`NormOps`] (host slices, what parity runs) for the CPU replica and
+//! the GPU backends, the typed launchers on device buffers (`embed_rows_queue`,
+//! `rms_norm_queue`, `rms_norm_q8_1_queue`, `add_into_queue`), and [`parity_cases`].
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
 
 use crate::cpu::CpuBackend;
 use crate::backend::{exact_len, shape_err};
@@ -13,11 +15,12 @@ use crate::gguf::GgmlType;
 use crate::gpu::{holds, GpuBackend};
 use crate::parity::{compare_bits, note_unwritten, random_weights, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::{nmse, rms_norm_f64};
-use strata_gpu_shared::formats::FloatFormat;
-use strata_gpu_shared::launch::norm::{EmbedTable, ADD_THREADS, EMBED_THREADS, NORM_MAX_N, NORM_WARPS};
+use strata_gpu_shared::formats::{q8_1, FloatFormat, GROUP};
+use strata_gpu_shared::launch::norm::{nq_parts, nq_smem, EmbedTable, ADD_THREADS, EMBED_THREADS, NORM_MAX_N, NORM_WARPS, NQ_MAX_N};
 use strata_gpu_shared::replica;
 
 const RMS: &str = "rms_norm";
+const NQ: &str = "rms_norm_q8_1";
 const ADD: &str = "add_f32";
 /// Grid blocks one launch may take.
 const MAX_BLOCKS: usize = i32::MAX as usize;
@@ -33,6 +36,10 @@ pub trait NormOps {
     /// RMSNorm of each row of `n` values of `x` (`n` a multiple of 32, at most `NORM_MAX_N`),
     /// times the weights `w` (`replica::norm::rms_norm_row`).
     fn rms_norm(&self, x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]) -> Result<()>;
+
+    /// [`Self::rms_norm`] into `out`, then the q8_1 blocks of `out` into `xq` (`n / 32` a row):
+    /// `replica::norm::rms_norm_q8_1_row`. `n` a multiple of 32, at most `NQ_MAX_N`.
+    fn rms_norm_q8_1(&self, x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32], xq: &mut [u8]) -> Result<()>;
 
     /// `out[i] = a[i] + b[i]`.
     fn add(&self, a: &[f32], b: &[f32], out: &mut [f32]) -> Result<()>;
@@ -77,6 +84,22 @@ fn check_rms(rows: usize, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// Checks an `rms_norm_q8_1` shape: the row fits the block's shared memory (`NQ_MAX_N`).
+fn check_nq(rows: usize, n: usize) -> Result<()> {
+    if n == 0 || !n.is_multiple_of(GROUP) || n > NQ_MAX_N {
+        return Err(shape_err(NQ, format!("row length {n} is not a multiple of {GROUP} in {GROUP}..={NQ_MAX_N} (a row is staged in 48 KiB of shared memory)")));
+    }
+    if rows.saturating_mul(nq_parts(n as u32) as usize) > MAX_BLOCKS {
+        return Err(shape_err(NQ, format!("{rows} rows exceed one launch")));
+    }
+    Ok(())
+}
+
+/// Bytes of the q8_1 blocks of `rows` rows of `n` values (`n` a multiple of 32).
+fn q8_1_bytes(rows: usize, n: usize) -> usize {
+    rows * (n / GROUP) * q8_1::BYTES
+}
+
 fn check_add(n: usize) -> Result<()> {
     if n > u32::MAX as usize {
         return Err(shape_err(ADD, format!("{n} values exceed one launch")));
@@ -103,6 +126,19 @@ fn rms_slices(x: &[f32], w: &[f32], n: usize, out: &[f32]) -> Result<usize> {
     Ok(x.len() / n)
 }
 
+/// The host-slice `rms_norm_q8_1` call's sizes, exact; returns the number of rows.
+fn nq_slices(x: &[f32], w: &[f32], n: usize, out: &[f32], xq: &[u8]) -> Result<usize> {
+    if n == 0 || !x.len().is_multiple_of(n) {
+        return Err(shape_err(NQ, format!("{} values are not whole rows of {n}", x.len())));
+    }
+    let rows = x.len() / n;
+    check_nq(rows, n)?;
+    exact_len(NQ, "weights", w.len(), n)?;
+    exact_len(NQ, "output", out.len(), x.len())?;
+    exact_len(NQ, "q8_1 output", xq.len(), q8_1_bytes(rows, n))?;
+    Ok(rows)
+}
+
 /// The host-slice `add` call's sizes, exact.
 fn add_slices(a: &[f32], b: &[f32], out: &[f32]) -> Result<()> {
     check_add(a.len())?;
@@ -127,6 +163,15 @@ impl NormOps for CpuBackend {
             for (i, o) in chunk.chunks_exact_mut(n).enumerate() {
                 replica::norm::rms_norm_row(&x[(first + i) * n..(first + i + 1) * n], w, eps, o);
             }
+        });
+        Ok(())
+    }
+
+    fn rms_norm_q8_1(&self, x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32], xq: &mut [u8]) -> Result<()> {
+        nq_slices(x, w, n, out, xq)?;
+        // Rows in parallel (two outputs a row, so rayon's zip rather than `par_chunks`).
+        out.par_chunks_mut(n).zip(xq.par_chunks_mut(q8_1_bytes(1, n))).enumerate().for_each(|(r, (o, q))| {
+            replica::norm::rms_norm_q8_1_row(&x[r * n..(r + 1) * n], w, eps, o, q);
         });
         Ok(())
     }
@@ -188,6 +233,46 @@ impl GpuBackend {
         unsafe { self.launch_async(RMS, self.padded_grid(RMS, rows.div_ceil(NORM_WARPS)), a) }
     }
 
+    /// Queues `rms_norm_q8_1` of `rows` rows of `n` values of `x` times `w`: the normed rows
+    /// into `out`, their q8_1 blocks (`n / 32` a row) into `xq`. `n` at most `NQ_MAX_N` (the
+    /// row is staged in shared memory); longer rows take `rms_norm_queue` then
+    /// `quantize_q8_1_queue`. Buffers may be longer than needed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm_q8_1_queue(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        xq: &mut CudaSlice<u8>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<()> {
+        check_nq(rows, n)?;
+        holds(NQ, "input", x.len(), rows * n)?;
+        holds(NQ, "weights", w.len(), n)?;
+        holds(NQ, "output", out.len(), rows * n)?;
+        holds(NQ, "q8_1 output", xq.len(), q8_1_bytes(rows, n))?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let blocks = (rows * nq_parts(n as u32) as usize) as u32;
+        let (rows, n) = (rows as u32, n as u32);
+        let mut a = self.builder(NQ);
+        a.arg(x).arg(w).arg(out).arg(xq).arg(&rows).arg(&n).arg(&eps);
+        // SAFETY: the kernel's parameters in order; `x` and `out` checked to hold `rows * n`
+        // values, `w` `n`, `xq` `rows * n / 32` q8_1 blocks, `n` a multiple of 32 up to
+        // `NQ_MAX_N`, and the launch gives each block the `n * 4` bytes of shared memory its row
+        // needs (within the default 48 KiB). Every buffer is a whole allocation, so `x` is
+        // 16-byte aligned for the staging loads. `out` and `xq` are distinct allocations from
+        // each other and from `x` and `w` (Rust does not hand out `&mut` and `&` to one buffer),
+        // so `x` and `w` are unwritten during the launch and the outputs overlap nothing. Each
+        // output element is written by one thread; the shared row is written before the block's
+        // one barrier and only read after it. Blocks past the last row return before the
+        // barrier, so a padded grid is covered.
+        unsafe { self.launch_async_smem(NQ, self.padded_grid(NQ, blocks), nq_smem(n as usize), a) }
+    }
+
     /// Queues `acc[i] += b[i]` for `i < n` (`add_f32` with `a = out = acc`). Buffers may be
     /// longer than needed.
     pub fn add_into_queue(&self, acc: &mut CudaSlice<f32>, b: &CudaSlice<f32>, n: usize) -> Result<()> {
@@ -239,6 +324,19 @@ impl NormOps for GpuBackend {
         self.rms_norm_queue(&dx, &dw, &mut dout, rows, n, eps)?;
         self.synchronize(RMS)?;
         self.download_out(RMS, &dout, out)
+    }
+
+    fn rms_norm_q8_1(&self, x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32], xq: &mut [u8]) -> Result<()> {
+        let rows = nq_slices(x, w, n, out, xq)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let (dx, dw) = (self.upload(NQ, x)?, self.upload(NQ, w)?);
+        let (mut dout, mut dxq) = (self.upload_out(NQ, out)?, self.upload_out(NQ, xq)?);
+        self.rms_norm_q8_1_queue(&dx, &dw, &mut dout, &mut dxq, rows, n, eps)?;
+        self.synchronize(NQ)?;
+        self.download_out(NQ, &dout, out)?;
+        self.download_out(NQ, &dxq, xq)
     }
 
     /// Runs the step's in-place path: `a` uploaded as the accumulator (with guard elements),
@@ -317,11 +415,10 @@ fn embed_case(backends: &[&dyn NormOps], ty: GgmlType, n: usize, seed: u64) -> R
     Ok(outcome(embed_table(ty).kernel(), format!("{tokens} of {n_rows}x{n} ids {ids:?}"), seed, n, outs, unwritten, None))
 }
 
-/// `rms_norm` of `rows` rows of `n`: each row at its own scale (1e-3 to 1e3), the second of three
-/// or more all zero (its scale is `1 / sqrt(eps)`), weights of either sign; the reference's NMSE
-/// against float64.
-fn rms_norm_case(backends: &[&dyn NormOps], rows: usize, n: usize, seed: u64) -> Result<Outcome> {
-    let mut rng = SmallRng::seed_from_u64(seed);
+/// A norm case's input from `rng`: `rows` rows of `n` values, each row at its own scale (1e-3
+/// to 1e3), the second of three or more all zero (its scale is `1 / sqrt(eps)`); weights of
+/// either sign; eps 1e-6 or 1e-5.
+fn norm_input(rng: &mut SmallRng, rows: usize, n: usize) -> (Vec<f32>, Vec<f32>, f32) {
     let mut x = Vec::with_capacity(rows * n);
     for _ in 0..rows {
         let scale = 10f32.powf(rng.random_range(-3.0..3.0));
@@ -332,9 +429,57 @@ fn rms_norm_case(backends: &[&dyn NormOps], rows: usize, n: usize, seed: u64) ->
     }
     let w: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
     let eps = if rng.random_bool(0.5) { 1e-6 } else { 1e-5 };
+    (x, w, eps)
+}
+
+/// `rms_norm` of `rows` rows of `n` ([`norm_input`]); the reference's NMSE against float64.
+fn rms_norm_case(backends: &[&dyn NormOps], rows: usize, n: usize, seed: u64) -> Result<Outcome> {
+    let (x, w, eps) = norm_input(&mut SmallRng::seed_from_u64(seed), rows, n);
     let (outs, unwritten) = run_all(backends, rows * n, |b, out| b.rms_norm(&x, &w, n, eps, out))?;
     let e = nmse(&first_output(&outs), &rms_norm_f64(&x, &w, n, eps));
     Ok(outcome(RMS, format!("{rows}x{n} eps {eps:e}"), seed, n, outs, unwritten, Some(e)))
+}
+
+/// `rms_norm_q8_1` of `rows` rows of `n` ([`norm_input`]). Each backend runs twice, `out`
+/// poisoned with [`POISON_F32`] both times and `xq` filled with 0x00 and then 0xff (a byte the
+/// runs disagree on was not written); `out` and the `xq` bytes are compared bit for bit as one
+/// sequence; the reference's `out` against float64 (NMSE).
+fn rms_norm_q8_1_case(backends: &[&dyn NormOps], rows: usize, n: usize, seed: u64) -> Result<Outcome> {
+    let (x, w, eps) = norm_input(&mut SmallRng::seed_from_u64(seed), rows, n);
+    let (len, qlen) = (rows * n, q8_1_bytes(rows, n));
+    let (mut outs, mut unwritten) = (Vec::new(), Vec::new());
+    for &b in backends {
+        let mut runs = Vec::new();
+        for fill in [0x00u8, 0xff] {
+            let (mut o, mut q) = (vec![f32::from_bits(POISON_F32); len], vec![fill; qlen]);
+            b.rms_norm_q8_1(&x, &w, n, eps, &mut o, &mut q)?;
+            runs.push((o, q));
+        }
+        let ((o, q), (o2, q2)) = (&runs[0], &runs[1]);
+        let poisoned = o.iter().zip(o2).map(|(v, v2)| v.to_bits() == POISON_F32 || v2.to_bits() == POISON_F32);
+        note_unwritten(&mut unwritten, b.name(), poisoned.chain(q.iter().zip(q2).map(|(a, c)| a != c)));
+        outs.push((b.name().to_string(), o.iter().map(|v| v.to_bits()).chain(q.iter().map(|&v| v as u32)).collect()));
+    }
+    let mismatch = compare_bits(&outs, |i, v| {
+        if i < len {
+            format!("out row {} value {}: {:e} ({v:#010x})", i / n, i % n, f32::from_bits(v))
+        } else {
+            let i = i - len;
+            format!("xq block {} byte {}: {v:#04x}", i / q8_1::BYTES, i % q8_1::BYTES)
+        }
+    });
+    let out0: Vec<f32> = outs[0].1[..len].iter().map(|&v| f32::from_bits(v)).collect();
+    let e = nmse(&out0, &rms_norm_f64(&x, &w, n, eps));
+    Ok(Outcome {
+        kernel: NQ.into(),
+        shape: format!("{rows}x{n} eps {eps:e}"),
+        seed,
+        backends: outs.into_iter().map(|o| o.0).collect(),
+        mismatch,
+        unwritten,
+        nmse: Some(e),
+        nmse_max: NMSE_MAX,
+    })
 }
 
 /// `add` of `n` values at mixed scales; the reference's NMSE against the float64 sum. On the GPU
@@ -352,8 +497,9 @@ fn add_case(backends: &[&dyn NormOps], n: usize, seed: u64) -> Result<Outcome> {
 
 /// The family's parity suite from `seed`: `embed_rows` for every table type at one block, 4096
 /// and a random multiple of the block; `rms_norm` at n = 32, 128, 2048 and 4096 for 1..=8 rows,
-/// and at `NORM_MAX_N`; `add` at 1, 255, 256, 257, 32768 and a random length. `backends[0]` is
-/// the reference.
+/// and at `NORM_MAX_N`; `add` at 1, 255, 256, 257, 32768 and a random length; `rms_norm_q8_1`
+/// at n = 32, 96 (one block a row, not all its warps used), 2048, 2560, 4096, `NQ_MAX_N` and a
+/// random multiple of 32, for 1..=8 rows each. `backends[0]` is the reference.
 pub fn parity_cases(backends: &[&dyn NormOps], seed: u64) -> Result<Vec<Outcome>> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut out = Vec::new();
@@ -371,6 +517,11 @@ pub fn parity_cases(backends: &[&dyn NormOps], seed: u64) -> Result<Vec<Outcome>
     out.push(rms_norm_case(backends, 3, NORM_MAX_N, rng.random())?);
     for n in [1, 255, 256, 257, 32768, rng.random_range(2..300_000)] {
         out.push(add_case(backends, n, rng.random())?);
+    }
+    for n in [32, 96, 2048, 2560, 4096, NQ_MAX_N, 32 * rng.random_range(1..=NQ_MAX_N / 32)] {
+        for rows in 1..=8 {
+            out.push(rms_norm_q8_1_case(backends, rows, n, rng.random())?);
+        }
     }
     Ok(out)
 }

@@ -154,6 +154,14 @@ impl Executor for CpuExecutor {
                 self.put(out, o);
                 r
             }
+            Op::NormQuant { x, w: nw, out, q } => {
+                let (mut o, mut qb) = (self.take(out), std::mem::take(self.qx.get_mut(&q).expect("allocated")));
+                let n = act_len(c, x);
+                let r = self.cpu.rms_norm_q8_1(self.rows(x, t), weights.f32s(nw), n, c.rms_eps, &mut o[..t * n], &mut qb[..t * n / 32 * q8_1::BYTES]);
+                self.qx.insert(q, qb);
+                self.put(out, o);
+                r
+            }
             Op::Quantize { x, out } => {
                 let mut q = std::mem::take(self.qx.get_mut(&out).expect("allocated"));
                 let n = act_len(c, x);

@@ -422,13 +422,16 @@ impl Executor for GpuExecutor {
                 self.act.insert(out, o);
                 r
             }
+            Op::NormQuant { x, w: nw, out, q } => {
+                let mut o = self.take(out);
+                let xq = q8_1_buffer(&mut self.qx, &mut self.moe, q);
+                let r = self.gpu.rms_norm_q8_1_queue(&self.act[&x], prepared(&self.weights, &model, nw), &mut o, xq, t, act_len(c, x), c.rms_eps);
+                self.act.insert(out, o);
+                r
+            }
             Op::Quantize { x, out } => {
                 let n = t * act_len(c, x);
-                let dst = match out {
-                    Qx::X => &mut self.moe.xq,
-                    q => self.qx.get_mut(&q).expect("allocated for the models that use it"),
-                };
-                self.gpu.quantize_q8_1_queue(&self.act[&x], dst, n)
+                self.gpu.quantize_q8_1_queue(&self.act[&x], q8_1_buffer(&mut self.qx, &mut self.moe, out), n)
             }
             Op::Linear { w: id, xq, x, out, accumulate } => {
                 let lw = weights.get(id);
@@ -616,6 +619,16 @@ impl Executor for GpuExecutor {
             }
         }
         Some(out)
+    }
+}
+
+/// The device buffer of a q8_1 activation: `Qx::X`, the routed experts' input, lives in the
+/// expert buffers; the others in the executor's map. A free function over the two, so the
+/// executor can read its activations and weights while it holds the buffer.
+fn q8_1_buffer<'a>(qx: &'a mut HashMap<Qx, CudaSlice<u8>>, moe: &'a mut MoeBuffers, q: Qx) -> &'a mut CudaSlice<u8> {
+    match q {
+        Qx::X => &mut moe.xq,
+        q => qx.get_mut(&q).expect("allocated for the models that use it"),
     }
 }
 

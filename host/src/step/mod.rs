@@ -17,6 +17,7 @@ use crate::model::{Mixer, ModelConfig, WeightId, Weights};
 use crate::ops::attention::QkvStrides;
 use crate::ops::route::SampleParams;
 use strata_gpu_shared::launch::gdn::gdn_conv_ring;
+use strata_gpu_shared::launch::norm::NQ_MAX_N;
 
 /// The most tokens one step takes (a verify window).
 pub const MAX_WINDOW: usize = 8;
@@ -209,6 +210,10 @@ pub enum Op {
     RmsNorm { x: Act, w: WeightId, out: Act },
     /// `out = q8_1(x)` per row.
     Quantize { x: Act, out: Qx },
+    /// `out = rms_norm(x) * w` and `q = q8_1(out)` per row: [`Op::RmsNorm`] then
+    /// [`Op::Quantize`] of its output in one kernel (`rms_norm_q8_1`, the same bits), which
+    /// [`fuse`] makes of the two where the row fits its shared memory.
+    NormQuant { x: Act, w: WeightId, out: Act, q: Qx },
     /// `out = w * input` per row, or with `accumulate` `out += w * input` (the residual add
     /// fused into the matvec: the bits of `Linear` then `AddInto`): quantized weights read `xq`,
     /// float weights read `x`.
@@ -280,13 +285,35 @@ impl Op {
     pub fn weights(&self) -> Vec<WeightId> {
         match *self {
             Op::Embed { table, .. } => vec![table],
-            Op::RmsNorm { w, .. } | Op::Linear { w, .. } | Op::AddWeight { w, .. } | Op::GdnConv { w, .. } | Op::RmsNormGated { w, .. } => vec![w],
+            Op::RmsNorm { w, .. }
+            | Op::NormQuant { w, .. }
+            | Op::Linear { w, .. }
+            | Op::AddWeight { w, .. }
+            | Op::GdnConv { w, .. }
+            | Op::RmsNormGated { w, .. } => vec![w],
             Op::AttnPrep { q_norm, k_norm, .. } => vec![q_norm, k_norm],
             Op::GdnRecur { dt_bias, a, .. } => vec![dt_bias, a],
             Op::Experts { gate, up, down, .. } => vec![gate, up, down],
             _ => vec![],
         }
     }
+}
+
+/// The op list with each [`Op::RmsNorm`] that is immediately followed by the [`Op::Quantize`]
+/// of its output made one [`Op::NormQuant`] (one launch instead of two, the same bits), where
+/// the row (`act_len(c, x)` values) fits `rms_norm_q8_1`'s shared memory (`NQ_MAX_N`); other
+/// ops, and pairs with longer rows, stay as they are.
+pub fn fuse(ops: Vec<Op>, c: &ModelConfig) -> Vec<Op> {
+    let mut out: Vec<Op> = Vec::with_capacity(ops.len());
+    for op in ops {
+        match (out.last(), op) {
+            (Some(&Op::RmsNorm { x, w, out: n }), Op::Quantize { x: qx, out: q }) if qx == n && act_len(c, x) <= NQ_MAX_N => {
+                *out.last_mut().expect("matched above") = Op::NormQuant { x, w, out: n, q };
+            }
+            (_, op) => out.push(op),
+        }
+    }
+    out
 }
 
 /// Where a step runs in the sequence.
