@@ -800,16 +800,24 @@ fn norm_quants(ops: &[Op]) -> usize {
     ops.iter().filter(|op| matches!(op, Op::NormQuant { .. })).count()
 }
 
+fn attn_quants(ops: &[Op]) -> usize {
+    ops.iter().filter(|op| matches!(op, Op::Attention { q: Some(_), .. })).count()
+}
+
 /// Each RMSNorm followed by the quantization of its output made one `NormQuant`
-/// (`step::fuse`, one `rms_norm_q8_1` launch) gives the bits of the two ops: the trunk's logits
+/// (`step::fuse`, one `rms_norm_q8_1` launch), and each attention followed by the quantization
+/// of its output made one attention that quantizes (no `quantize_q8_1` launch), give the bits
+/// of the separate ops: the trunk's logits
 /// of a 40-token sequence in windows of 5, then the MTP block's over the first 8 positions, of
 /// the unfused lists (the architecture modules' own) against the fused ones (`Model::step_ops`,
 /// `Model::mtp_ops`), on a qwen3moe and a qwen35moe, on the CPU or on a GPU with graphs and
 /// eagerly. The fused trunk is shorter by exactly one op for each layer's attention (or Gated
 /// DeltaNet) input, its FFN input and the head's input; the MTP block's by its layer's two and
-/// its head's. Rows longer than `NQ_MAX_N` are not fused.
-fn fused_norm_quant_gives_the_unfused_bits(backend: &str) {
-    let seed = common::seed(&format!("fused_norm_quant_gives_the_unfused_bits_{backend}"));
+/// its head's, and by one for each attention whose output is quantized next (a qwen3moe's
+/// every layer; a gated attention multiplies its output first). Rows longer than `NQ_MAX_N`
+/// are not fused into norms.
+fn fused_ops_give_the_unfused_bits(backend: &str) {
+    let seed = common::seed(&format!("fused_ops_give_the_unfused_bits_{backend}"));
     let mut rng = SmallRng::seed_from_u64(seed);
     for m in [models(seed).remove(0), hybrid(seed, (4, 2), 64, 4)] {
         let c = &m.config;
@@ -820,15 +828,17 @@ fn fused_norm_quant_gives_the_unfused_bits(backend: &str) {
         };
         let (fused, mtp) = (m.step_ops(pick), m.mtp_ops());
         assert_eq!((norm_quants(&unfused), norm_quants(&fused)), (0, 2 * c.n_layer + 1), "{}: fused norms of the trunk", m.describe());
-        assert_eq!(fused.len() + 2 * c.n_layer + 1, unfused.len(), "{}: the trunk's ops", m.describe());
+        let attn = if m.arch == qwen35moe::ARCH { 0 } else { c.n_layer };
+        assert_eq!((attn_quants(&unfused), attn_quants(&fused)), (0, attn), "{}: attentions that quantize their output", m.describe());
+        assert_eq!(fused.len() + 2 * c.n_layer + 1 + attn, unfused.len(), "{}: the trunk's ops", m.describe());
         assert_eq!(mtp.is_some(), m.arch == qwen35moe::ARCH, "{}: the tiny qwen35moe has an MTP block", m.describe());
         if let (Some(mtp), Some(unfused_mtp)) = (&mtp, &unfused_mtp) {
             assert_eq!((norm_quants(unfused_mtp), norm_quants(mtp)), (0, 3), "{}: fused norms of the MTP block", m.describe());
-            assert_eq!(mtp.len() + 3, unfused_mtp.len(), "{}: the MTP block's ops", m.describe());
+            assert_eq!((attn_quants(mtp), mtp.len() + 3), (0, unfused_mtp.len()), "{}: the MTP block's ops", m.describe());
         }
         let mut long = c.clone();
         long.n_embd = NQ_MAX_N + 32;
-        assert_eq!(fuse(unfused.clone(), &long), unfused, "{}: rows past NQ_MAX_N stay unfused", m.describe());
+        assert_eq!(norm_quants(&fuse(unfused.clone(), &long)), 0, "{}: rows past NQ_MAX_N stay unfused", m.describe());
         long.n_embd = NQ_MAX_N;
         assert_eq!(norm_quants(&fuse(unfused.clone(), &long)), 2 * c.n_layer + 1, "{}: rows of NQ_MAX_N fuse", m.describe());
         let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
@@ -847,23 +857,23 @@ fn fused_norm_quant_gives_the_unfused_bits(backend: &str) {
         };
         for ((label, a), (_, b)) in logits(&unfused, unfused_mtp.as_deref()).into_iter().zip(logits(&fused, mtp.as_deref())) {
             if let Some(d) = first_difference(&a, &b, c.n_vocab) {
-                panic!("{label}, seed {seed}, {}: the fused norms differ from the unfused ops at {d} (rows: 40 trunk positions, then 8 MTP ones)", m.describe());
+                panic!("{label}, seed {seed}, {}: the fused ops differ from the unfused ones at {d} (rows: 40 trunk positions, then 8 MTP ones)", m.describe());
             }
         }
     }
 }
 
 #[test]
-fn fused_norm_quant_gives_the_unfused_bits_cpu() {
-    fused_norm_quant_gives_the_unfused_bits("cpu");
+fn fused_ops_give_the_unfused_bits_cpu() {
+    fused_ops_give_the_unfused_bits("cpu");
 }
 
 #[test]
-fn fused_norm_quant_gives_the_unfused_bits_cuda() {
-    fused_norm_quant_gives_the_unfused_bits("cuda");
+fn fused_ops_give_the_unfused_bits_cuda() {
+    fused_ops_give_the_unfused_bits("cuda");
 }
 
 #[test]
-fn fused_norm_quant_gives_the_unfused_bits_hip() {
-    fused_norm_quant_gives_the_unfused_bits("hip");
+fn fused_ops_give_the_unfused_bits_hip() {
+    fused_ops_give_the_unfused_bits("hip");
 }

@@ -805,7 +805,7 @@ fn mtp_op_lists_broken_on_purpose_fail() {
         ("no LastRowFirst", edit(&|op| (!matches!(op, Op::LastRowFirst { .. })).then_some(op))),
         ("the trunk's last attention layer's cache", edit(&|op| Some(match op {
             Op::AttnPrep { layout, q_norm, k_norm, .. } => Op::AttnPrep { layer: trunk_attn, layout, q_norm, k_norm },
-            Op::Attention { .. } => Op::Attention { layer: trunk_attn },
+            Op::Attention { q, .. } => Op::Attention { layer: trunk_attn, q },
             op => op,
         }))),
     ];

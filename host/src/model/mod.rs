@@ -201,7 +201,7 @@ fn attention_ops(ops: &mut Vec<Op>, layer: usize, a: &AttnWeights) {
         ops.push(linear(g, Qx::X, Act::Xn, Act::Gate));
     }
     ops.push(Op::AttnPrep { layer, layout, q_norm: a.q_norm, k_norm: a.k_norm });
-    ops.push(Op::Attention { layer });
+    ops.push(Op::Attention { layer, q: None });
     if a.gate.is_some() {
         ops.push(Op::SigmoidMul { acc: Act::Attn, gate: Act::Gate });
     }

@@ -91,6 +91,15 @@ impl CpuExecutor {
         &self.act[&a][..rows * act_len(&self.model.config, a)]
     }
 
+    /// `out = q8_1(x)` for the first `rows` rows (the replica's `quantize_q8_1`).
+    fn quantize_rows(&mut self, x: Act, out: Qx, rows: usize) -> Result<()> {
+        let mut q = std::mem::take(self.qx.get_mut(&out).expect("allocated"));
+        let n = act_len(&self.model.config, x);
+        let r = self.cpu.quantize_q8_1(self.rows(x, rows), &mut q[..rows * n / 32 * q8_1::BYTES]);
+        self.qx.insert(out, q);
+        r
+    }
+
     /// Takes an activation out to write it (put back with [`Self::put`]).
     fn take(&mut self, a: Act) -> Vec<f32> {
         std::mem::take(self.act.get_mut(&a).expect("every activation is allocated"))
@@ -162,13 +171,7 @@ impl Executor for CpuExecutor {
                 self.put(out, o);
                 r
             }
-            Op::Quantize { x, out } => {
-                let mut q = std::mem::take(self.qx.get_mut(&out).expect("allocated"));
-                let n = act_len(c, x);
-                let r = self.cpu.quantize_q8_1(self.rows(x, t), &mut q[..t * n / 32 * q8_1::BYTES]);
-                self.qx.insert(out, q);
-                r
-            }
+            Op::Quantize { x, out } => self.quantize_rows(x, out, t),
             Op::Linear { w: id, xq, x, out, accumulate } => {
                 let lw = weights.get(id);
                 let mut o = self.take(out);
@@ -231,14 +234,18 @@ impl Executor for CpuExecutor {
                 self.put(Act::Qr, q_out);
                 r
             }
-            Op::Attention { layer } => {
+            Op::Attention { layer, q } => {
                 let shape = self.attn_shape(w);
                 let mut o = self.take(Act::Attn);
                 let n = t * act_len(c, Act::Attn);
                 let (kc, vc) = &self.cache[layer];
                 let r = self.cpu.attention(self.rows(Act::Qr, t), kc, vc, shape, w.pos0, super::attn_scale(c.head_dim), &mut o[..n]);
                 self.put(Act::Attn, o);
-                r
+                // The fused quantization: the replica's `quantize_q8_1` after the attention.
+                match (r, q) {
+                    (Ok(()), Some(q)) => self.quantize_rows(Act::Attn, q, t),
+                    (r, _) => r,
+                }
             }
             Op::SigmoidMul { acc, gate } => {
                 let mut a = self.take(acc);

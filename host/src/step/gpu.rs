@@ -488,11 +488,13 @@ impl Executor for GpuExecutor {
                 self.act.insert(Act::Qr, q_out);
                 r
             }
-            Op::Attention { layer } => {
+            Op::Attention { layer, q } => {
                 let shape = attn_shape(&model, t, self.n_ctx);
                 let mut o = self.take(Act::Attn);
                 let (kc, vc) = self.cache[layer].as_ref().expect("attention layers have a KV cache");
-                let r = self.gpu.attention_queue(&self.act[&Act::Qr], kc, vc, shape, &self.pos, w.pos0 + t, true, attn_scale(c.head_dim), None, &mut self.part, &mut o, None);
+                let xq = q.map(|q| q8_1_buffer(&mut self.qx, &mut self.moe, q));
+                // The window's end bounds every token's context: one-chunk contexts skip the merge.
+                let r = self.gpu.attention_queue(&self.act[&Act::Qr], kc, vc, shape, &self.pos, w.pos0 + t, true, attn_scale(c.head_dim), None, &mut self.part, &mut o, xq);
                 self.act.insert(Act::Attn, o);
                 r
             }

@@ -224,8 +224,10 @@ pub enum Op {
     AddInto { acc: Act, b: Act },
     /// Per-head RMSNorm of Q and K, RoPE (into `Qr`), K and V appended to the layer's cache.
     AttnPrep { layer: usize, layout: QkvLayout, q_norm: WeightId, k_norm: WeightId },
-    /// Causal GQA attention of each window token over the layer's cache: `Qr` to `Attn`.
-    Attention { layer: usize },
+    /// Causal GQA attention of each window token over the layer's cache: `Qr` to `Attn`, and
+    /// with `q` the q8_1 rows of `Attn` as well (what a following [`Op::Quantize`] of `Attn`
+    /// would write: [`fuse`] makes it so, and the kernel that writes `Attn` writes them).
+    Attention { layer: usize, q: Option<Qx> },
     /// `acc = acc * sigmoid(gate)` (the gated attention's output gate).
     SigmoidMul { acc: Act, gate: Act },
     /// Gated DeltaNet conv step over the window (`Mixed` to `Conv`), the layer's conv ring kept.
@@ -299,16 +301,24 @@ impl Op {
     }
 }
 
-/// The op list with each [`Op::RmsNorm`] that is immediately followed by the [`Op::Quantize`]
-/// of its output made one [`Op::NormQuant`] (one launch instead of two, the same bits), where
-/// the row (`act_len(c, x)` values) fits `rms_norm_q8_1`'s shared memory (`NQ_MAX_N`); other
-/// ops, and pairs with longer rows, stay as they are.
+/// The op list with each quantization folded into the op before it where that op's kernel can
+/// write the q8_1 rows itself (one launch fewer each, the same bits):
+/// - an [`Op::RmsNorm`] immediately followed by the [`Op::Quantize`] of its output becomes one
+///   [`Op::NormQuant`], where the row (`act_len(c, x)` values) fits `rms_norm_q8_1`'s shared
+///   memory (`NQ_MAX_N`);
+/// - an [`Op::Attention`] immediately followed by the quantization of `Attn` quantizes its own
+///   output.
+///
+/// Other ops, and pairs with longer rows, stay as they are.
 pub fn fuse(ops: Vec<Op>, c: &ModelConfig) -> Vec<Op> {
     let mut out: Vec<Op> = Vec::with_capacity(ops.len());
     for op in ops {
         match (out.last(), op) {
             (Some(&Op::RmsNorm { x, w, out: n }), Op::Quantize { x: qx, out: q }) if qx == n && act_len(c, x) <= NQ_MAX_N => {
                 *out.last_mut().expect("matched above") = Op::NormQuant { x, w, out: n, q };
+            }
+            (Some(&Op::Attention { layer, q: None }), Op::Quantize { x: Act::Attn, out: q }) => {
+                *out.last_mut().expect("matched above") = Op::Attention { layer, q: Some(q) };
             }
             (_, op) => out.push(op),
         }
