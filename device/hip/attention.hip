@@ -245,7 +245,7 @@ STRATA_FN void attn_chunk_band(const float* q, const uint16_t* k_cache, const ui
   uint32_t tb = b / split, first = b % split;
   uint32_t t = tb / bands, h0 = tb % bands * heads;
   uint32_t len = attn_context_len(pos, t, n_ctx), n_chunks = attn_n_chunks(n_ctx);
-  if (out != nullptr && len > STRATA_ATTN_CHUNK) __builtin_trap();
+  if (out != nullptr && len > STRATA_ATTN_CHUNK) trap_launch();
   uint64_t g = h0 / (n_q / n_kv);
   const float* rows = q + ((uint64_t)t * n_q + h0) * hd;
   for (uint32_t i = thread_idx(); i < heads * hd; i += STRATA_ATTN_THREADS) strata_smem[ATTN_Q_WORD + i] = ld_nc_u32((const uint8_t*)(rows + i));

@@ -83,6 +83,13 @@ STRATA_FN float min_f32(float a, float b) { return __builtin_fminf(a, b); }
 STRATA_FN float abs_f32(float a) { return __builtin_fabsf(a); }
 #endif
 
+// ---- trap: ends the launch with an error (a kernel that finds its launch contract broken) ----
+#if STRATA_NVIDIA
+STRATA_FN void trap_launch() { __trap(); }
+#else
+STRATA_FN void trap_launch() { __builtin_trap(); }
+#endif
+
 // ---- warp shuffles and reductions (wave32 on AMD) --------------------------------------------
 #if STRATA_NVIDIA
 STRATA_FN uint32_t shfl_xor_u32(uint32_t v, uint32_t m) { return __shfl_xor_sync(0xffffffffu, v, m); }
