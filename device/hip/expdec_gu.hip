@@ -1,8 +1,7 @@
 // expdec_gu_*: the EXPDEC variant of moe_gu_*, same bits. Twin of
 // device/src/kernels/expdec_gu.rs: a block takes rb gate/up rows of one group's expert; the
 // group's q8_1 rows are staged EXPDEC_ENTRIES at a time and the codebook once per block; R
-// weight rows per lane share the staged words, A groups of each row decoded before the first is
-// used; the first pass skips its pre-staging barrier.
+// weight rows per lane share the staged words; the first pass skips its pre-staging barrier.
 // Shared words: the stage, H[4][rb], the codebook.
 #include "strata_hip.h"
 #include "blocks.hip"
@@ -11,7 +10,7 @@
 #include "moe.hip"
 #include "expdec_stage.hip"
 
-template <typename F, int R, int A>
+template <typename F, int R>
 static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint8_t* up, uint64_t expert_bytes,
                                                  const uint8_t* xq, const uint32_t* table, uint32_t n, uint32_t k,
                                                  uint32_t groups, uint32_t n_ff, uint32_t rb, uint8_t* hq) {
@@ -44,32 +43,22 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
       for (int j = 0; j < R; j++)
 #pragma unroll
         for (int r = 0; r < 4; r++) ag[j][r] = au[j][r] = 0.0f;
-      for (uint32_t b = lane(); b < groups; b += 32 * A) {
-        Group gw[A][R], uw[A][R];
+      for (uint32_t b = lane(); b < groups; b += 32) {
+        Group gw[R], uw[R];
 #pragma unroll
-        for (int i = 0; i < A; i++) {
-          uint32_t at = b + 32 * i;
-          if (i > 0 && at >= groups) continue;
-#pragma unroll
-          for (int j = 0; j < R; j++) {
-            gw[i][j] = F::load_with(gate + (row + j) * row_bytes + (uint64_t)(at / F::GROUPS) * F::BYTES, at % F::GROUPS, grid);
-            uw[i][j] = F::load_with(up + (row + j) * row_bytes + (uint64_t)(at / F::GROUPS) * F::BYTES, at % F::GROUPS, grid);
-          }
+        for (int j = 0; j < R; j++) {
+          gw[j] = F::load_with(gate + (row + j) * row_bytes + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS, grid);
+          uw[j] = F::load_with(up + (row + j) * row_bytes + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS, grid);
         }
 #pragma unroll
-        for (int i = 0; i < A; i++) {
-          uint32_t at = b + 32 * i;
-          if (i > 0 && at >= groups) continue;
+        for (int r = 0; r < 4; r++) {
+          if ((uint32_t)r < m) {
+            uint32_t q[8];
+            float dx = expdec_staged_block(r, b, groups, q);
 #pragma unroll
-          for (int r = 0; r < 4; r++) {
-            if ((uint32_t)r < m) {
-              uint32_t q[8];
-              float dx = expdec_staged_block(r, at, groups, q);
-#pragma unroll
-              for (int j = 0; j < R; j++) {
-                ag[j][r] = ag[j][r] + contribution_words(gw[i][j], q, dx, pow2);
-                au[j][r] = au[j][r] + contribution_words(uw[i][j], q, dx, pow2);
-              }
+            for (int j = 0; j < R; j++) {
+              ag[j][r] = ag[j][r] + contribution_words(gw[j], q, dx, pow2);
+              au[j][r] = au[j][r] + contribution_words(uw[j], q, dx, pow2);
             }
           }
         }
@@ -94,20 +83,20 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
   }
 }
 
-#define EXPDEC_GU_ENTRY(name, F, R, A)                                                                     \
+#define EXPDEC_GU_ENTRY(name, F, R)                                                                        \
   STRATA_KERNEL(name)(const uint8_t* gate, const uint8_t* up, uint64_t expert_bytes, const uint8_t* xq,    \
                       const uint32_t* table, uint32_t n, uint32_t k, uint32_t groups, uint32_t n_ff,      \
                       uint32_t rb, uint8_t* hq) {                                                          \
-    expdec_gu<F, R, A>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq);                      \
+    expdec_gu<F, R>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq);                         \
   }
 // 4 blocks per SM only with R=1 and an IQ format (launch/mod.rs: EXPDEC_MINB4_MAX_R,
-// EXPDEC_GU_MINB4_FORMATS); two groups ahead only for one row a lane at 2 blocks per SM.
-#define EXPDEC_GU_FORMAT_M2(tag, F)                 \
-  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m2, F, 1, 2) \
-  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r2_m2, F, 2, 1)
+// EXPDEC_GU_MINB4_FORMATS).
+#define EXPDEC_GU_FORMAT_M2(tag, F)              \
+  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m2, F, 1) \
+  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r2_m2, F, 2)
 #define EXPDEC_GU_FORMAT(tag, F) \
   EXPDEC_GU_FORMAT_M2(tag, F)    \
-  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m4, F, 1, 1)
+  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m4, F, 1)
 
 EXPDEC_GU_FORMAT_M2(q8_0, Q8_0)
 EXPDEC_GU_FORMAT(iq2_xxs, Iq2Xxs)

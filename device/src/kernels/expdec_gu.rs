@@ -22,7 +22,7 @@ use strata_gpu_shared::moe;
 /// partials `[row][entry]` for gate and up (the mmvq spec: groups `lane, lane + 32, ...`, left
 /// to right from +0.0).
 #[inline(always)]
-unsafe fn staged_partials<F: Block, const R: usize, const A: usize>(
+unsafe fn staged_partials<F: Block, const R: usize>(
     smem: Smem,
     grid: blocks::Staged,
     gate: *const u8,
@@ -34,37 +34,23 @@ unsafe fn staged_partials<F: Block, const R: usize, const A: usize>(
 ) -> ([[f32; 4]; R], [[f32; 4]; R]) {
     let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
     let (mut ag, mut au) = ([[0.0f32; 4]; R], [[0.0f32; 4]; R]);
-    // `A` groups of each row decoded before the first is used (their loads in flight together).
-    const { assert!(A == 1 || A == 2) };
     let mut b = index::lane();
     while b < groups {
-        let at_b = |i: usize| b + 32 * i as u32;
-        let at = |base: *const u8, j: usize, i: usize| base.add((row + j) * row_bytes + (at_b(i) / F::GROUPS) as usize * F::BYTES);
-        // Group `i` of the lane's row is `b + 32 i`; the first is always in the row.
-        let live = |i: usize| i == 0 || at_b(i) < groups;
-        let (mut gw, mut uw): ([[blocks::Group; R]; A], [[blocks::Group; R]; A]) = (core::array::from_fn(|_| [blocks::Group::ZERO; R]), core::array::from_fn(|_| [blocks::Group::ZERO; R]));
-        crate::unroll!(i in [0, 1] {
-            if i < A && live(i) {
-                gw[i] = core::array::from_fn(|j| F::load_with(at(gate, j, i), at_b(i) % F::GROUPS, grid));
-                uw[i] = core::array::from_fn(|j| F::load_with(at(up, j, i), at_b(i) % F::GROUPS, grid));
-            }
-        });
-        crate::unroll!(i in [0, 1] {
-            if i < A && live(i) {
-                crate::unroll!(r in [0, 1, 2, 3] {
-                    if (r as u32) < m {
-                        let (q, dx) = staged_block(smem, r as u32, at_b(i), groups);
-                        crate::unroll!(j in [0, 1] {
-                            if j < R {
-                                ag[j][r] += contribution_words(&gw[i][j], &q, dx, pow2);
-                                au[j][r] += contribution_words(&uw[i][j], &q, dx, pow2);
-                            }
-                        });
+        let at = |base: *const u8, j: usize| base.add((row + j) * row_bytes + (b / F::GROUPS) as usize * F::BYTES);
+        let gw: [blocks::Group; R] = core::array::from_fn(|j| F::load_with(at(gate, j), b % F::GROUPS, grid));
+        let uw: [blocks::Group; R] = core::array::from_fn(|j| F::load_with(at(up, j), b % F::GROUPS, grid));
+        crate::unroll!(r in [0, 1, 2, 3] {
+            if (r as u32) < m {
+                let (q, dx) = staged_block(smem, r as u32, b, groups);
+                crate::unroll!(j in [0, 1] {
+                    if j < R {
+                        ag[j][r] += contribution_words(&gw[j], &q, dx, pow2);
+                        au[j][r] += contribution_words(&uw[j], &q, dx, pow2);
                     }
                 });
             }
         });
-        b += 32 * A as u32;
+        b += 32;
     }
     (ag, au)
 }
@@ -72,7 +58,7 @@ unsafe fn staged_partials<F: Block, const R: usize, const A: usize>(
 /// The body of every `expdec_gu_*` entry: `moe_gu`'s contract and output, with `rb` rows per
 /// block (a multiple of `MOE_GU_ROWS`, at most `4 * MOE_GU_ROWS`).
 #[inline(always)]
-unsafe fn expdec_gu<F: Block, const R: usize, const A: usize>(
+unsafe fn expdec_gu<F: Block, const R: usize>(
     gate: *const u8,
     up: *const u8,
     expert_bytes: u64,
@@ -113,7 +99,7 @@ unsafe fn expdec_gu<F: Block, const R: usize, const A: usize>(
         let mut j0 = 0;
         while first < mine * MOE_GU_ROWS && j0 < rows_per_warp {
             let local = first + j0;
-            let (ag, au) = staged_partials::<F, R, A>(smem, grid, gate, up, row_bytes, (chunk0 * MOE_GU_ROWS + local) as usize, m, groups);
+            let (ag, au) = staged_partials::<F, R>(smem, grid, gate, up, row_bytes, (chunk0 * MOE_GU_ROWS + local) as usize, m, groups);
             crate::unroll!(j in [0, 1] {
                 if j < R {
                     crate::unroll!(r in [0, 1, 2, 3] {
@@ -142,14 +128,11 @@ unsafe fn expdec_gu<F: Block, const R: usize, const A: usize>(
     }
 }
 
-/// One entry per format, rows per lane `R` and minimum blocks per SM, with `A` groups of a row
-/// decoded ahead: 2 for one row a lane at 2 blocks per SM (a 2,048-wide row's two groups a lane
-/// in flight together), 1 where the registers are spent already (two rows a lane, or 64
-/// registers at 4 blocks per SM, where two ahead spilled) (the launch bounds come from
+/// One entry per format, rows per lane and minimum blocks per SM (the launch bounds come from
 /// the gpu-shared table by name; 4 blocks per SM only with R=1 and an IQ format,
 /// `EXPDEC_MINB4_MAX_R` and `EXPDEC_GU_MINB4_FORMATS`).
 macro_rules! expdec_gu_entries {
-    ($($name:ident => $block:ty, $r:literal, $a:literal;)*) => {$(
+    ($($name:ident => $block:ty, $r:literal;)*) => {$(
         /// EXPDEC gate/up. Launch as `moe_gu_*` but with `n * ceil(n_ff / rb)` blocks of
         /// `EXPDEC_THREADS` threads and `launch::expdec_gu_smem` bytes of shared memory.
         ///
@@ -158,23 +141,23 @@ macro_rules! expdec_gu_entries {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, hq: *mut u8) {
             crate::arch::sync::chain_grids();
-            expdec_gu::<$block, $r, $a>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq)
+            expdec_gu::<$block, $r>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq)
         }
     )*};
 }
 
 expdec_gu_entries! {
-    expdec_gu_q8_0_r1_m2 => blocks::Q8_0, 1, 2; expdec_gu_q8_0_r2_m2 => blocks::Q8_0, 2, 1;
-    expdec_gu_iq2_xxs_r1_m2 => blocks::Iq2Xxs, 1, 2; expdec_gu_iq2_xxs_r1_m4 => blocks::Iq2Xxs, 1, 1;
-    expdec_gu_iq2_xxs_r2_m2 => blocks::Iq2Xxs, 2, 1;
-    expdec_gu_iq2_xs_r1_m2 => blocks::Iq2Xs, 1, 2; expdec_gu_iq2_xs_r1_m4 => blocks::Iq2Xs, 1, 1;
-    expdec_gu_iq2_xs_r2_m2 => blocks::Iq2Xs, 2, 1;
-    expdec_gu_iq2_s_r1_m2 => blocks::Iq2S, 1, 2; expdec_gu_iq2_s_r1_m4 => blocks::Iq2S, 1, 1;
-    expdec_gu_iq2_s_r2_m2 => blocks::Iq2S, 2, 1;
-    expdec_gu_iq3_xxs_r1_m2 => blocks::Iq3Xxs, 1, 2; expdec_gu_iq3_xxs_r1_m4 => blocks::Iq3Xxs, 1, 1;
-    expdec_gu_iq3_xxs_r2_m2 => blocks::Iq3Xxs, 2, 1;
-    expdec_gu_iq3_s_r1_m2 => blocks::Iq3S, 1, 2; expdec_gu_iq3_s_r1_m4 => blocks::Iq3S, 1, 1;
-    expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2, 1;
+    expdec_gu_q8_0_r1_m2 => blocks::Q8_0, 1; expdec_gu_q8_0_r2_m2 => blocks::Q8_0, 2;
+    expdec_gu_iq2_xxs_r1_m2 => blocks::Iq2Xxs, 1; expdec_gu_iq2_xxs_r1_m4 => blocks::Iq2Xxs, 1;
+    expdec_gu_iq2_xxs_r2_m2 => blocks::Iq2Xxs, 2;
+    expdec_gu_iq2_xs_r1_m2 => blocks::Iq2Xs, 1; expdec_gu_iq2_xs_r1_m4 => blocks::Iq2Xs, 1;
+    expdec_gu_iq2_xs_r2_m2 => blocks::Iq2Xs, 2;
+    expdec_gu_iq2_s_r1_m2 => blocks::Iq2S, 1; expdec_gu_iq2_s_r1_m4 => blocks::Iq2S, 1;
+    expdec_gu_iq2_s_r2_m2 => blocks::Iq2S, 2;
+    expdec_gu_iq3_xxs_r1_m2 => blocks::Iq3Xxs, 1; expdec_gu_iq3_xxs_r1_m4 => blocks::Iq3Xxs, 1;
+    expdec_gu_iq3_xxs_r2_m2 => blocks::Iq3Xxs, 2;
+    expdec_gu_iq3_s_r1_m2 => blocks::Iq3S, 1; expdec_gu_iq3_s_r1_m4 => blocks::Iq3S, 1;
+    expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2;
 }
 
 // Four staged entries and R <= 2 (the unrolled loops list them); every `rb` splits into whole
