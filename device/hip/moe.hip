@@ -21,16 +21,16 @@ STRATA_FN uint32_t ld_u32w(const uint32_t* p, uint64_t i) { return ld_nc_u32((co
 // index), the earlier selections of id (e's place in the group) and all of them (the count);
 // (3) after a barrier, each lane writes its entries and, for a first selection, its group.
 // Every word has one writer. The barriers are the warp's own (sync_warp), so the warp may be one
-// of a larger block whose other warps have left. id_of(e) reads selection e: from global memory
-// where the ids were written before the grid (moe_group), from shared memory where this block
-// computed them (router_topk_group). Twin of moe.rs group_table.
-template <typename Id>
-static __device__ __forceinline__ void moe_group_table(uint32_t n, uint32_t n_expert, uint32_t* table, Id id_of) {
+// of a larger block whose other warps have left. ld_id(ids, e) reads selection e: ld_u32w where
+// the ids were written before the grid (moe_group), a plain load where this grid wrote them
+// (router_topk_group). Twin of moe.rs group_table.
+template <typename Ld>
+static __device__ __forceinline__ void moe_group_table(const uint32_t* ids, uint32_t n, uint32_t n_expert, uint32_t* table, Ld ld_id) {
   uint32_t l = lane();
   uint32_t* flags = table + MOE_COUNT(n);
   for (uint32_t e = l; e < n; e += 32) {
-    uint32_t id = id_of(e), first = 1;
-    for (uint32_t f = 0; f < e; f++) first &= id_of(f) != id ? 1u : 0u;
+    uint32_t id = ld_id(ids, e), first = 1;
+    for (uint32_t f = 0; f < e; f++) first &= ld_id(ids, f) != id ? 1u : 0u;
     flags[e] = first;
   }
   sync_warp();
@@ -43,14 +43,14 @@ static __device__ __forceinline__ void moe_group_table(uint32_t n, uint32_t n_ex
     start[i] = count[i] = 0;
     uint32_t e = l + 32 * i;
     if (e >= n) continue;
-    uint32_t id = id_of(e);
+    uint32_t id = ld_id(ids, e);
     if (id >= n_expert) {
       errors++;
       continue;
     }
     uint32_t below = 0, distinct_below = 0, before = 0, same = 0;
     for (uint32_t f = 0; f < n; f++) {
-      uint32_t other = id_of(f);
+      uint32_t other = ld_id(ids, f);
       if (other < id) {
         below++;
         distinct_below += flags[f];
@@ -74,7 +74,7 @@ static __device__ __forceinline__ void moe_group_table(uint32_t n, uint32_t n_ex
     uint32_t e = l + 32 * i;
     if (place[i] != 0xffffffffu) table[MOE_ENTRIES(n) + place[i]] = e;
     if (group[i] != 0xffffffffu) {
-      table[MOE_EXPERT(n) + group[i]] = id_of(e);
+      table[MOE_EXPERT(n) + group[i]] = ld_id(ids, e);
       table[MOE_START(n) + group[i]] = start[i];
       table[MOE_COUNT(n) + group[i]] = count[i];
     }
@@ -94,7 +94,7 @@ static __device__ __forceinline__ void moe_group_table(uint32_t n, uint32_t n_ex
 
 STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uint32_t* table) {
   if (block_idx() != 0) return;  // the whole block
-  moe_group_table(n, n_expert, table, [&](uint32_t e) { return ld_u32w(ids, e); });
+  moe_group_table(ids, n, n_expert, table, [](const uint32_t* p, uint32_t i) { return ld_u32w(p, i); });
 }
 
 // Group g of the table: false past the groups, else its expert, first entry and entry count.

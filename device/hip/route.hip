@@ -39,7 +39,7 @@ STRATA_FN uint64_t lane_best(const uint64_t (&key)[STRATA_ROUTER_PER_LANE]) {
 
 // Routes token t (its k ids and weights from its row of n_expert logits), one warp. Twin of
 // route.rs route_token.
-STRATA_FN uint32_t route_token(const float* logits, uint32_t t, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights) {
+STRATA_FN void route_token(const float* logits, uint32_t t, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights) {
   const float* row = logits + (uint64_t)t * n_expert;
   uint32_t ln = lane();
   float l[STRATA_ROUTER_PER_LANE];
@@ -79,7 +79,6 @@ STRATA_FN uint32_t route_token(const float* logits, uint32_t t, uint32_t n_exper
     ids[at] = mine_id;
     weights[at] = sum == 0.0f ? 0.0f : mine_p / sum;
   }
-  return mine_id;  // lane r < k: pick r's id
 }
 
 STRATA_KERNEL(router_topk)(const float* logits, uint32_t tokens, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights) {
@@ -89,16 +88,13 @@ STRATA_KERNEL(router_topk)(const float* logits, uint32_t tokens, uint32_t n_expe
 }
 
 // router_topk and moe_group in one launch of one block (tokens <= STRATA_ROUTER_GROUP_WARPS):
-// warp t routes token t and keeps its ids in shared memory (word t * k + r); after the block
-// barrier warp 0 builds the group table of the tokens * k selections from those words, and the
-// other warps leave. Twin of route.rs router_topk_group.
+// warp t routes token t; after the block barrier warp 0 builds the group table of the tokens * k
+// selections, reading the ids with plain loads (this grid wrote them: not through ld_nc), and
+// the other warps leave. Twin of route.rs router_topk_group.
 STRATA_KERNEL(router_topk_group)(const float* logits, uint32_t tokens, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights, uint32_t* table) {
   if (block_idx() != 0) return;  // padded grid: the whole block
-  uint32_t t = warp_in_block(), ln = lane();
-  if (t < tokens) {
-    uint32_t id = route_token(logits, t, n_expert, k, ids, weights);
-    if (ln < k) strata_smem[t * k + ln] = id;
-  }
-  sync_threads();  // every selection in shared memory
-  if (t == 0) moe_group_table(tokens * k, n_expert, table, [](uint32_t e) { return strata_smem[e]; });
+  uint32_t t = warp_in_block();
+  if (t < tokens) route_token(logits, t, n_expert, k, ids, weights);
+  sync_threads();  // every selection written, and visible to the block
+  if (t == 0) moe_group_table(ids, tokens * k, n_expert, table, [](const uint32_t* p, uint32_t i) { return p[i]; });
 }

@@ -161,16 +161,13 @@ pub fn probe() -> std::result::Result<usize, String> {
     }
 }
 
-/// An on/off environment switch, on unless set to `0` (a value other than 0 or 1 is an error
-/// naming it): `STRATA_PDL` (`0` launches every kernel after the previous one has completed,
-/// `1` chains them where the kernels allow it, [`crate::launch`]) and `STRATA_ROUTER_GROUP`
-/// (the decode step's router builds the experts' group table, `router_topk_group`; `0`:
-/// `router_topk`, then `moe_group` with the experts).
-pub fn env_switch(name: &'static str) -> std::result::Result<bool, String> {
-    match std::env::var(name).as_deref() {
+/// `STRATA_PDL`: `0` launches every kernel after the previous one has completed, `1` (the
+/// default) chains them where the kernels allow it ([`crate::launch`]).
+fn pdl_wanted() -> std::result::Result<bool, String> {
+    match std::env::var("STRATA_PDL").as_deref() {
         Err(_) | Ok("1") => Ok(true),
         Ok("0") => Ok(false),
-        Ok(other) => Err(format!("{name}: `{other}` is not 0 or 1")),
+        Ok(other) => Err(format!("`{other}` is not 0 or 1")),
     }
 }
 
@@ -247,7 +244,7 @@ impl GpuBackend {
         let experts = ExpertKnobs::process().map_err(|detail| Error::Setup { backend: name, what: "expert knobs".into(), detail })?;
         // A stream of its own: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(|e| Error::Setup { backend: name, what: "creating a stream".into(), detail: e.to_string() })?;
-        let chained = chains_grids && env_switch("STRATA_PDL").map_err(|detail| Error::Setup { backend: name, what: "STRATA_PDL".into(), detail })?;
+        let chained = chains_grids && pdl_wanted().map_err(|detail| Error::Setup { backend: name, what: "STRATA_PDL".into(), detail })?;
         Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, chains_grids, chained, _module: module })
     }
 

@@ -282,14 +282,10 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         format!("formats: {}", model.formats_summary()),
         match (&set.gpu, set.copy) {
             (Some(gpu), Some(copy)) => format!(
-                "backend: {} on {gpu} (device {}), launches {}, {}; device-to-device copy {copy:.0} GB/s (1 GiB, read + write, median of 5)",
+                "backend: {} on {gpu} (device {}), launches {}; device-to-device copy {copy:.0} GB/s (1 GiB, read + write, median of 5)",
                 set.backend,
                 a.device,
-                if chained { "chained (STRATA_PDL=0: unchained)" } else { "unchained" },
-                match strata_host::gpu::env_switch("STRATA_ROUTER_GROUP") {
-                    Ok(false) => "moe_group with the experts (STRATA_ROUTER_GROUP=0)",
-                    _ => "the router builds the group table (STRATA_ROUTER_GROUP=0: moe_group)",
-                }
+                if chained { "chained (STRATA_PDL=0: unchained)" } else { "unchained" }
             ),
             _ => "backend: cpu (the replica); copy bandwidth n/a".to_string(),
         },

@@ -39,21 +39,20 @@ pub(super) unsafe fn ld_coherent(p: *const u32, i: usize) -> u32 {
 /// Every word has one writer, and the words are those of the one-thread spec whatever the lane
 /// order: `O(n^2 / 32)` loads a lane instead of `O(n * groups)` in one thread. The barriers are
 /// the warp's own (`sync_warp`), so the warp may be one of a larger block whose other warps do
-/// not take part. `id_of(e)` reads selection `e`: from global memory where the ids were written
-/// before the grid (`moe_group`), from shared memory where this block computed them
-/// (`router_topk_group`).
+/// not take part. `ld_id(ids, e)` reads selection `e`: [`ld`] where the ids were written before
+/// the grid (`moe_group`), [`ld_coherent`] where this grid wrote them (`router_topk_group`).
 ///
 /// # Safety
-/// `id_of(e)` is defined for `e < n <= MOE_MAX_SELECTIONS`; `table`: `moe::table_words(n)` u32;
-/// called by every lane of one warp, which alone writes `table` during the grid.
+/// `ids`: `n <= MOE_MAX_SELECTIONS` u32; `table`: `moe::table_words(n)` u32; called by every
+/// lane of one warp, which alone writes `table` during the grid.
 #[inline(always)]
-pub(super) unsafe fn group_table(n: u32, n_expert: u32, table: *mut u32, id_of: impl Fn(u32) -> u32) {
+pub(super) unsafe fn group_table(ids: *const u32, n: u32, n_expert: u32, table: *mut u32, ld_id: impl Fn(*const u32, usize) -> u32) {
     let (lane, nu) = (index::lane(), n as usize);
     let flags = table.add(moe::count(nu));
     let mut e = lane;
     while e < n {
-        let id = id_of(e);
-        *flags.add(e as usize) = (0..e).all(|f| id_of(f) != id) as u32;
+        let id = ld_id(ids, e as usize);
+        *flags.add(e as usize) = (0..e).all(|f| ld_id(ids, f as usize) != id) as u32;
         e += 32;
     }
     sync::sync_warp();
@@ -63,13 +62,13 @@ pub(super) unsafe fn group_table(n: u32, n_expert: u32, table: *mut u32, id_of: 
     crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
         let e = lane + 32 * i as u32;
         if e < n {
-            let id = id_of(e);
+            let id = ld_id(ids, e as usize);
             if id >= n_expert {
                 errors += 1;
             } else {
                 let (mut below, mut distinct_below, mut before, mut same) = (0u32, 0u32, 0u32, 0u32);
                 for f in 0..n {
-                    let other = id_of(f);
+                    let other = ld_id(ids, f as usize);
                     if other < id {
                         below += 1;
                         distinct_below += ld_coherent(flags, f as usize);
@@ -95,7 +94,7 @@ pub(super) unsafe fn group_table(n: u32, n_expert: u32, table: *mut u32, id_of: 
         }
         if group[i] != u32::MAX {
             let g = group[i] as usize;
-            *table.add(moe::EXPERT + g) = id_of(e);
+            *table.add(moe::EXPERT + g) = ld_id(ids, e as usize);
             *table.add(moe::start(nu) + g) = start[i];
             *table.add(moe::count(nu) + g) = count[i];
         }
@@ -130,7 +129,7 @@ pub unsafe extern "ptx-kernel" fn moe_group(ids: *const u32, n: u32, n_expert: u
     if index::block_idx() != 0 {
         return; // the whole block
     }
-    group_table(n, n_expert, table, |e| ld(ids, e as usize));
+    group_table(ids, n, n_expert, table, |p, i| ld(p, i));
 }
 
 /// A group of the table: (expert, first entry, entry count), or `None` past the groups.

@@ -14,7 +14,6 @@
 //! instructions: 10.8 us a launch on the H200.)
 //!
 //! [`argmax_better`]: strata_gpu_shared::order::argmax_better
-use crate::arch::mem::Smem;
 use crate::arch::{index, sync, warp};
 use crate::kernels::head::ld_f32;
 use crate::kernels::moe;
@@ -36,13 +35,13 @@ fn lane_best(key: &[u64; ROUTER_PER_LANE]) -> u64 {
 }
 
 /// Routes token `t`: its `k` ids and weights from its row of `n_expert` logits. Called by every
-/// lane of one warp; lane `r < k` returns pick `r`'s id (what it stored).
+/// lane of one warp.
 ///
 /// # Safety
 /// `logits`: row `t` of `n_expert` f32 with `1 <= n_expert <= ROUTER_MAX_EXPERTS`; `ids`,
 /// `weights`: row `t` of `k` with `1 <= k <= min(ROUTER_MAX_K, n_expert)`.
 #[inline(always)]
-unsafe fn route_token(logits: *const f32, t: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32) -> u32 {
+unsafe fn route_token(logits: *const f32, t: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32) {
     let row = logits.add(t as usize * n_expert as usize);
     let lane = index::lane();
     let expert = |i: usize| lane + 32 * i as u32;
@@ -87,7 +86,6 @@ unsafe fn route_token(logits: *const f32, t: u32, n_expert: u32, k: u32, ids: *m
         *ids.add(at) = mine.1;
         *weights.add(at) = if sum == 0.0 { 0.0 } else { mine.0 / sum };
     }
-    mine.1
 }
 
 /// One warp per token (warps past `tokens`, from a padded grid, return at once).
@@ -106,33 +104,27 @@ pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n
 }
 
 /// `router_topk` and `moe_group` in one launch, for a decode step's window: warp `t` of the one
-/// block routes token `t` (as `router_topk`) and also keeps its ids in shared memory (word `t *
-/// k + r`); after a block barrier, warp 0 builds the group table of the `tokens * k` selections
-/// (as `moe_group`) from those words: shared-memory latency for the table's scans over the ids,
-/// where global loads of what this grid wrote would each wait on L2. The other warps leave after
-/// the barrier, so the table's barriers are the warp's own.
+/// block routes token `t` (as `router_topk`); after a block barrier, warp 0 builds the group table
+/// of the `tokens * k` selections (as `moe_group`), reading the ids through the coherent path
+/// since this grid wrote them (the non-coherent one may return what they held before it). The
+/// other warps leave after the barrier, so the table's barriers are the warp's own.
 ///
 /// # Safety
 /// As `router_topk` with `tokens <= ROUTER_GROUP_WARPS` (so `tokens * k <= MOE_MAX_SELECTIONS`);
 /// `table`: `moe::table_words(tokens * k)` u32; blocks of `32 * ROUTER_GROUP_WARPS` threads, of
-/// which the first alone works (the others, from a padded grid, return at once), with
-/// `ROUTER_GROUP_SMEM_WORDS` words of shared memory.
+/// which the first alone works (the others, from a padded grid, return at once).
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn router_topk_group(logits: *const f32, tokens: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32, table: *mut u32) {
     crate::arch::sync::chain_grids();
     if index::block_idx() != 0 {
         return; // the whole block
     }
-    let (t, lane) = (index::warp_in_block(), index::lane());
-    let smem = Smem::dynamic();
+    let t = index::warp_in_block();
     if t < tokens {
-        let id = route_token(logits, t, n_expert, k, ids, weights);
-        if lane < k {
-            smem.st_u32(t * k + lane, id);
-        }
+        route_token(logits, t, n_expert, k, ids, weights);
     }
-    sync::sync_threads(); // every selection in shared memory
+    sync::sync_threads(); // every selection written, and visible to the block
     if t == 0 {
-        moe::group_table(tokens * k, n_expert, table, |e| smem.ld_u32(e));
+        moe::group_table(ids, tokens * k, n_expert, table, |p, i| moe::ld_coherent(p, i));
     }
 }

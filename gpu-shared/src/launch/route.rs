@@ -13,8 +13,6 @@ pub const ROUTER_MAX_K: usize = 16;
 /// Warps (tokens) of the one `router_topk_group` block: the decode step's largest window
 /// (`MAX_WINDOW` in host/src/step/mod.rs, which asserts the two equal).
 pub const ROUTER_GROUP_WARPS: u32 = 8;
-/// Shared words of a `router_topk_group` block: the window's selected ids, `k` a token.
-pub const ROUTER_GROUP_SMEM_WORDS: u32 = ROUTER_GROUP_WARPS * ROUTER_MAX_K as u32;
 // Every window `router_topk_group` takes fits the group table's warp.
 const _: () = assert!(ROUTER_GROUP_WARPS as usize * ROUTER_MAX_K <= super::MOE_MAX_SELECTIONS);
 
@@ -35,7 +33,7 @@ pub const SAMPLE_SMEM_WORDS: usize = SAMPLE_CAND_VAL + SAMPLE_MAX_K;
 /// spilled 76 bytes). `router_topk_group` is one block a launch.
 pub const BOUNDS: [Bounds; 3] = [
     Bounds { kernel: "router_topk", threads: 32 * ROUTER_WARPS, min_blocks: 4, smem_bytes: 0 },
-    Bounds { kernel: "router_topk_group", threads: 32 * ROUTER_GROUP_WARPS, min_blocks: 1, smem_bytes: 4 * ROUTER_GROUP_SMEM_WORDS },
+    Bounds { kernel: "router_topk_group", threads: 32 * ROUTER_GROUP_WARPS, min_blocks: 1, smem_bytes: 0 },
     Bounds { kernel: "sample_rows", threads: SAMPLE_THREADS as u32, min_blocks: 4, smem_bytes: 4 * SAMPLE_SMEM_WORDS as u32 },
 ];
 

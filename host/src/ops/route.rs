@@ -234,8 +234,7 @@ impl GpuBackend {
         let mut a = self.builder(ROUTER_GROUP);
         a.arg(logits).arg(&t).arg(&e).arg(&k).arg(ids).arg(weights).arg(table);
         // SAFETY: the kernel's parameters in order, buffers and shape checked above (`tokens` at
-        // most the block's warps, `k` at most `ROUTER_MAX_K`: the ids fit the shared words the
-        // bounds give the launch); blocks past the first return at once, so a padded grid is
+        // most the block's warps); blocks past the first return at once, so a padded grid is
         // covered.
         unsafe { self.launch_async(ROUTER_GROUP, self.padded_grid(ROUTER_GROUP, 1), a) }
     }

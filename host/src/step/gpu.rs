@@ -50,9 +50,6 @@ pub struct GpuExecutor {
     /// The window (tokens, selections a token) whose group table `Op::RouterTopK` built last
     /// (`router_topk_group`); `Op::Experts` takes it, and refuses to run without it.
     grouped: Option<(usize, usize)>,
-    /// Whether the router builds the group table (`STRATA_ROUTER_GROUP`, on by default), or
-    /// `moe_group` runs with the experts.
-    group_in_router: bool,
     /// Per layer: its K and V caches (attention) or its conv ring and recurrent states (Gated
     /// DeltaNet).
     cache: Vec<Option<(CudaSlice<u16>, CudaSlice<u16>)>>,
@@ -207,7 +204,6 @@ impl GpuExecutor {
             act,
             moe,
             grouped: None,
-            group_in_router: crate::gpu::env_switch("STRATA_ROUTER_GROUP").map_err(|detail| Error::Setup { backend: gpu.name_static(), what: "STRATA_ROUTER_GROUP".into(), detail })?,
             cache,
             gdn,
             n_ctx,
@@ -567,7 +563,6 @@ impl Executor for GpuExecutor {
                 let (mut first, last) = (first, rest.slice((t - 2) * n..(t - 1) * n));
                 self.gpu.stream().memcpy_dtod(&last, &mut first).map_err(self.gpu.driver_err("last row first", "copy"))
             }
-            Op::RouterTopK { k } if !self.group_in_router => self.gpu.router_topk_queue(&self.act[&Act::Router], t, c.n_expert, k, &mut self.moe.ids, &mut self.moe.weights),
             Op::RouterTopK { k } => {
                 // The selections and their group table in one launch: `moe_group` is not queued.
                 self.grouped = None;
@@ -577,13 +572,12 @@ impl Executor for GpuExecutor {
                 Ok(())
             }
             Op::Experts { gate, out, accumulate, .. } => {
-                if self.group_in_router && self.grouped.take() != Some((t, self.moe.k)) {
+                if self.grouped.take() != Some((t, self.moe.k)) {
                     return Err(Error::Request(format!("the routed experts of a window of {t} tokens run before its router (Op::RouterTopK) built their group table")));
                 }
                 self.moe.tokens = t;
                 let mut o = self.take(out);
-                let stages = MoeStages { group: !self.group_in_router, ..MoeStages::ALL };
-                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, stages);
+                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, MoeStages { group: false, ..MoeStages::ALL });
                 self.act.insert(out, o);
                 r
             }
