@@ -1,7 +1,6 @@
-//! The router (`router_topk`, and `router_topk_group`: with the window's group table) and the
-//! sampler (`sample_rows`): the CPU replica against float64 and the sampling distribution, the
-//! counter-based draw's invariances, shape and parameter errors; then `cuda` and `hip` against
-//! the replica bit for bit, ids, weights and group tables (skipped without a GPU unless
+//! The router (`router_topk`) and the sampler (`sample_rows`): the CPU replica against float64
+//! and the sampling distribution, the counter-based draw's invariances, shape and parameter
+//! errors; then `cuda` and `hip` against the replica bit for bit (skipped without a GPU unless
 //! `STRATA_REQUIRE_GPU=1`).
 mod common;
 
@@ -12,7 +11,6 @@ use strata::host::cpu::CpuBackend;
 use strata::host::ops::route::{parity_cases, router_f64, router_logits, RouteOps, SampleParams};
 use strata::host::parity::random_logits;
 use strata::host::Error;
-use strata_gpu_shared::moe;
 use strata_gpu_shared::replica::head::argmax_row;
 use strata_gpu_shared::replica::sample::splitmix64;
 
@@ -278,15 +276,6 @@ fn shape_and_parameter_errors_are_errors() {
     assert!(is_shape(cpu.router_topk(&x, 32, 17, &mut vec![0; 34], &mut vec![0.0; 34]))); // k > 16
     let big = vec![0f32; 1026];
     assert!(is_shape(cpu.router_topk(&big, 513, 2, &mut vec![0; 4], &mut vec![0.0; 4])));
-    // The router with the group table: the router's checks, at most ROUTER_GROUP_WARPS tokens,
-    // a table of exactly `table_words(tokens * k)`.
-    let mut table = vec![0u32; moe::table_words(8)];
-    assert!(cpu.router_topk_group(&x, 16, 2, &mut ids, &mut w, &mut table).is_ok());
-    assert!(is_shape(cpu.router_topk_group(&x, 16, 2, &mut ids, &mut w, &mut table[1..])));
-    assert!(is_shape(cpu.router_topk_group(&x, 16, 2, &mut ids, &mut w[..7], &mut table)));
-    assert!(is_shape(cpu.router_topk_group(&x, 16, 3, &mut ids, &mut w, &mut table)));
-    let nine = vec![0.5f32; 9 * 16];
-    assert!(is_shape(cpu.router_topk_group(&nine, 16, 2, &mut [0; 18], &mut [0.0; 18], &mut vec![0; moe::table_words(18)])));
 }
 
 
@@ -311,22 +300,6 @@ fn launchers_check_device_buffers() {
     let (mut want, mut want_w) = (vec![0u32; tokens * k], vec![0f32; tokens * k]);
     CpuBackend::new().router_topk(&logits, n_expert, k, &mut want, &mut want_w).unwrap();
     assert_eq!(got[..tokens * k], want);
-
-    let n = tokens * k;
-    let mut table = gpu.upload("router_topk_group", &vec![0u32; moe::table_words(n) + 5]).unwrap();
-    let mut short_table = gpu.upload("router_topk_group", &vec![0u32; moe::table_words(n) - 1]).unwrap();
-    assert!(is_shape(gpu.router_topk_group_queue(&dl, tokens, n_expert, k, &mut ids, &mut w, &mut short_table)));
-    assert!(is_shape(gpu.router_topk_group_queue(&dl, tokens, n_expert, k, &mut ids, &mut short, &mut table)));
-    let nine = gpu.upload("router_topk_group", &router_logits(&mut rng, 9, n_expert)).unwrap();
-    let (mut ids9, mut w9) = (gpu.upload("router_topk_group", &vec![0u32; 9 * k]).unwrap(), gpu.upload("router_topk_group", &vec![0f32; 9 * k]).unwrap());
-    let mut table9 = gpu.upload("router_topk_group", &vec![0u32; moe::table_words(9 * k)]).unwrap();
-    assert!(is_shape(gpu.router_topk_group_queue(&nine, 9, n_expert, k, &mut ids9, &mut w9, &mut table9)));
-    gpu.router_topk_group_queue(&dl, tokens, n_expert, k, &mut ids, &mut w, &mut table).unwrap();
-    let mut got = vec![0u32; moe::table_words(n) + 5];
-    gpu.download("router_topk_group", &table, &mut got).unwrap();
-    let mut want_table = vec![0u32; moe::table_words(n)];
-    moe::group(&want, n_expert as u32, &mut want_table);
-    assert_eq!(got[..want_table.len()], want_table);
 
     let (rows, n) = (3, 5000);
     let x = random_logits(&mut rng, rows, n);

@@ -20,20 +20,17 @@ STRATA_FN uint32_t ld_u32w(const uint32_t* p, uint64_t i) { return ld_nc_u32((co
 // valid selections of smaller ids (the group's start), the firsts among them (the group's
 // index), the earlier selections of id (e's place in the group) and all of them (the count);
 // (3) after a barrier, each lane writes its entries and, for a first selection, its group.
-// Every word has one writer. The barriers are the warp's own (sync_warp), so the warp may be one
-// of a larger block whose other warps have left. ld_id(ids, e) reads selection e: ld_u32w where
-// the ids were written before the grid (moe_group), a plain load where this grid wrote them
-// (router_topk_group). Twin of moe.rs group_table.
-template <typename Ld>
-static __device__ __forceinline__ void moe_group_table(const uint32_t* ids, uint32_t n, uint32_t n_expert, uint32_t* table, Ld ld_id) {
+// Every word has one writer.
+STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uint32_t* table) {
+  if (block_idx() != 0) return;  // the whole block
   uint32_t l = lane();
   uint32_t* flags = table + MOE_COUNT(n);
   for (uint32_t e = l; e < n; e += 32) {
-    uint32_t id = ld_id(ids, e), first = 1;
-    for (uint32_t f = 0; f < e; f++) first &= ld_id(ids, f) != id ? 1u : 0u;
+    uint32_t id = ld_u32w(ids, e), first = 1;
+    for (uint32_t f = 0; f < e; f++) first &= ld_u32w(ids, f) != id ? 1u : 0u;
     flags[e] = first;
   }
-  sync_warp();
+  sync_threads();
   constexpr uint32_t SLOTS = STRATA_MOE_MAX_SELECTIONS / 32;
   uint32_t place[SLOTS], group[SLOTS], start[SLOTS], count[SLOTS];
   int32_t groups = 0, filled = 0, errors = 0;
@@ -43,14 +40,14 @@ static __device__ __forceinline__ void moe_group_table(const uint32_t* ids, uint
     start[i] = count[i] = 0;
     uint32_t e = l + 32 * i;
     if (e >= n) continue;
-    uint32_t id = ld_id(ids, e);
+    uint32_t id = ld_u32w(ids, e);
     if (id >= n_expert) {
       errors++;
       continue;
     }
     uint32_t below = 0, distinct_below = 0, before = 0, same = 0;
     for (uint32_t f = 0; f < n; f++) {
-      uint32_t other = ld_id(ids, f);
+      uint32_t other = ld_u32w(ids, f);
       if (other < id) {
         below++;
         distinct_below += flags[f];
@@ -68,13 +65,13 @@ static __device__ __forceinline__ void moe_group_table(const uint32_t* ids, uint
       groups++;
     }
   }
-  sync_warp();  // every flag is read
+  sync_threads();  // every flag is read
 #pragma unroll
   for (uint32_t i = 0; i < SLOTS; i++) {
     uint32_t e = l + 32 * i;
     if (place[i] != 0xffffffffu) table[MOE_ENTRIES(n) + place[i]] = e;
     if (group[i] != 0xffffffffu) {
-      table[MOE_EXPERT(n) + group[i]] = ld_id(ids, e);
+      table[MOE_EXPERT(n) + group[i]] = ld_u32w(ids, e);
       table[MOE_START(n) + group[i]] = start[i];
       table[MOE_COUNT(n) + group[i]] = count[i];
     }
@@ -90,11 +87,6 @@ static __device__ __forceinline__ void moe_group_table(const uint32_t* ids, uint
     table[0] = g_total;
     table[1] = e_total;
   }
-}
-
-STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uint32_t* table) {
-  if (block_idx() != 0) return;  // the whole block
-  moe_group_table(ids, n, n_expert, table, [](const uint32_t* p, uint32_t i) { return ld_u32w(p, i); });
 }
 
 // Group g of the table: false past the groups, else its expert, first entry and entry count.

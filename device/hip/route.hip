@@ -1,8 +1,6 @@
-// router_topk: the MoE router's softmax, top-k and renormalisation, one warp per token, and
-// router_topk_group: the same for a window in one block, then the window's group table
-// (moe.hip's moe_group_table) in the same launch. Twin of device/src/kernels/route.rs; specs in
-// gpu-shared/src/replica/route.rs and gpu-shared/src/moe.rs. Uses head.hip's top_prob_term and
-// ld_f32, and moe.hip's moe_group_table (earlier in the translation unit).
+// router_topk: the MoE router's softmax, top-k and renormalisation, one warp per token. Twin of
+// device/src/kernels/route.rs; spec in gpu-shared/src/replica/route.rs. Uses head.hip's
+// top_prob_term and ld_f32 (earlier in the translation unit).
 //
 // Lane l holds experts l, l + 32, ... as prob_keys (order::prob_key: the probability's bits above
 // the inverted id, whose integer order is argmax_better's) and keeps the best of them; each of
@@ -37,9 +35,9 @@ STRATA_FN uint64_t lane_best(const uint64_t (&key)[STRATA_ROUTER_PER_LANE]) {
   return best;
 }
 
-// Routes token t (its k ids and weights from its row of n_expert logits), one warp. Twin of
-// route.rs route_token.
-STRATA_FN void route_token(const float* logits, uint32_t t, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights) {
+STRATA_KERNEL(router_topk)(const float* logits, uint32_t tokens, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights) {
+  uint32_t t = block_idx() * STRATA_ROUTER_WARPS + warp_in_block();
+  if (t >= tokens) return;  // padded grid: the whole warp
   const float* row = logits + (uint64_t)t * n_expert;
   uint32_t ln = lane();
   float l[STRATA_ROUTER_PER_LANE];
@@ -79,22 +77,4 @@ STRATA_FN void route_token(const float* logits, uint32_t t, uint32_t n_expert, u
     ids[at] = mine_id;
     weights[at] = sum == 0.0f ? 0.0f : mine_p / sum;
   }
-}
-
-STRATA_KERNEL(router_topk)(const float* logits, uint32_t tokens, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights) {
-  uint32_t t = block_idx() * STRATA_ROUTER_WARPS + warp_in_block();
-  if (t >= tokens) return;  // padded grid: the whole warp
-  route_token(logits, t, n_expert, k, ids, weights);
-}
-
-// router_topk and moe_group in one launch of one block (tokens <= STRATA_ROUTER_GROUP_WARPS):
-// warp t routes token t; after the block barrier warp 0 builds the group table of the tokens * k
-// selections, reading the ids with plain loads (this grid wrote them: not through ld_nc), and
-// the other warps leave. Twin of route.rs router_topk_group.
-STRATA_KERNEL(router_topk_group)(const float* logits, uint32_t tokens, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights, uint32_t* table) {
-  if (block_idx() != 0) return;  // padded grid: the whole block
-  uint32_t t = warp_in_block();
-  if (t < tokens) route_token(logits, t, n_expert, k, ids, weights);
-  sync_threads();  // every selection written, and visible to the block
-  if (t == 0) moe_group_table(ids, tokens * k, n_expert, table, [](const uint32_t* p, uint32_t i) { return p[i]; });
 }

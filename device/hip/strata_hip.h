@@ -52,23 +52,13 @@ STRATA_FN uint32_t lane() { return thread_idx() % 32u; }
 STRATA_FN uint32_t warp_in_block() { return thread_idx() / 32u; }
 
 // ---- barriers -------------------------------------------------------------------------------
-// sync_warp: the warp's own barrier for global and shared memory (arch::sync::sync_warp), for a
-// warp that goes on alone after the block's other warps have left. On AMD a wave32 wave is the
-// warp and runs in lockstep: the fences order its memory (workgroup scope, as sync_threads, which
-// covers the wave), and wave_barrier keeps the compiler from moving code across.
 #if STRATA_NVIDIA
 STRATA_FN void sync_threads() { __syncthreads(); }
 STRATA_FN void sync_lds() { __syncthreads(); }
-STRATA_FN void sync_warp() { __syncwarp(); }
 #else
 STRATA_FN void sync_threads() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
   __builtin_amdgcn_s_barrier();
-  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
-}
-STRATA_FN void sync_warp() {
-  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
-  __builtin_amdgcn_wave_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 // clang 22's bare s_barrier no longer waits for LDS traffic: wait for it explicitly.

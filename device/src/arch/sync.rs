@@ -9,18 +9,6 @@ pub fn sync_threads() {
     unsafe { core::arch::nvptx::_syncthreads() }
 }
 
-/// Warp-wide barrier for global and shared memory (`__syncwarp()`: `bar.warp.sync` over all 32
-/// lanes): what a lane wrote before it, every lane of the warp reads after it. For a warp that
-/// synchronizes alone, e.g. the one warp of a block that goes on after the others have left,
-/// where a block-wide barrier would wait for them forever.
-#[inline(always)]
-pub fn sync_warp() {
-    // SAFETY: a barrier; every lane of the warp must reach it, which callers guarantee by calling
-    // it with the whole warp (lanes that diverged before it wait for each other there). The asm
-    // is not `nomem`, so the compiler moves no memory access across it either.
-    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
-}
-
 /// Barrier that only orders shared-memory (LDS) traffic. On NVIDIA `bar.sync` already orders
 /// shared memory, so this is `bar.sync 0`; the HIP twin must wait for LDS explicitly on AMD
 /// (`s_wait_dscnt 0` / `s_waitcnt lgkmcnt(0)`), which is why it is a separate name.

@@ -14,17 +14,9 @@ use strata_gpu_shared::formats::{q8_1, GROUP};
 use strata_gpu_shared::launch::{MMVQ_WARPS, MOE_ENTRY_PASS, MOE_GU_ROWS, MOE_GU_WARPS, MOE_MAX_SELECTIONS};
 use strata_gpu_shared::moe;
 
-/// `p[i]` through the non-coherent path (`ld.global.nc`): for words written before this grid.
 #[inline(always)]
 pub(super) unsafe fn ld(p: *const u32, i: usize) -> u32 {
     mem::ld_nc_u32(p.add(i) as *const u8)
-}
-
-/// `p[i]` through the coherent path (`ld.global`): for words this grid wrote before a barrier,
-/// which [`ld`] may read as they were before the grid.
-#[inline(always)]
-pub(super) unsafe fn ld_coherent(p: *const u32, i: usize) -> u32 {
-    mem::ld_u32(p.add(i) as *const u8)
 }
 
 /// One warp builds the table `moe::group` specifies, lane `l` for the selections `e = l + 32 i`
@@ -37,41 +29,42 @@ pub(super) unsafe fn ld_coherent(p: *const u32, i: usize) -> u32 {
 ///    unused groups and entries, and the header, as the spec fills them.
 ///
 /// Every word has one writer, and the words are those of the one-thread spec whatever the lane
-/// order: `O(n^2 / 32)` loads a lane instead of `O(n * groups)` in one thread. The barriers are
-/// the warp's own (`sync_warp`), so the warp may be one of a larger block whose other warps do
-/// not take part. `ld_id(ids, e)` reads selection `e`: [`ld`] where the ids were written before
-/// the grid (`moe_group`), [`ld_coherent`] where this grid wrote them (`router_topk_group`).
+/// order: `O(n^2 / 32)` loads a lane instead of `O(n * groups)` in one thread.
 ///
 /// # Safety
-/// `ids`: `n <= MOE_MAX_SELECTIONS` u32; `table`: `moe::table_words(n)` u32; called by every
-/// lane of one warp, which alone writes `table` during the grid.
-#[inline(always)]
-pub(super) unsafe fn group_table(ids: *const u32, n: u32, n_expert: u32, table: *mut u32, ld_id: impl Fn(*const u32, usize) -> u32) {
+/// `ids`: `n <= MOE_MAX_SELECTIONS` u32; `table`: `moe::table_words(n)` u32; one block of 32
+/// threads.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn moe_group(ids: *const u32, n: u32, n_expert: u32, table: *mut u32) {
+    crate::arch::sync::chain_grids();
+    if index::block_idx() != 0 {
+        return; // the whole block
+    }
     let (lane, nu) = (index::lane(), n as usize);
     let flags = table.add(moe::count(nu));
     let mut e = lane;
     while e < n {
-        let id = ld_id(ids, e as usize);
-        *flags.add(e as usize) = (0..e).all(|f| ld_id(ids, f as usize) != id) as u32;
+        let id = ld(ids, e as usize);
+        *flags.add(e as usize) = (0..e).all(|f| ld(ids, f as usize) != id) as u32;
         e += 32;
     }
-    sync::sync_warp();
+    sync::sync_threads();
     const SLOTS: usize = MOE_MAX_SELECTIONS / 32;
     let (mut place, mut group, mut start, mut count) = ([u32::MAX; SLOTS], [u32::MAX; SLOTS], [0u32; SLOTS], [0u32; SLOTS]);
     let (mut groups, mut filled, mut errors) = (0i32, 0i32, 0i32);
     crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
         let e = lane + 32 * i as u32;
         if e < n {
-            let id = ld_id(ids, e as usize);
+            let id = ld(ids, e as usize);
             if id >= n_expert {
                 errors += 1;
             } else {
                 let (mut below, mut distinct_below, mut before, mut same) = (0u32, 0u32, 0u32, 0u32);
                 for f in 0..n {
-                    let other = ld_id(ids, f as usize);
+                    let other = ld(ids, f as usize);
                     if other < id {
                         below += 1;
-                        distinct_below += ld_coherent(flags, f as usize);
+                        distinct_below += mem::ld_u32(flags.add(f as usize) as *const u8);
                     } else if other == id {
                         same += 1;
                         before += (f < e) as u32;
@@ -86,7 +79,7 @@ pub(super) unsafe fn group_table(ids: *const u32, n: u32, n_expert: u32, table: 
             }
         }
     });
-    sync::sync_warp(); // every flag is read
+    sync::sync_threads(); // every flag is read
     crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
         let e = lane + 32 * i as u32;
         if place[i] != u32::MAX {
@@ -94,7 +87,7 @@ pub(super) unsafe fn group_table(ids: *const u32, n: u32, n_expert: u32, table: 
         }
         if group[i] != u32::MAX {
             let g = group[i] as usize;
-            *table.add(moe::EXPERT + g) = ld_id(ids, e as usize);
+            *table.add(moe::EXPERT + g) = ld(ids, e as usize);
             *table.add(moe::start(nu) + g) = start[i];
             *table.add(moe::count(nu) + g) = count[i];
         }
@@ -117,19 +110,6 @@ pub(super) unsafe fn group_table(ids: *const u32, n: u32, n_expert: u32, table: 
         *table.add(moe::N_GROUPS) = groups;
         *table.add(moe::ERRORS) = errors;
     }
-}
-
-/// The group table of `n` selections written before this grid ([`group_table`]).
-///
-/// # Safety
-/// As [`group_table`]; one block of 32 threads (blocks past the first return at once).
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn moe_group(ids: *const u32, n: u32, n_expert: u32, table: *mut u32) {
-    crate::arch::sync::chain_grids();
-    if index::block_idx() != 0 {
-        return; // the whole block
-    }
-    group_table(ids, n, n_expert, table, |p, i| ld(p, i));
 }
 
 /// A group of the table: (expert, first entry, entry count), or `None` past the groups.

@@ -1,8 +1,5 @@
 //! `router_topk`: the MoE router's softmax, top-k and renormalisation, one warp per token,
 //! `ROUTER_WARPS` tokens per block. Spec: `strata_gpu_shared::replica::route`.
-//! `router_topk_group`, what the decode step launches: the same routing for a window of up to
-//! `ROUTER_GROUP_WARPS` tokens in one block, then the window's group table (`moe_group`'s body,
-//! spec `strata_gpu_shared::moe::group`) in the same launch.
 //!
 //! Lane `l` holds experts `l, l + 32, ...` (`ROUTER_PER_LANE` slots, in registers) as
 //! [`prob_key`]s, whose integer order is the spec's [`argmax_better`] order on
@@ -14,9 +11,8 @@
 //! instructions: 10.8 us a launch on the H200.)
 //!
 //! [`argmax_better`]: strata_gpu_shared::order::argmax_better
-use crate::arch::{index, sync, warp};
+use crate::arch::{index, warp};
 use crate::kernels::head::ld_f32;
-use crate::kernels::moe;
 use crate::unroll;
 use strata_gpu_shared::launch::route::{ROUTER_PER_LANE, ROUTER_WARPS};
 use strata_gpu_shared::order::{prob_key, prob_key_parts, top_prob_term};
@@ -34,14 +30,18 @@ fn lane_best(key: &[u64; ROUTER_PER_LANE]) -> u64 {
     best
 }
 
-/// Routes token `t`: its `k` ids and weights from its row of `n_expert` logits. Called by every
-/// lane of one warp.
+/// One warp per token (warps past `tokens`, from a padded grid, return at once).
 ///
 /// # Safety
-/// `logits`: row `t` of `n_expert` f32 with `1 <= n_expert <= ROUTER_MAX_EXPERTS`; `ids`,
-/// `weights`: row `t` of `k` with `1 <= k <= min(ROUTER_MAX_K, n_expert)`.
-#[inline(always)]
-unsafe fn route_token(logits: *const f32, t: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32) {
+/// `logits`: `tokens * n_expert` f32 with `1 <= n_expert <= ROUTER_MAX_EXPERTS`;
+/// `ids`, `weights`: `tokens * k` with `1 <= k <= min(ROUTER_MAX_K, n_expert)`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32) {
+    crate::arch::sync::chain_grids();
+    let t = index::block_idx() * ROUTER_WARPS + index::warp_in_block();
+    if t >= tokens {
+        return; // the whole warp
+    }
     let row = logits.add(t as usize * n_expert as usize);
     let lane = index::lane();
     let expert = |i: usize| lane + 32 * i as u32;
@@ -85,46 +85,5 @@ unsafe fn route_token(logits: *const f32, t: u32, n_expert: u32, k: u32, ids: *m
         let at = t as usize * k as usize + lane as usize;
         *ids.add(at) = mine.1;
         *weights.add(at) = if sum == 0.0 { 0.0 } else { mine.0 / sum };
-    }
-}
-
-/// One warp per token (warps past `tokens`, from a padded grid, return at once).
-///
-/// # Safety
-/// `logits`: `tokens * n_expert` f32 with `1 <= n_expert <= ROUTER_MAX_EXPERTS`;
-/// `ids`, `weights`: `tokens * k` with `1 <= k <= min(ROUTER_MAX_K, n_expert)`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32) {
-    crate::arch::sync::chain_grids();
-    let t = index::block_idx() * ROUTER_WARPS + index::warp_in_block();
-    if t >= tokens {
-        return; // the whole warp
-    }
-    route_token(logits, t, n_expert, k, ids, weights);
-}
-
-/// `router_topk` and `moe_group` in one launch, for a decode step's window: warp `t` of the one
-/// block routes token `t` (as `router_topk`); after a block barrier, warp 0 builds the group table
-/// of the `tokens * k` selections (as `moe_group`), reading the ids through the coherent path
-/// since this grid wrote them (the non-coherent one may return what they held before it). The
-/// other warps leave after the barrier, so the table's barriers are the warp's own.
-///
-/// # Safety
-/// As `router_topk` with `tokens <= ROUTER_GROUP_WARPS` (so `tokens * k <= MOE_MAX_SELECTIONS`);
-/// `table`: `moe::table_words(tokens * k)` u32; blocks of `32 * ROUTER_GROUP_WARPS` threads, of
-/// which the first alone works (the others, from a padded grid, return at once).
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn router_topk_group(logits: *const f32, tokens: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32, table: *mut u32) {
-    crate::arch::sync::chain_grids();
-    if index::block_idx() != 0 {
-        return; // the whole block
-    }
-    let t = index::warp_in_block();
-    if t < tokens {
-        route_token(logits, t, n_expert, k, ids, weights);
-    }
-    sync::sync_threads(); // every selection written, and visible to the block
-    if t == 0 {
-        moe::group_table(ids, tokens * k, n_expert, table, |p, i| moe::ld_coherent(p, i));
     }
 }

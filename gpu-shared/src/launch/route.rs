@@ -10,11 +10,6 @@ pub const ROUTER_MAX_EXPERTS: usize = 512;
 pub const ROUTER_PER_LANE: usize = ROUTER_MAX_EXPERTS / 32;
 /// The most experts a token selects: lane `r` of the warp holds selection `r`.
 pub const ROUTER_MAX_K: usize = 16;
-/// Warps (tokens) of the one `router_topk_group` block: the decode step's largest window
-/// (`MAX_WINDOW` in host/src/step/mod.rs, which asserts the two equal).
-pub const ROUTER_GROUP_WARPS: u32 = 8;
-// Every window `router_topk_group` takes fits the group table's warp.
-const _: () = assert!(ROUTER_GROUP_WARPS as usize * ROUTER_MAX_K <= super::MOE_MAX_SELECTIONS);
 
 /// The most candidates `sample_rows` draws from (`top_k`).
 pub const SAMPLE_MAX_K: usize = 256;
@@ -30,10 +25,9 @@ pub const SAMPLE_SMEM_WORDS: usize = SAMPLE_CAND_VAL + SAMPLE_MAX_K;
 /// This family's kernels (joined into [`super::BOUNDS`]). The router launches a block per 4
 /// tokens, so occupancy is no concern: 4 blocks per SM leave it 128 registers, where the 16
 /// probabilities and 16 expert ids a lane holds fit (at 8 blocks, 64 registers, NVRTC 13.0
-/// spilled 76 bytes). `router_topk_group` is one block a launch.
-pub const BOUNDS: [Bounds; 3] = [
+/// spilled 76 bytes).
+pub const BOUNDS: [Bounds; 2] = [
     Bounds { kernel: "router_topk", threads: 32 * ROUTER_WARPS, min_blocks: 4, smem_bytes: 0 },
-    Bounds { kernel: "router_topk_group", threads: 32 * ROUTER_GROUP_WARPS, min_blocks: 1, smem_bytes: 0 },
     Bounds { kernel: "sample_rows", threads: SAMPLE_THREADS as u32, min_blocks: 4, smem_bytes: 4 * SAMPLE_SMEM_WORDS as u32 },
 ];
 
@@ -41,7 +35,6 @@ pub const BOUNDS: [Bounds; 3] = [
 pub const GEOMETRY: &[(&str, usize)] = &[
     ("ROUTER_WARPS", ROUTER_WARPS as usize),
     ("ROUTER_PER_LANE", ROUTER_PER_LANE),
-    ("ROUTER_GROUP_WARPS", ROUTER_GROUP_WARPS as usize),
     ("SAMPLE_THREADS", SAMPLE_THREADS),
     ("SAMPLE_CAND_IDX", SAMPLE_CAND_IDX),
     ("SAMPLE_CAND_VAL", SAMPLE_CAND_VAL),

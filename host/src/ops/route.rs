@@ -1,8 +1,7 @@
 //! The router and the sampler of the decode step: [`RouteOps`] (host slices, what parity runs)
 //! for the CPU replica and the GPU backends, the typed launchers on device buffers
-//! (`router_topk_queue`, `router_topk_group_queue` (the router and the window's group table in
-//! one launch: what the step runs), `sample_rows_queue`, and `argmax_rows_queue` for the existing
-//! split argmax, the greedy sampler), and [`parity_cases`].
+//! (`router_topk_queue`, `sample_rows_queue`, and `argmax_rows_queue` for the existing split
+//! argmax, the greedy sampler), and [`parity_cases`].
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -14,9 +13,9 @@ use crate::gpu::holds;
 use crate::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, random_logits, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
-use strata_gpu_shared::launch::route::{ROUTER_GROUP_WARPS, ROUTER_MAX_EXPERTS, ROUTER_MAX_K, ROUTER_WARPS, SAMPLE_MAX_K};
+use strata_gpu_shared::launch::route::{ROUTER_MAX_EXPERTS, ROUTER_MAX_K, ROUTER_WARPS, SAMPLE_MAX_K};
 use strata_gpu_shared::launch::HEAD_CHUNK;
-use strata_gpu_shared::{moe, replica};
+use strata_gpu_shared::replica;
 
 /// The sampler's settings. Temperature 0 (greedy) is not among them: that is `argmax_rows`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -56,21 +55,18 @@ pub trait RouteOps {
     /// renormalised weights (`replica::route`); `ids` and `weights` hold `k` per token.
     fn router_topk(&self, logits: &[f32], n_expert: usize, k: usize, ids: &mut [u32], weights: &mut [f32]) -> Result<()>;
 
-    /// [`Self::router_topk`] over a window of `1..=ROUTER_GROUP_WARPS` tokens, then the group
-    /// table (`moe::group`) of its `tokens * k` selections into `table`
-    /// (`moe::table_words(tokens * k)` words): the decode step's `router_topk_group`.
-    fn router_topk_group(&self, logits: &[f32], n_expert: usize, k: usize, ids: &mut [u32], weights: &mut [f32], table: &mut [u32]) -> Result<()>;
-
     /// Per row of `n` logits: the token drawn at position `pos0 + row` (`replica::sample`).
     fn sample_rows(&self, logits: &[f32], n: usize, p: SampleParams, pos0: usize, ids: &mut [u32]) -> Result<()>;
 }
 
 const ROUTER: &str = "router_topk";
-const ROUTER_GROUP: &str = "router_topk_group";
 const SAMPLE: &str = "sample_rows";
 const ARGMAX: &str = "argmax_rows";
 /// Rows (tokens, grid blocks) one launch may take.
 const MAX_ROWS: usize = i32::MAX as usize / 2;
+
+
+
 
 /// The rows in `len` values of rows of `n` (at least one, whole rows).
 fn whole_rows(kernel: &'static str, len: usize, n: usize) -> Result<usize> {
@@ -89,16 +85,6 @@ fn check_router(tokens: usize, n_expert: usize, k: usize) -> Result<()> {
     }
     if !(1..=MAX_ROWS).contains(&tokens) {
         return Err(shape_err(ROUTER, format!("{tokens} tokens, 1..={MAX_ROWS} per launch")));
-    }
-    Ok(())
-}
-
-/// The router's checks, and a window the one block of `router_topk_group` takes (whose
-/// `tokens * k` selections then fit the group table's warp: asserted in gpu-shared).
-fn check_router_group(tokens: usize, n_expert: usize, k: usize) -> Result<()> {
-    check_router(tokens, n_expert, k)?;
-    if tokens > ROUTER_GROUP_WARPS as usize {
-        return Err(shape_err(ROUTER_GROUP, format!("{tokens} tokens, 1..={ROUTER_GROUP_WARPS} per launch")));
     }
     Ok(())
 }
@@ -132,16 +118,6 @@ fn router_tokens(logits: &[f32], n_expert: usize, k: usize, ids: &[u32], weights
     Ok(tokens)
 }
 
-/// The tokens of a host-slice `router_topk_group` call, its sizes checked.
-fn router_group_tokens(logits: &[f32], n_expert: usize, k: usize, ids: &[u32], weights: &[f32], table: &[u32]) -> Result<usize> {
-    let tokens = whole_rows(ROUTER_GROUP, logits.len(), n_expert)?;
-    check_router_group(tokens, n_expert, k)?;
-    exact_len(ROUTER_GROUP, "ids", ids.len(), tokens * k)?;
-    exact_len(ROUTER_GROUP, "weights", weights.len(), tokens * k)?;
-    exact_len(ROUTER_GROUP, "table", table.len(), moe::table_words(tokens * k))?;
-    Ok(tokens)
-}
-
 /// The rows of a host-slice sampler call, its sizes and parameters checked.
 fn sample_count(logits: &[f32], n: usize, p: SampleParams, pos0: usize, ids: &[u32]) -> Result<usize> {
     let rows = whole_rows(SAMPLE, logits.len(), n)?;
@@ -158,13 +134,6 @@ impl RouteOps for CpuBackend {
     fn router_topk(&self, logits: &[f32], n_expert: usize, k: usize, ids: &mut [u32], weights: &mut [f32]) -> Result<()> {
         router_tokens(logits, n_expert, k, ids, weights)?;
         replica::route::router_topk(logits, n_expert, k, ids, weights);
-        Ok(())
-    }
-
-    fn router_topk_group(&self, logits: &[f32], n_expert: usize, k: usize, ids: &mut [u32], weights: &mut [f32], table: &mut [u32]) -> Result<()> {
-        router_group_tokens(logits, n_expert, k, ids, weights, table)?;
-        replica::route::router_topk(logits, n_expert, k, ids, weights);
-        moe::group(ids, n_expert as u32, table);
         Ok(())
     }
 
@@ -208,35 +177,6 @@ impl GpuBackend {
         // SAFETY: the kernel's parameters in order, buffers checked above; warps past `tokens`
         // return at once, so a padded grid is covered.
         unsafe { self.launch_async(ROUTER, self.padded_grid(ROUTER, t.div_ceil(ROUTER_WARPS)), a) }
-    }
-
-    /// Queues `router_topk_group`: what [`Self::router_topk_queue`] queues, for a window of
-    /// `1..=ROUTER_GROUP_WARPS` tokens, then the group table (`moe::group`) of its `tokens * k`
-    /// selections into `table`, in one launch (buffers may be longer than needed). The decode
-    /// step's router: the experts then skip `moe_group`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn router_topk_group_queue(
-        &self,
-        logits: &CudaSlice<f32>,
-        tokens: usize,
-        n_expert: usize,
-        k: usize,
-        ids: &mut CudaSlice<u32>,
-        weights: &mut CudaSlice<f32>,
-        table: &mut CudaSlice<u32>,
-    ) -> Result<()> {
-        check_router_group(tokens, n_expert, k)?;
-        holds(ROUTER_GROUP, "logits", logits.len(), tokens * n_expert)?;
-        holds(ROUTER_GROUP, "ids", ids.len(), tokens * k)?;
-        holds(ROUTER_GROUP, "weights", weights.len(), tokens * k)?;
-        holds(ROUTER_GROUP, "table", table.len(), moe::table_words(tokens * k))?;
-        let (t, e, k) = (tokens as u32, n_expert as u32, k as u32);
-        let mut a = self.builder(ROUTER_GROUP);
-        a.arg(logits).arg(&t).arg(&e).arg(&k).arg(ids).arg(weights).arg(table);
-        // SAFETY: the kernel's parameters in order, buffers and shape checked above (`tokens` at
-        // most the block's warps); blocks past the first return at once, so a padded grid is
-        // covered.
-        unsafe { self.launch_async(ROUTER_GROUP, self.padded_grid(ROUTER_GROUP, 1), a) }
     }
 
     /// Queues `sample_rows` over `rows` rows of `n` logits, row `t` at position `pos[0] + t`
@@ -303,18 +243,6 @@ impl RouteOps for GpuBackend {
         self.synchronize(ROUTER)?;
         self.download_out(ROUTER, &di, ids)?;
         self.download_out(ROUTER, &dw, weights)
-    }
-
-    fn router_topk_group(&self, logits: &[f32], n_expert: usize, k: usize, ids: &mut [u32], weights: &mut [f32], table: &mut [u32]) -> Result<()> {
-        let tokens = router_group_tokens(logits, n_expert, k, ids, weights, table)?;
-        let dl = self.upload(ROUTER_GROUP, logits)?;
-        let (mut di, mut dw) = (self.upload_out(ROUTER_GROUP, ids)?, self.upload_out(ROUTER_GROUP, weights)?);
-        let mut dt = self.upload_out(ROUTER_GROUP, table)?;
-        self.router_topk_group_queue(&dl, tokens, n_expert, k, &mut di, &mut dw, &mut dt)?;
-        self.synchronize(ROUTER_GROUP)?;
-        self.download_out(ROUTER_GROUP, &di, ids)?;
-        self.download_out(ROUTER_GROUP, &dw, weights)?;
-        self.download_out(ROUTER_GROUP, &dt, table)
     }
 
     fn sample_rows(&self, logits: &[f32], n: usize, p: SampleParams, pos0: usize, ids: &mut [u32]) -> Result<()> {
@@ -409,67 +337,6 @@ fn router_case(backends: &[&dyn RouteOps], tokens: usize, n_expert: usize, k: us
     })
 }
 
-/// The name of word `j` of a group table for `n` selections (`moe`'s layout).
-fn table_word(n: usize, j: usize) -> String {
-    match j {
-        moe::N_GROUPS => "groups".into(),
-        moe::ERRORS => "errors".into(),
-        j if j < moe::start(n) => format!("expert[{}]", j - moe::EXPERT),
-        j if j < moe::count(n) => format!("start[{}]", j - moe::start(n)),
-        j if j < moe::entries(n) => format!("count[{}]", j - moe::count(n)),
-        j => format!("entries[{}]", j - moe::entries(n)),
-    }
-}
-
-/// `router_topk_group` on every backend for windows of every size `1..=ROUTER_GROUP_WARPS` of
-/// one shape (`router_logits` rows: ties, NaNs, infinities): ids, weights and every table word
-/// identical (all poisoned first), every word written, the first backend's weights against
-/// [`router_f64`].
-fn router_group_case(backends: &[&dyn RouteOps], n_expert: usize, k: usize, seed: u64) -> Result<Outcome> {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let windows: Vec<Vec<f32>> = (1..=ROUTER_GROUP_WARPS as usize).map(|t| router_logits(&mut rng, t, n_expert)).collect();
-    // A window of `t` tokens is `n = t * k` ids, `n` weights, then its table, in a backend's words.
-    let words_of = |t: usize| 2 * t * k + moe::table_words(t * k);
-    let (mut outs, mut unwritten, mut first) = (Vec::new(), Vec::new(), Vec::new());
-    for &b in backends {
-        let mut words = Vec::new();
-        for logits in &windows {
-            let n = logits.len() / n_expert * k;
-            let (mut ids, mut weights, mut table) = (vec![POISON_F32; n], vec![f32::from_bits(POISON_F32); n], vec![POISON_F32; moe::table_words(n)]);
-            b.router_topk_group(logits, n_expert, k, &mut ids, &mut weights, &mut table)?;
-            if outs.is_empty() {
-                first.extend_from_slice(&weights);
-            }
-            words.extend(ids.into_iter().chain(weights.iter().map(|w| w.to_bits())).chain(table));
-        }
-        note_unwritten(&mut unwritten, b.name(), words.iter().map(|&w| w == POISON_F32));
-        outs.push((b.name().to_string(), words));
-    }
-    let mismatch = compare_bits(&outs, |mut i, v| {
-        let mut t = 1;
-        while i >= words_of(t) {
-            (i, t) = (i - words_of(t), t + 1);
-        }
-        let n = t * k;
-        match i {
-            i if i < n => format!("window of {t}: id {v} (token {}, slot {})", i / k, i % k),
-            i if i < 2 * n => format!("window of {t}: weight {:e} ({v:#010x}) (token {}, slot {})", f32::from_bits(v), (i - n) / k, (i - n) % k),
-            i => format!("window of {t}: table {} = {v}", table_word(n, i - 2 * n)),
-        }
-    });
-    let want: Vec<f64> = windows.iter().flat_map(|logits| router_f64(logits, n_expert, k).1).collect();
-    Ok(Outcome {
-        kernel: ROUTER_GROUP.into(),
-        shape: format!("1..={ROUTER_GROUP_WARPS} tokens x {n_expert} k{k}"),
-        seed,
-        backends: outs.into_iter().map(|o| o.0).collect(),
-        mismatch,
-        unwritten,
-        nmse: Some(nmse(&first, &want)),
-        nmse_max: NMSE_MAX,
-    })
-}
-
 /// The sampler on every backend for one shape and setting: the drawn ids identical (poisoned
 /// first) and every row written.
 fn sample_case(backends: &[&dyn RouteOps], rows: usize, n: usize, p: SampleParams, pos0: usize, seed: u64) -> Result<Outcome> {
@@ -496,9 +363,7 @@ fn sample_case(backends: &[&dyn RouteOps], rows: usize, n: usize, p: SampleParam
 
 /// The family's parity suite from `seed`: the router at 8, 128 and 512 experts with k 1, 2, 8
 /// and 10 (where k fits) for 1..=8 tokens; the sampler at 1000 and 151,936 logits under several
-/// top-k / top-p / temperature settings, seeds and positions; the router with the group table
-/// at 8, 128 and 512 experts with k 1, 8, 10 and 16 (where k fits), each for every window of
-/// 1..=8 tokens. `backends[0]` is the reference.
+/// top-k / top-p / temperature settings, seeds and positions. `backends[0]` is the reference.
 pub fn parity_cases(backends: &[&dyn RouteOps], seed: u64) -> Result<Vec<Outcome>> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut out = Vec::new();
@@ -513,11 +378,6 @@ pub fn parity_cases(backends: &[&dyn RouteOps], seed: u64) -> Result<Vec<Outcome
             let p = SampleParams { temperature, top_k, top_p, seed: rng.random() };
             let pos0 = if rng.random_bool(0.2) { u32::MAX as usize - 1 } else { rng.random_range(0..1 << 20) };
             out.push(sample_case(backends, rng.random_range(1..=max_rows), n, p, pos0, rng.random())?);
-        }
-    }
-    for n_expert in [8, 128, 512] {
-        for k in [1, 8, 10, 16].into_iter().filter(|&k| k <= n_expert) {
-            out.push(router_group_case(backends, n_expert, k, rng.random())?);
         }
     }
     Ok(out)

@@ -45,11 +45,8 @@ pub struct GpuExecutor {
     act: HashMap<Act, CudaSlice<f32>>,
     /// The q8_1 buffers but `Qx::X`, which is the experts' input, `moe.xq`.
     qx: HashMap<Qx, CudaSlice<u8>>,
-    /// The window's expert selections, their group table, q8_1 input and scratch.
+    /// The window's expert selections, their q8_1 input and scratch.
     moe: MoeBuffers,
-    /// The window (tokens, selections a token) whose group table `Op::RouterTopK` built last
-    /// (`router_topk_group`); `Op::Experts` takes it, and refuses to run without it.
-    grouped: Option<(usize, usize)>,
     /// Per layer: its K and V caches (attention) or its conv ring and recurrent states (Gated
     /// DeltaNet).
     cache: Vec<Option<(CudaSlice<u16>, CudaSlice<u16>)>>,
@@ -203,7 +200,6 @@ impl GpuExecutor {
             experts,
             act,
             moe,
-            grouped: None,
             cache,
             gdn,
             n_ctx,
@@ -563,21 +559,11 @@ impl Executor for GpuExecutor {
                 let (mut first, last) = (first, rest.slice((t - 2) * n..(t - 1) * n));
                 self.gpu.stream().memcpy_dtod(&last, &mut first).map_err(self.gpu.driver_err("last row first", "copy"))
             }
-            Op::RouterTopK { k } => {
-                // The selections and their group table in one launch: `moe_group` is not queued.
-                self.grouped = None;
-                let m = &mut self.moe;
-                self.gpu.router_topk_group_queue(&self.act[&Act::Router], t, c.n_expert, k, &mut m.ids, &mut m.weights, &mut m.table)?;
-                self.grouped = Some((t, k));
-                Ok(())
-            }
+            Op::RouterTopK { k } => self.gpu.router_topk_queue(&self.act[&Act::Router], t, c.n_expert, k, &mut self.moe.ids, &mut self.moe.weights),
             Op::Experts { gate, out, accumulate, .. } => {
-                if self.grouped.take() != Some((t, self.moe.k)) {
-                    return Err(Error::Request(format!("the routed experts of a window of {t} tokens run before its router (Op::RouterTopK) built their group table")));
-                }
                 self.moe.tokens = t;
                 let mut o = self.take(out);
-                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, MoeStages { group: false, ..MoeStages::ALL });
+                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, MoeStages::ALL);
                 self.act.insert(out, o);
                 r
             }

@@ -21,8 +21,6 @@ use strata_gpu_shared::launch::norm::NQ_MAX_N;
 
 /// The most tokens one step takes (a verify window).
 pub const MAX_WINDOW: usize = 8;
-// `Op::RouterTopK` runs `router_topk_group` on the GPU: one block, a warp per token of the window.
-const _: () = assert!(strata_gpu_shared::launch::route::ROUTER_GROUP_WARPS as usize == MAX_WINDOW);
 
 /// The f32 activation buffers of a step, each `tokens` rows. An architecture uses some of them
 /// (those it lacks have [`act_len`] 0).
