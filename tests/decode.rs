@@ -647,6 +647,23 @@ fn float_projections(seed: u64) -> Arc<Model> {
     load(bytes, "<tiny qwen35moe, float output projections>")
 }
 
+/// On every executor of `backend` (graphs and eager on a GPU): the logits of `seq` fed in windows
+/// of `window` through `ops`, then, with an MTP block's `mtp`, its logits over the first 8
+/// positions (fed the token after each).
+fn trunk_and_mtp_logits(backend: &str, m: &Arc<Model>, ops: &[Op], mtp: Option<&[Op]>, seq: &[u32], window: usize) -> Vec<(String, Vec<f32>)> {
+    let run = |exec: &mut dyn Executor| {
+        let mut logits = forced_logits(exec, ops, seq, window).expect("decode");
+        if let Some(mtp) = mtp {
+            exec.set_tokens(&seq[1..9]).unwrap();
+            exec.run(mtp, Window { tokens: 8, pos0: 0 }).unwrap();
+            exec.next_ids(8).unwrap();
+            logits.extend(exec.logits(8).unwrap());
+        }
+        logits
+    };
+    executors(backend, m, 64).into_iter().map(|(label, mut exec)| (label, run(exec.as_mut()))).collect()
+}
+
 /// The residual adds fused into their producers (`mmvq` and the float `matvec` of every mixer's
 /// output projection, the routed experts' combine where no shared expert comes between) give
 /// the bits of the separate adds ([`unfused`]): the trunk's logits of a 40-token sequence in
@@ -663,19 +680,7 @@ fn fused_residual_adds_give_the_unfused_bits(backend: &str) {
         assert_eq!(accumulating(&ops), per_layer * c.n_layer, "{}: fused adds of the trunk", m.describe());
         assert_eq!(mtp.as_deref().map(accumulating), c.hybrid.as_ref().filter(|h| h.mtp).map(|_| 1), "{}: fused adds of the MTP block", m.describe());
         let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
-        let logits = |ops: &[Op], mtp: Option<&[Op]>| -> Vec<(String, Vec<f32>)> {
-            let run = |exec: &mut dyn Executor| {
-                let mut logits = forced_logits(exec, ops, &seq, 3).expect("decode");
-                if let Some(mtp) = mtp {
-                    exec.set_tokens(&seq[1..9]).unwrap();
-                    exec.run(mtp, Window { tokens: 8, pos0: 0 }).unwrap();
-                    exec.next_ids(8).unwrap();
-                    logits.extend(exec.logits(8).unwrap());
-                }
-                logits
-            };
-            executors(backend, &m, 64).into_iter().map(|(label, mut exec)| (label, run(exec.as_mut()))).collect()
-        };
+        let logits = |ops: &[Op], mtp: Option<&[Op]>| trunk_and_mtp_logits(backend, &m, ops, mtp, &seq, 3);
         let unfused_mtp = mtp.as_deref().map(unfused);
         for ((label, a), (_, b)) in logits(&unfused(&ops), unfused_mtp.as_deref()).into_iter().zip(logits(&ops, mtp.as_deref())) {
             if let Some(d) = first_difference(&a, &b, c.n_vocab) {
@@ -842,19 +847,7 @@ fn fused_ops_give_the_unfused_bits(backend: &str) {
         long.n_embd = NQ_MAX_N;
         assert_eq!(norm_quants(&fuse(unfused.clone(), &long)), 2 * c.n_layer + 1, "{}: rows of NQ_MAX_N fuse", m.describe());
         let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
-        let logits = |ops: &[Op], mtp: Option<&[Op]>| -> Vec<(String, Vec<f32>)> {
-            let run = |exec: &mut dyn Executor| {
-                let mut logits = forced_logits(exec, ops, &seq, 5).expect("decode");
-                if let Some(mtp) = mtp {
-                    exec.set_tokens(&seq[1..9]).unwrap();
-                    exec.run(mtp, Window { tokens: 8, pos0: 0 }).unwrap();
-                    exec.next_ids(8).unwrap();
-                    logits.extend(exec.logits(8).unwrap());
-                }
-                logits
-            };
-            executors(backend, &m, 64).into_iter().map(|(label, mut exec)| (label, run(exec.as_mut()))).collect()
-        };
+        let logits = |ops: &[Op], mtp: Option<&[Op]>| trunk_and_mtp_logits(backend, &m, ops, mtp, &seq, 5);
         for ((label, a), (_, b)) in logits(&unfused, unfused_mtp.as_deref()).into_iter().zip(logits(&fused, mtp.as_deref())) {
             if let Some(d) = first_difference(&a, &b, c.n_vocab) {
                 panic!("{label}, seed {seed}, {}: the fused ops differ from the unfused ones at {d} (rows: 40 trunk positions, then 8 MTP ones)", m.describe());
