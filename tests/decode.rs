@@ -650,7 +650,7 @@ fn float_projections(seed: u64) -> Arc<Model> {
 /// On every executor of `backend` (graphs and eager on a GPU): the logits of `seq` fed in windows
 /// of `window` through `ops`, then, with an MTP block's `mtp`, its logits over the first 8
 /// positions (fed the token after each).
-fn trunk_and_mtp_logits(backend: &str, m: &Arc<Model>, ops: &[Op], mtp: Option<&[Op]>, seq: &[u32], window: usize) -> Vec<(String, Vec<f32>)> {
+fn trunk_and_mtp_logits(backend: &str, m: &Arc<Model>, ops: &[Op], mtp: Option<&[Op]>, seq: &[u32], window: usize, n_ctx: usize) -> Vec<(String, Vec<f32>)> {
     let run = |exec: &mut dyn Executor| {
         let mut logits = forced_logits(exec, ops, seq, window).expect("decode");
         if let Some(mtp) = mtp {
@@ -661,7 +661,7 @@ fn trunk_and_mtp_logits(backend: &str, m: &Arc<Model>, ops: &[Op], mtp: Option<&
         }
         logits
     };
-    executors(backend, m, 64).into_iter().map(|(label, mut exec)| (label, run(exec.as_mut()))).collect()
+    executors(backend, m, n_ctx).into_iter().map(|(label, mut exec)| (label, run(exec.as_mut()))).collect()
 }
 
 /// The residual adds fused into their producers (`mmvq` and the float `matvec` of every mixer's
@@ -680,7 +680,7 @@ fn fused_residual_adds_give_the_unfused_bits(backend: &str) {
         assert_eq!(accumulating(&ops), per_layer * c.n_layer, "{}: fused adds of the trunk", m.describe());
         assert_eq!(mtp.as_deref().map(accumulating), c.hybrid.as_ref().filter(|h| h.mtp).map(|_| 1), "{}: fused adds of the MTP block", m.describe());
         let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
-        let logits = |ops: &[Op], mtp: Option<&[Op]>| trunk_and_mtp_logits(backend, &m, ops, mtp, &seq, 3);
+        let logits = |ops: &[Op], mtp: Option<&[Op]>| trunk_and_mtp_logits(backend, &m, ops, mtp, &seq, 3, 64);
         let unfused_mtp = mtp.as_deref().map(unfused);
         for ((label, a), (_, b)) in logits(&unfused(&ops), unfused_mtp.as_deref()).into_iter().zip(logits(&ops, mtp.as_deref())) {
             if let Some(d) = first_difference(&a, &b, c.n_vocab) {
@@ -820,7 +820,8 @@ fn attn_quants(ops: &[Op]) -> usize {
 /// DeltaNet) input, its FFN input and the head's input; the MTP block's by its layer's two and
 /// its head's, and by one for each attention whose output is quantized next (a qwen3moe's
 /// every layer; a gated attention multiplies its output first). Rows longer than `NQ_MAX_N`
-/// are not fused into norms.
+/// are not fused into norms. On a GPU, also 300 positions of the qwen3moe in windows of 8, so
+/// the contexts pass one chunk and `attn_merge` quantizes the attention's output.
 fn fused_ops_give_the_unfused_bits(backend: &str) {
     let seed = common::seed(&format!("fused_ops_give_the_unfused_bits_{backend}"));
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -847,10 +848,21 @@ fn fused_ops_give_the_unfused_bits(backend: &str) {
         long.n_embd = NQ_MAX_N;
         assert_eq!(norm_quants(&fuse(unfused.clone(), &long)), 2 * c.n_layer + 1, "{}: rows of NQ_MAX_N fuse", m.describe());
         let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
-        let logits = |ops: &[Op], mtp: Option<&[Op]>| trunk_and_mtp_logits(backend, &m, ops, mtp, &seq, 5);
+        let logits = |ops: &[Op], mtp: Option<&[Op]>| trunk_and_mtp_logits(backend, &m, ops, mtp, &seq, 5, 64);
         for ((label, a), (_, b)) in logits(&unfused, unfused_mtp.as_deref()).into_iter().zip(logits(&fused, mtp.as_deref())) {
             if let Some(d) = first_difference(&a, &b, c.n_vocab) {
                 panic!("{label}, seed {seed}, {}: the fused ops differ from the unfused ones at {d} (rows: 40 trunk positions, then 8 MTP ones)", m.describe());
+            }
+        }
+        if backend != "cpu" && attn > 0 {
+            // Past 256 keys the attention merges its chunks and `attn_merge` quantizes the
+            // output (above, one chunk: `attn_chunk` does): 300 positions in windows of 8.
+            let long: Vec<u32> = (0..300).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
+            let logits = |ops: &[Op]| trunk_and_mtp_logits(backend, &m, ops, None, &long, 8, 320);
+            for ((label, a), (_, b)) in logits(&unfused).into_iter().zip(logits(&fused)) {
+                if let Some(d) = first_difference(&a, &b, c.n_vocab) {
+                    panic!("{label}, seed {seed}, {}: past one chunk, the fused ops differ from the unfused ones at {d}", m.describe());
+                }
             }
         }
     }

@@ -306,10 +306,11 @@ fn launchers_check_device_buffers() {
 }
 
 /// Contexts of one chunk: with the bound promised (`bound_holds`) `attn_chunk` writes the
-/// outputs itself and no merge runs; they are the merge's bits, and the q8_1 blocks either kernel
-/// writes with `xq` are `quantize_q8_1`'s (the replica's) of those outputs, every byte written
-/// (two runs, the blocks poisoned 0x00 and 0xff). Windows of 1..8 tokens ending anywhere up to
-/// position 256, every band of the heads.
+/// outputs itself and no part (the part scratch, poisoned with NaN, is left as it was: the merge
+/// did not run), without the promise it writes parts; the outputs are the merge's bits either
+/// way, and the q8_1 blocks either kernel writes with `xq` are `quantize_q8_1`'s (the
+/// replica's) of those outputs, every byte written (two runs, the blocks poisoned 0x00 and
+/// 0xff). Windows of 1..8 tokens ending anywhere up to position 256, every band of the heads.
 #[test]
 fn one_chunk_contexts_finish_in_the_chunk_kernel() {
     use strata_gpu_shared::formats::{q8_1, GROUP};
@@ -327,23 +328,27 @@ fn one_chunk_contexts_finish_in_the_chunk_kernel() {
             let dpos = gpu.upload("attention", &[c.pos0 as u32]).unwrap();
             let bound = c.pos0 + s.tokens;
             let blocks = s.q_len() / GROUP * q8_1::BYTES;
-            let run = |holds: bool, band: usize, poison: u8| -> (Vec<u32>, Vec<u8>) {
-                let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
+            let run = |holds: bool, band: usize, poison: u8| -> (Vec<u32>, Vec<u8>, bool) {
+                let mut part = gpu.upload("attention", &vec![f32::NAN; attn_part_len(s)]).unwrap();
                 let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
                 let mut xq = gpu.upload("attention", &vec![poison; blocks]).unwrap();
                 gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, holds, c.scale, Some(band), &mut part, &mut out, Some(&mut xq)).unwrap();
                 let (mut got, mut got_q) = (vec![0f32; s.q_len()], vec![0u8; blocks]);
                 gpu.download("attention", &out, &mut got).unwrap();
                 gpu.download("attention", &xq, &mut got_q).unwrap();
-                (got.iter().map(|v| v.to_bits()).collect(), got_q)
+                let mut got_part = vec![0f32; attn_part_len(s)];
+                gpu.download("attention", &part, &mut got_part).unwrap();
+                let parts_written = got_part.iter().any(|v| v.to_bits() != f32::NAN.to_bits());
+                (got.iter().map(|v| v.to_bits()).collect(), got_q, parts_written)
             };
-            let (merged, _) = run(false, 1, 0);
+            let (merged, _, _) = run(false, 1, 0);
             let mut want_q = vec![0u8; blocks];
             strata_gpu_shared::replica::quantize_q8_1::quantize(&merged.iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>(), &mut want_q);
             for band in (1..=attn_max_band(s.hd)).filter(|&b| attn_band_fits(s.n_q, s.n_kv, s.hd, b)) {
                 for (holds, poison) in [(true, 0x00), (true, 0xff), (false, 0x00), (false, 0xff)] {
-                    let (got, got_q) = run(holds, band, poison);
+                    let (got, got_q, parts_written) = run(holds, band, poison);
                     let what = format!("{name}, seed {seed}, case {case}: {tokens} tokens at {pos0}, heads {heads:?}, band {band}, bound holds {holds}, poison {poison:#x}");
+                    assert_eq!(parts_written, !holds, "{what}: parts written (the merge's input) or not");
                     assert_eq!(got, merged, "{what}: outputs differ from the merged ones");
                     assert_eq!(got_q, want_q, "{what}: q8_1 blocks differ from quantize_q8_1 of the outputs (or were not all written)");
                 }

@@ -610,7 +610,7 @@ impl Backend for GpuBackend {
     }
 
     fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, accumulate: bool, y: &mut [f32]) -> Result<()> {
-        let kernel = w.format.mmvq_kernel();
+        let kernel = w.format.mmvq_entry(rows);
         check_mmvq(w, xq, rows, y)?;
         let dw = self.upload(kernel, w.data)?;
         let dx = self.upload(kernel, xq)?;

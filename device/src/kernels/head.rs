@@ -40,7 +40,7 @@ pub(crate) fn keep_better(best: &mut (f32, u32), v: f32, i: u32) {
 
 /// The warp's best candidate, the same in every lane. Every lane of the warp must call it.
 #[inline(always)]
-pub(crate) fn warp_best(mut best: (f32, u32)) -> (f32, u32) {
+fn warp_best(mut best: (f32, u32)) -> (f32, u32) {
     let mut o = 16;
     while o > 0 {
         let v = warp::shfl_xor_f32(best.0, o);

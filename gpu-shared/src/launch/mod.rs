@@ -376,6 +376,8 @@ mod tests {
     fn every_weight_format_has_an_mmvq_kernel() {
         for f in crate::formats::WeightFormat::ALL {
             assert!(bounds(f.mmvq_kernel()).is_some(), "{}", f.mmvq_kernel());
+            assert!(bounds(f.mmvq1_kernel()).is_some(), "{}", f.mmvq1_kernel());
+            assert_eq!((f.mmvq_entry(1), f.mmvq_entry(2), f.mmvq_entry(8)), (f.mmvq1_kernel(), f.mmvq_kernel(), f.mmvq_kernel()));
         }
     }
 

@@ -364,7 +364,10 @@ pub trait Executor {
     fn run(&mut self, ops: &[Op], w: Window) -> Result<()>;
     /// Queues the list for a one-token window continuing the previous step: its token and
     /// position are the ones that step's [`Op::Accept`] wrote. `pos0` is where the host expects
-    /// that window (checked against the context; on the CPU also against the position kept).
+    /// that window (checked against the context; on the CPU also against the position kept), and
+    /// must be it: a GPU backend cannot check it without waiting, and sizes the attention for a
+    /// context of `pos0 + 1` keys as a bound that holds (a graph for one-chunk contexts, replayed
+    /// with a longer one, traps rather than compute a wrong step).
     fn run_continued(&mut self, ops: &[Op], pos0: usize) -> Result<()>;
     /// The tokens of the oldest queued step whose tokens were not read yet (waits for it).
     fn emitted(&mut self) -> Result<Emitted>;
