@@ -290,13 +290,22 @@ struct Dest {
     xq: *mut u8,
 }
 
+/// One part `(m, l, o)` folded into `attn_merge`'s sums against the maximum `big_m` of the
+/// parts: `f = exp_neg(m - big_m)`, `L += l f`, `O += o f`.
+#[inline(always)]
+fn fold_part(big_m: f32, (m, l, o): (f32, f32, f32), big_l: &mut f32, big_o: &mut f32) {
+    let f = exp_neg(m - big_m);
+    *big_l += l * f;
+    *big_o += o * f;
+}
+
 /// `attn_merge`'s output value from one part `(m, l, o)`: its fold for a context of one chunk
-/// (`M = maxNum(-inf, m)`, `f = exp_neg(m - M)`, `L = +0.0 + l f`, `O = +0.0 + o f`, `O / L`).
+/// (`M = maxNum(-inf, m)`, [`fold_part`] from +0.0, `O / L`).
 #[inline(always)]
 fn one_part(m: f32, l: f32, o: f32) -> f32 {
-    let big_m = f32::NEG_INFINITY.max(m);
-    let f = exp_neg(m - big_m);
-    (0.0 + o * f) / (0.0 + l * f)
+    let (mut big_l, mut big_o) = (0.0f32, 0.0f32);
+    fold_part(f32::NEG_INFINITY.max(m), (m, l, o), &mut big_l, &mut big_o);
+    big_o / big_l
 }
 
 /// Stores output value `at` of the attention rows (`[token][n_q * hd]`, row-major) and, with
@@ -509,9 +518,7 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
         });
         crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
             if c + (i as u32) < nc {
-                let f = exp_neg(m[i] - big_m);
-                big_l += l[i] * f;
-                big_o += o[i] * f;
+                fold_part(big_m, (m[i], l[i], o[i]), &mut big_l, &mut big_o);
             }
         });
         c += MERGE_AHEAD;
