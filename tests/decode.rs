@@ -574,15 +574,8 @@ fn fused_qkv_gives_the_split_bits(backend: &str) {
         assert!(fused_layers(&split).iter().all(|f| !f), "{}: split on request", m.describe());
         let n_vocab = m.config.n_vocab;
         let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..n_vocab as u32)).collect();
-        let logits = |m: &Arc<Model>| -> Vec<(String, Vec<f32>)> {
-            let ops = m.step_ops(Op::Pick(Pick::Greedy));
-            executors(backend, m, 64).into_iter().map(|(label, mut exec)| (label, forced_logits(exec.as_mut(), &ops, &seq, 3).expect("decode"))).collect()
-        };
-        for ((label, a), (_, b)) in logits(&split).into_iter().zip(logits(&m)) {
-            if let Some(d) = first_difference(&a, &b, n_vocab) {
-                panic!("{label}, seed {seed}, {}: fused q/k/v differ from split at {d}", m.describe());
-            }
-        }
+        let logits = |m: &Arc<Model>| trunk_and_mtp_logits(backend, m, &m.step_ops(Op::Pick(Pick::Greedy)), None, &seq, 3, 64);
+        assert_same_logits(logits(&split), logits(&m), n_vocab, &format!("seed {seed}, {}: fused q/k/v differ from split", m.describe()));
     }
 }
 
@@ -647,6 +640,18 @@ fn float_projections(seed: u64) -> Arc<Model> {
     load(bytes, "<tiny qwen35moe, float output projections>")
 }
 
+/// Panics at the first executor whose `got` logits differ from its `want` ones (the lists come
+/// from the same executors in the same order), naming the executor, `what` and the first
+/// differing row.
+fn assert_same_logits(want: Vec<(String, Vec<f32>)>, got: Vec<(String, Vec<f32>)>, n_vocab: usize, what: &str) {
+    assert_eq!(want.len(), got.len(), "{what}: executors");
+    for ((label, a), (_, b)) in want.into_iter().zip(got) {
+        if let Some(d) = first_difference(&a, &b, n_vocab) {
+            panic!("{label}, {what} at {d}");
+        }
+    }
+}
+
 /// On every executor of `backend` (graphs and eager on a GPU): the logits of `seq` fed in windows
 /// of `window` through `ops`, then, with an MTP block's `mtp`, its logits over the first 8
 /// positions (fed the token after each).
@@ -682,11 +687,8 @@ fn fused_residual_adds_give_the_unfused_bits(backend: &str) {
         let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
         let logits = |ops: &[Op], mtp: Option<&[Op]>| trunk_and_mtp_logits(backend, &m, ops, mtp, &seq, 3, 64);
         let unfused_mtp = mtp.as_deref().map(unfused);
-        for ((label, a), (_, b)) in logits(&unfused(&ops), unfused_mtp.as_deref()).into_iter().zip(logits(&ops, mtp.as_deref())) {
-            if let Some(d) = first_difference(&a, &b, c.n_vocab) {
-                panic!("{label}, seed {seed}, {}: fused residual adds differ from separate ones at {d} (rows: 40 trunk positions, then 8 MTP ones)", m.describe());
-            }
-        }
+        let what = format!("seed {seed}, {}: fused residual adds differ from separate ones (rows: 40 trunk positions, then 8 MTP ones)", m.describe());
+        assert_same_logits(logits(&unfused(&ops), unfused_mtp.as_deref()), logits(&ops, mtp.as_deref()), c.n_vocab, &what);
     }
 }
 
@@ -849,21 +851,15 @@ fn fused_ops_give_the_unfused_bits(backend: &str) {
         assert_eq!(norm_quants(&fuse(unfused.clone(), &long)), 2 * c.n_layer + 1, "{}: rows of NQ_MAX_N fuse", m.describe());
         let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
         let logits = |ops: &[Op], mtp: Option<&[Op]>| trunk_and_mtp_logits(backend, &m, ops, mtp, &seq, 5, 64);
-        for ((label, a), (_, b)) in logits(&unfused, unfused_mtp.as_deref()).into_iter().zip(logits(&fused, mtp.as_deref())) {
-            if let Some(d) = first_difference(&a, &b, c.n_vocab) {
-                panic!("{label}, seed {seed}, {}: the fused ops differ from the unfused ones at {d} (rows: 40 trunk positions, then 8 MTP ones)", m.describe());
-            }
-        }
+        let what = format!("seed {seed}, {}: the fused ops differ from the unfused ones (rows: 40 trunk positions, then 8 MTP ones)", m.describe());
+        assert_same_logits(logits(&unfused, unfused_mtp.as_deref()), logits(&fused, mtp.as_deref()), c.n_vocab, &what);
         if backend != "cpu" && attn > 0 {
             // Past 256 keys the attention merges its chunks and `attn_merge` quantizes the
             // output (above, one chunk: `attn_chunk` does): 300 positions in windows of 8.
             let long: Vec<u32> = (0..300).map(|_| rng.random_range(0..c.n_vocab as u32)).collect();
             let logits = |ops: &[Op]| trunk_and_mtp_logits(backend, &m, ops, None, &long, 8, 320);
-            for ((label, a), (_, b)) in logits(&unfused).into_iter().zip(logits(&fused)) {
-                if let Some(d) = first_difference(&a, &b, c.n_vocab) {
-                    panic!("{label}, seed {seed}, {}: past one chunk, the fused ops differ from the unfused ones at {d}", m.describe());
-                }
-            }
+            let what = format!("seed {seed}, {}: past one chunk, the fused ops differ from the unfused ones", m.describe());
+            assert_same_logits(logits(&unfused), logits(&fused), c.n_vocab, &what);
         }
     }
 }
