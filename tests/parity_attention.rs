@@ -191,14 +191,15 @@ crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
 /// and each block computes a band of a KV group's query heads; every bound and every band gives
 /// the replica's bits: one block walking all 37 chunks of a token, blocks walking several, and
 /// one block a chunk; one head a block up to the widest band, for groups of 8, 6 and 16 heads
-/// of 64, 128 and 256 values.
+/// of 64, 128 and 256 values, 4 of 192 and 3 of 96 (head sizes whose lane count the scoring
+/// checks at run time; 96 leaves a partial thread set).
 #[test]
 fn every_grid_gives_the_same_bits() {
     for name in ["cuda", "hip"] {
         let Some(gpu) = common::open_gpu(name) else { continue };
         let seed = common::seed("every_grid_gives_the_same_bits");
         let mut rng = SmallRng::seed_from_u64(seed);
-        for heads in [(32, 4, 128), (12, 2, 64), (16, 1, 256)] {
+        for heads in [(32, 4, 128), (12, 2, 64), (16, 1, 256), (8, 2, 192), (12, 4, 96)] {
             let c = AttnCase::random_heads(&mut rng, 3, 36 * 256 + 100, heads);
             let s = c.shape;
             let mut want = vec![0f32; s.q_len()];

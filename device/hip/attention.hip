@@ -9,7 +9,6 @@
 #include "quantize_q8_1.hip"
 
 #define ATTN_WARPS (STRATA_ATTN_THREADS / 32)
-#define ATTN_PER_LANE (STRATA_ATTN_MAX_HD / 32)
 // Loads in flight per lane in the per-head norm: a 128-value head is one memory latency.
 #define ATTN_NORM_AHEAD 4
 
@@ -88,21 +87,29 @@ STRATA_FN uint32_t attn_context_len(const uint32_t* pos, uint32_t t, uint32_t n_
 
 STRATA_FN uint32_t attn_n_chunks(uint32_t n_ctx) { return (n_ctx + STRATA_ATTN_CHUNK - 1) / STRATA_ATTN_CHUNK; }
 
-// Shared words of attn_chunk: the band's queries Q[heads][hd], the scores then softmax terms
-// S[heads][STRATA_ATTN_CHUNK], the warps' running maxima M[warp][heads].
+// Shared words of attn_chunk (the Rust twin's layout): the band's queries from ATTN_Q_WORD, value
+// d = p + 32 i of head h at h * hd + (hd / 32) p + i; the scores then softmax terms
+// S[heads][STRATA_ATTN_CHUNK]; the warps' maxima M[warp][heads]; the key stage (attn_key_stage(hd)
+// fp16 rows of hd / 2 + 1 words).
 #define ATTN_Q_WORD 0u
-#define ATTN_S_WORD (ATTN_Q_WORD + STRATA_ATTN_MAX_BAND * STRATA_ATTN_MAX_HD)
+#define ATTN_S_WORD (ATTN_Q_WORD + STRATA_ATTN_Q_WORDS)
 #define ATTN_M_WORD (ATTN_S_WORD + STRATA_ATTN_MAX_BAND * STRATA_ATTN_CHUNK)
+#define ATTN_K_WORD (ATTN_M_WORD + ATTN_WARPS * STRATA_ATTN_MAX_BAND)
 // The most heads of a band one thread sums values for (attn_max_band in gpu-shared).
 #define ATTN_SET_HEADS 4
-// Value rows a thread loads before adding their terms.
+// Value rows an attn_chunk_one thread loads before adding their terms.
 #define ATTN_V_AHEAD 8
 // Chunks' parts a merge thread loads before folding them.
 #define ATTN_MERGE_AHEAD 8
 
 STRATA_FN float attn_smem_f32(uint32_t word) { return __builtin_bit_cast(float, strata_smem[word]); }
 
-// Head h's maximum over the chunk's keys: the warps' running maxima.
+STRATA_FN uint32_t attn_q_word(uint32_t h, uint32_t d, uint32_t hd) { return ATTN_Q_WORD + h * hd + hd / 32 * (d % 32) + d / 32; }
+
+// Keys staged (and scored) at a time for heads of hd values (gpu-shared attn_key_stage).
+STRATA_FN uint32_t attn_key_stage(uint32_t hd) { return 128 * (hd / 2 + 1) <= STRATA_ATTN_KEY_STAGE_WORDS ? 128 : 64; }
+
+// Head h's maximum over the chunk's scores: the warps' maxima folded.
 STRATA_FN float attn_head_max(uint32_t h) {
   float m = attn_neg_inf();
   for (uint32_t x = 0; x < ATTN_WARPS; x++) m = max_f32(m, attn_smem_f32(ATTN_M_WORD + x * STRATA_ATTN_MAX_BAND + h));
@@ -123,59 +130,180 @@ STRATA_FN void attn_store_output(float* out, uint8_t* xq, uint64_t at, float v) 
   if (xq != nullptr) quantize_group(v, xq + at / STRATA_GROUP * STRATA_Q8_1_BYTES);
 }
 
+// The chunk's n key and value rows asked of L2 at once (the loops then wait on L2, not DRAM).
+STRATA_FN void attn_prefetch_rows(const uint16_t* keys, const uint16_t* values, uint32_t n, uint64_t stride, uint32_t hd) {
+  uint32_t row_lines = (hd * 2 + 127) / 128;
+  for (uint32_t i = thread_idx(); i < n * row_lines; i += STRATA_ATTN_THREADS) {
+    uint64_t at = (uint64_t)(i / row_lines) * stride * 2 + (i % row_lines) * 128;
+    prefetch_l2((const uint8_t*)keys + at);
+    prefetch_l2((const uint8_t*)values + at);
+  }
+}
+
+// Value d of query head `head` (band head h) from its sums (l, o) over chunk c: the output (the
+// context is this one chunk; with xq also its q8_1 block, so the whole warp calls it) or the
+// part slot (d = 0 writes m and l).
+STRATA_FN void attn_finish(uint64_t head, uint32_t h, uint32_t hd, uint32_t d, float l, float o, uint32_t c, float* part, uint32_t n_chunks, float* out,
+                           uint8_t* xq) {
+  if (out != nullptr) {
+    attn_store_output(out, xq, head * hd + d, attn_one_part(attn_head_max(h), l, o));
+  } else {
+    float* pt = part + (head * n_chunks + c) * (hd + 2);
+    pt[2 + d] = o;
+    if (d == 0) {
+      pt[0] = attn_head_max(h);
+      pt[1] = l;
+    }
+  }
+}
+
+// rows rows of hd fp16 values (stride apart from src) into the stage at ATTN_K_WORD, row_words
+// words a row (hd / 2, or one more for the keys' odd padding), by 16-byte loads all in flight at
+// once, stored as words. The whole block calls it; it ends with a barrier.
+STRATA_FN void attn_stage_rows(const uint16_t* src, uint64_t stride, uint32_t rows, uint32_t hd, uint32_t row_words) {
+  uint32_t pieces = hd / 8;
+  for (uint32_t i = thread_idx(); i < rows * pieces; i += STRATA_ATTN_THREADS) {
+    uint32_t row = i / pieces, piece = i % pieces, v[4];
+    ld_v4((const uint8_t*)(src + (uint64_t)row * stride + piece * 8), v);
+#pragma unroll
+    for (uint32_t e = 0; e < 4; e++) strata_smem[ATTN_K_WORD + row * row_words + 4 * piece + e] = v[e];
+  }
+  sync_threads();
+}
+
+// On AMD the scoring is a call: its four variants inlined into the chunk spilled SGPRs on
+// gfx1201.
+#if STRATA_AMD
+#define ATTN_SCORE_FN static __device__ __attribute__((noinline))
+#else
+#define ATTN_SCORE_FN STRATA_FN
+#endif
+
+// The scores scale * dot_j of the chunk's n keys for the band's heads into S[h][j]. The keys are
+// staged attn_key_stage(hd) at a time; thread (slot, r) of a stage scores its key r for heads
+// slot, slot + tpk, ... (at most HW). One thread computes a key's whole dot product: its lane
+// partials (PL = hd / 32 products each, left to right from +0.0) in the butterfly's tree (the
+// eight subtrees n8(p), p = 0, 4, 2, 6, 1, 5, 3, 7, each added to its sibling when both are
+// there: gpu-shared order::butterfly_tree). EXACT: PL is hd / 32; else hd / 32 <= PL is checked
+// per product. Ends with a barrier.
+template <uint32_t HW, uint32_t PL, bool EXACT>
+ATTN_SCORE_FN void attn_score(const uint16_t* keys, uint64_t stride, uint32_t n, uint32_t hd, uint32_t heads, float scale) {
+  uint32_t per_lane = hd / 32, kps = attn_key_stage(hd), row_words = hd / 2 + 1, tpk = STRATA_ATTN_THREADS / kps;
+  uint32_t tid = thread_idx(), r = tid % kps, slot = tid / kps;
+  const uint16_t* halves = (const uint16_t*)strata_smem;
+  for (uint32_t base = 0; base < n; base += kps) {
+    uint32_t rows = n - base < kps ? n - base : kps;
+    attn_stage_rows(keys + (uint64_t)base * stride, stride, rows, hd, row_words);
+    if (r < rows) {
+      uint32_t key = 2 * (ATTN_K_WORD + r * row_words);
+      auto leaf = [&](uint32_t p, float* acc) {
+        float k[PL];
+#pragma unroll
+        for (uint32_t i = 0; i < PL; i++) k[i] = EXACT || i < per_lane ? f16_to_f32(halves[key + p + 32 * i]) : 0.0f;
+#pragma unroll
+        for (uint32_t x = 0; x < HW; x++) {
+          acc[x] = 0.0f;
+          uint32_t h = slot + tpk * x;
+          if (h < heads) {
+#pragma unroll
+            for (uint32_t i = 0; i < PL; i++)
+              if (EXACT || i < per_lane) acc[x] = acc[x] + attn_smem_f32(attn_q_word(h, p, hd) + i) * k[i];
+          }
+        }
+      };
+      float n8[HW], n4[HW], n2[HW], dot[HW];
+      // A loop, not unrolled: one subtree is alive at a time.
+#pragma unroll 1
+      for (uint32_t it = 0;; it++) {
+        uint32_t p = (it & 1) << 2 | (it & 2) | (it >> 2 & 1);
+        float a[HW], b[HW], c[HW], d[HW], v[HW];
+        leaf(p, a);
+        leaf(p + 16, b);
+        leaf(p + 8, c);
+        leaf(p + 24, d);
+#pragma unroll
+        for (uint32_t x = 0; x < HW; x++) v[x] = (a[x] + b[x]) + (c[x] + d[x]);
+        if ((it & 1) == 0) {
+#pragma unroll
+          for (uint32_t x = 0; x < HW; x++) n8[x] = v[x];
+          continue;
+        }
+#pragma unroll
+        for (uint32_t x = 0; x < HW; x++) v[x] = n8[x] + v[x];
+        if ((it & 2) == 0) {
+#pragma unroll
+          for (uint32_t x = 0; x < HW; x++) n4[x] = v[x];
+          continue;
+        }
+#pragma unroll
+        for (uint32_t x = 0; x < HW; x++) v[x] = n4[x] + v[x];
+        if ((it & 4) == 0) {
+#pragma unroll
+          for (uint32_t x = 0; x < HW; x++) n2[x] = v[x];
+          continue;
+        }
+#pragma unroll
+        for (uint32_t x = 0; x < HW; x++) dot[x] = n2[x] + v[x];
+        break;
+      }
+#pragma unroll
+      for (uint32_t x = 0; x < HW; x++) {
+        uint32_t h = slot + tpk * x;
+        if (h < heads) strata_smem[ATTN_S_WORD + h * STRATA_ATTN_CHUNK + base + r] = __builtin_bit_cast(uint32_t, scale * dot[x]);
+      }
+    }
+    sync_threads();  // the stage's readers are done (and the scores are in)
+  }
+}
+
+// Thread (set r, value d) of a chunk's value sums over one stage: keys base .. base + rows of the
+// chunk, their values staged row_words words a row. o[x] += p_j * v_j[d] (and with L, l[x] +=
+// p_j) in key order, for head r + x * sets of the band.
+template <uint32_t W, bool L>
+STRATA_FN void attn_sum_values(uint32_t base, uint32_t rows, uint32_t row_words, uint32_t d, uint32_t r, uint32_t sets, uint32_t heads, float* l, float* o) {
+  const uint16_t* halves = (const uint16_t*)strata_smem;
+  for (uint32_t jj = 0; jj < rows; jj++) {
+    float v = f16_to_f32(halves[2 * (ATTN_K_WORD + jj * row_words) + d]);
+#pragma unroll
+    for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) {
+      uint32_t h = r + x * sets;
+      if (x < W && h < heads) {
+        float p = attn_smem_f32(ATTN_S_WORD + h * STRATA_ATTN_CHUNK + base + jj);
+        if (L) l[x] = l[x] + p;
+        o[x] = o[x] + p * v;
+      }
+    }
+  }
+}
+
 // Chunk c of token t's len keys for the band's heads h0 .. h0 + heads of KV group g (queries in
-// shared memory): each head's max, softmax sum and weighted values into its part slot. Warp w
-// scores keys w, w + 8, ... for every head; thread i turns key i's scores into softmax terms;
-// thread d of set r sums p_j * v_j[d] and p_j in key order for heads r, r + sets, ... With out
-// not null the context is this one chunk: the heads' outputs (and with xq their q8_1 blocks)
-// instead of parts. The whole block calls it.
-template <uint32_t W>
+// shared memory): the scores (attn_score), each head's maximum (warp w folds keys 32 w ..), thread
+// i turns key i's scores into softmax terms, thread d of set r sums p_j * v_j[d] and p_j in key
+// order for heads r, r + sets, ... With out not null the context is this one chunk: the heads'
+// outputs (and with xq their q8_1 blocks) instead of parts. The whole block calls it.
+template <uint32_t W, uint32_t HW>
 STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, uint32_t t, uint32_t h0, uint32_t heads, uint32_t n_q, uint32_t n_kv,
                               uint32_t hd, uint64_t g, uint32_t len, uint32_t c, float scale, float* part, uint32_t n_chunks,
                               float* out, uint8_t* xq) {
   uint32_t start = c * STRATA_ATTN_CHUNK;
   uint32_t n = len - start < STRATA_ATTN_CHUNK ? len - start : STRATA_ATTN_CHUNK;
   uint64_t stride = (uint64_t)n_kv * hd;
-  uint32_t l = lane(), w = warp_in_block(), tid = thread_idx(), per_lane = hd / 32;
+  uint32_t tid = thread_idx();
   const uint16_t* keys = k_cache + start * stride + g * hd;
   const uint16_t* values = v_cache + start * stride + g * hd;
-  // The chunk's key and value rows, asked of L2 at once.
-  uint32_t row_lines = (hd * 2 + 127) / 128;
-  for (uint32_t i = tid; i < n * row_lines; i += STRATA_ATTN_THREADS) {
-    uint64_t at = (uint64_t)(i / row_lines) * stride * 2 + (i % row_lines) * 128;
-    prefetch_l2((const uint8_t*)keys + at);
-    prefetch_l2((const uint8_t*)values + at);
+  attn_prefetch_rows(keys, values, n, stride, hd);
+  // Heads of more than 128 values come in bands of at most 4 over 4 threads a key: one head a
+  // thread.
+  if (hd == 128) attn_score<HW, 4, true>(keys, stride, n, hd, heads, scale);
+  else if (hd <= 128) attn_score<HW, 4, false>(keys, stride, n, hd, heads, scale);
+  else if (hd == 256) attn_score<1, 8, true>(keys, stride, n, hd, heads, scale);
+  else attn_score<1, 8, false>(keys, stride, n, hd, heads, scale);
+  uint32_t l = lane(), w = warp_in_block();
+  for (uint32_t h = 0; h < heads; h++) {
+    float s = tid < n ? attn_smem_f32(ATTN_S_WORD + h * STRATA_ATTN_CHUNK + tid) : attn_neg_inf();
+    float m = warp_max_f32(s);
+    if (l == 0) strata_smem[ATTN_M_WORD + w * STRATA_ATTN_MAX_BAND + h] = __builtin_bit_cast(uint32_t, m);
   }
-  // Lane h keeps the warp's running maximum of head h.
-  float lane_max = attn_neg_inf();
-  // Keys j and j + ATTN_WARPS loaded together (two in flight), each scored as alone.
-  for (uint32_t j = w; j < n; j += 2 * ATTN_WARPS) {
-    float k[2][ATTN_PER_LANE];
-#pragma unroll
-    for (uint32_t u = 0; u < 2; u++) {
-      const uint16_t* key = keys + (uint64_t)(j + u * ATTN_WARPS) * stride;
-#pragma unroll
-      for (uint32_t i = 0; i < ATTN_PER_LANE; i++) k[u][i] = i < per_lane && j + u * ATTN_WARPS < n ? attn_ld_f16(key, l + 32 * i) : 0.0f;
-    }
-#pragma unroll
-    for (uint32_t u = 0; u < 2; u++) {
-      uint32_t ju = j + u * ATTN_WARPS;
-      if (ju >= n) continue;
-#pragma unroll
-      for (uint32_t h = 0; h < STRATA_ATTN_MAX_BAND; h++) {
-        if (h < W && h < heads) {
-          float acc = 0.0f;
-#pragma unroll
-          for (uint32_t i = 0; i < ATTN_PER_LANE; i++)
-            if (i < per_lane) acc = acc + attn_smem_f32(ATTN_Q_WORD + h * hd + l + 32 * i) * k[u][i];
-          float s = scale * warp_sum_f32(acc);
-          if (l == 0) strata_smem[ATTN_S_WORD + h * STRATA_ATTN_CHUNK + ju] = __builtin_bit_cast(uint32_t, s);
-          if (l == h) lane_max = max_f32(lane_max, s);
-        }
-      }
-    }
-  }
-  if (l < heads) strata_smem[ATTN_M_WORD + w * STRATA_ATTN_MAX_BAND + l] = __builtin_bit_cast(uint32_t, lane_max);
   sync_threads();
   if (tid < n) {
     for (uint32_t h = 0; h < heads; h++) {
@@ -184,51 +312,92 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
     }
   }
   sync_threads();
+  // Thread (set r, value d): heads r, r + sets, ... of the band; a partial set (hd not dividing
+  // the block) has none. The values are staged like the keys, unpadded. The sums of the terms
+  // are needed where a thread folds its own output (one chunk) or writes a part's l (d = 0):
+  // whole warps, as hd is a multiple of 32.
   uint32_t sets = STRATA_ATTN_THREADS / hd, r = tid / hd, d = tid % hd;
-  if (r < heads) {
-    const uint16_t* vd = values + d;
-    float lsum[ATTN_SET_HEADS], o[ATTN_SET_HEADS];
+  bool active = r < sets && r < heads, with_l = out != nullptr || d < 32;
+  uint32_t kps = attn_key_stage(hd);
+  float lsum[ATTN_SET_HEADS], o[ATTN_SET_HEADS];
 #pragma unroll
-    for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) lsum[x] = o[x] = 0.0f;
-    // Key j's terms, added in key order; ATTN_V_AHEAD values are loaded before their terms.
-    auto add = [&](uint32_t j, float v) {
-#pragma unroll
-      for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) {
-        uint32_t h = r + x * sets;
-        if (x < W && h < heads) {
-          float p = attn_smem_f32(ATTN_S_WORD + h * STRATA_ATTN_CHUNK + j);
-          lsum[x] = lsum[x] + p;
-          o[x] = o[x] + p * v;
-        }
-      }
-    };
-    uint32_t j = 0;
-    for (; j + ATTN_V_AHEAD <= n; j += ATTN_V_AHEAD) {
-      float v[ATTN_V_AHEAD];
-#pragma unroll
-      for (uint32_t u = 0; u < ATTN_V_AHEAD; u++) v[u] = attn_ld_f16(vd, (j + u) * stride);
-#pragma unroll
-      for (uint32_t u = 0; u < ATTN_V_AHEAD; u++) add(j + u, v[u]);
+  for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) lsum[x] = o[x] = 0.0f;
+  for (uint32_t base = 0; base < n; base += kps) {
+    uint32_t rows = n - base < kps ? n - base : kps;
+    attn_stage_rows(values + (uint64_t)base * stride, stride, rows, hd, hd / 2);
+    if (active) {
+      if (with_l) attn_sum_values<W, true>(base, rows, hd / 2, d, r, sets, heads, lsum, o);
+      else attn_sum_values<W, false>(base, rows, hd / 2, d, r, sets, heads, lsum, o);
     }
-    for (; j < n; j++) add(j, attn_ld_f16(vd, j * stride));
+    sync_threads();  // the stage's readers are done
+  }
+  if (!active) return;
 #pragma unroll
-    for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) {
-      uint32_t h = r + x * sets;
-      if (x < W && h < heads) {
-        uint64_t head = (uint64_t)t * n_q + h0 + h;
-        if (out != nullptr) {
-          attn_store_output(out, xq, head * hd + d, attn_one_part(attn_head_max(h), lsum[x], o[x]));
-        } else {
-          float* pt = part + (head * n_chunks + c) * (hd + 2);
-          pt[2 + d] = o[x];
-          if (d == 0) {
-            pt[0] = attn_head_max(h);
-            pt[1] = lsum[x];
-          }
-        }
-      }
+  for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) {
+    uint32_t h = r + x * sets;
+    if (x < W && h < heads) attn_finish((uint64_t)t * n_q + h0 + h, h, hd, d, lsum[x], o[x], c, part, n_chunks, out, xq);
+  }
+}
+
+// One chunk for a band of one head (attn_chunk_one, the small grids of short contexts): warp w
+// scores keys w, w + 8, ..., two in flight (lane p sums q[p + 32 i] * k[p + 32 i] over i left to
+// right, the warp butterfly the 32 partials); thread i turns key i's score into its softmax term;
+// thread d < hd sums p_j * v_j[d] and p_j over the keys in order, ATTN_V_AHEAD values loaded
+// before their terms are added. The query is in shared memory as a row (ATTN_Q_WORD + d).
+STRATA_FN void attn_one_chunk_one_head(const uint16_t* k_cache, const uint16_t* v_cache, uint32_t t, uint32_t h0, uint32_t n_q, uint32_t n_kv,
+                                       uint32_t hd, uint64_t g, uint32_t len, uint32_t c, float scale, float* part, uint32_t n_chunks,
+                                       float* out, uint8_t* xq) {
+  uint32_t start = c * STRATA_ATTN_CHUNK;
+  uint32_t n = len - start < STRATA_ATTN_CHUNK ? len - start : STRATA_ATTN_CHUNK;
+  uint64_t stride = (uint64_t)n_kv * hd;
+  uint32_t l = lane(), w = warp_in_block(), tid = thread_idx(), per_lane = hd / 32;
+  const uint16_t* keys = k_cache + start * stride + g * hd;
+  const uint16_t* values = v_cache + start * stride + g * hd;
+  attn_prefetch_rows(keys, values, n, stride, hd);
+  float warp_max = attn_neg_inf();
+  for (uint32_t j = w; j < n; j += 2 * ATTN_WARPS) {
+    float k[2][STRATA_ATTN_MAX_HD / 32];
+#pragma unroll
+    for (uint32_t u = 0; u < 2; u++) {
+      const uint16_t* key = keys + (uint64_t)(j + u * ATTN_WARPS) * stride;
+#pragma unroll
+      for (uint32_t i = 0; i < STRATA_ATTN_MAX_HD / 32; i++) k[u][i] = i < per_lane && j + u * ATTN_WARPS < n ? attn_ld_f16(key, l + 32 * i) : 0.0f;
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < 2; u++) {
+      uint32_t ju = j + u * ATTN_WARPS;
+      if (ju >= n) continue;
+      float acc = 0.0f;
+#pragma unroll
+      for (uint32_t i = 0; i < STRATA_ATTN_MAX_HD / 32; i++)
+        if (i < per_lane) acc = acc + attn_smem_f32(ATTN_Q_WORD + l + 32 * i) * k[u][i];
+      float s = scale * warp_sum_f32(acc);
+      if (l == 0) strata_smem[ATTN_S_WORD + ju] = __builtin_bit_cast(uint32_t, s);
+      warp_max = max_f32(warp_max, s);
     }
   }
+  if (l == 0) strata_smem[ATTN_M_WORD + w * STRATA_ATTN_MAX_BAND] = __builtin_bit_cast(uint32_t, warp_max);
+  sync_threads();
+  if (tid < n) strata_smem[ATTN_S_WORD + tid] = __builtin_bit_cast(uint32_t, exp_neg(attn_smem_f32(ATTN_S_WORD + tid) - attn_head_max(0)));
+  sync_threads();
+  if (tid >= hd) return;
+  const uint16_t* vd = values + tid;
+  float lsum = 0.0f, o = 0.0f;
+  auto add = [&](uint32_t j, float v) {
+    float p = attn_smem_f32(ATTN_S_WORD + j);
+    lsum = lsum + p;
+    o = o + p * v;
+  };
+  uint32_t j = 0;
+  for (; j + ATTN_V_AHEAD <= n; j += ATTN_V_AHEAD) {
+    float v[ATTN_V_AHEAD];
+#pragma unroll
+    for (uint32_t u = 0; u < ATTN_V_AHEAD; u++) v[u] = attn_ld_f16(vd, (j + u) * stride);
+#pragma unroll
+    for (uint32_t u = 0; u < ATTN_V_AHEAD; u++) add(j + u, v[u]);
+  }
+  for (; j < n; j++) add(j, attn_ld_f16(vd, j * stride));
+  attn_finish((uint64_t)t * n_q + h0, 0, hd, tid, lsum, o, c, part, n_chunks, out, xq);
 }
 
 // split blocks per (t, band of heads consecutive query heads of one KV group): block
@@ -236,10 +405,11 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
 // context for each head of the band, each into part (t * n_q + h) * n_chunks + c, n_chunks =
 // ceil(n_ctx / STRATA_ATTN_CHUNK). With out not null (the host's choice for contexts of one
 // chunk) the outputs directly, and no parts; a longer context traps.
-template <uint32_t W>
+template <uint32_t W, uint32_t HW>
 STRATA_FN void attn_chunk_band(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q,
                                                        uint32_t n_kv, uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split,
                                                        uint32_t heads, float* part, float* out, uint8_t* xq) {
+  static_assert(2 * HW >= W, "a key's threads (2 or 4) share the band's heads");
   uint32_t bands = n_q / heads, b = block_idx();
   if (b >= tokens * bands * split) return;  // the whole block
   uint32_t tb = b / split, first = b % split;
@@ -248,22 +418,24 @@ STRATA_FN void attn_chunk_band(const float* q, const uint16_t* k_cache, const ui
   if (out != nullptr && len > STRATA_ATTN_CHUNK) trap_launch();
   uint64_t g = h0 / (n_q / n_kv);
   const float* rows = q + ((uint64_t)t * n_q + h0) * hd;
-  for (uint32_t i = thread_idx(); i < heads * hd; i += STRATA_ATTN_THREADS) strata_smem[ATTN_Q_WORD + i] = ld_nc_u32((const uint8_t*)(rows + i));
+  for (uint32_t i = thread_idx(); i < heads * hd; i += STRATA_ATTN_THREADS)
+    strata_smem[W == 1 ? ATTN_Q_WORD + i : attn_q_word(i / hd, i % hd, hd)] = ld_nc_u32((const uint8_t*)(rows + i));
   for (uint32_t c = first; c * STRATA_ATTN_CHUNK < len; c += split) {
     sync_threads();  // the queries are in; the previous chunk's readers are done
-    attn_one_chunk<W>(k_cache, v_cache, t, h0, heads, n_q, n_kv, hd, g, len, c, scale, part, n_chunks, out, xq);
+    if (W == 1) attn_one_chunk_one_head(k_cache, v_cache, t, h0, n_q, n_kv, hd, g, len, c, scale, part, n_chunks, out, xq);
+    else attn_one_chunk<W, HW>(k_cache, v_cache, t, h0, heads, n_q, n_kv, hd, g, len, c, scale, part, n_chunks, out, xq);
   }
 }
 
 // One entry per widest band W (attn_chunk_one: one head a block, fewer registers).
-#define ATTN_CHUNK_ENTRY(name, w)                                                                                                          \
+#define ATTN_CHUNK_ENTRY(name, w, hw)                                                                                                         \
   STRATA_KERNEL(name)(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q, uint32_t n_kv,     \
                       uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split, uint32_t heads, float* part,        \
                       float* out, uint8_t* xq) {                                                                                          \
-    attn_chunk_band<w>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq);                      \
+    attn_chunk_band<w, hw>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq);                      \
   }
-ATTN_CHUNK_ENTRY(attn_chunk, 8)
-ATTN_CHUNK_ENTRY(attn_chunk_one, 1)
+ATTN_CHUNK_ENTRY(attn_chunk, 8, 4)
+ATTN_CHUNK_ENTRY(attn_chunk_one, 1, 1)
 
 // Block (t, h), thread d < hd: the token's ceil((*pos + t + 1) / STRATA_ATTN_CHUNK) parts
 // combined; every thread folds the maxima and L alike. With xq each warp also quantizes its 32

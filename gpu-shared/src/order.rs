@@ -141,6 +141,49 @@ pub fn butterfly_sum(mut v: [f32; LANES]) -> f32 {
     v[0]
 }
 
+/// [`butterfly_sum`] of the partials `leaf(0), ..., leaf(31)` computed by one thread, for `H`
+/// sums at once. Lane 0's value is `n2(0) + n2(1)` with `n_s(p) = n_2s(p) + n_2s(p + s)` and
+/// `n32(p) = leaf(p)`; here the eight subtrees
+/// `n8(p) = (leaf(p) + leaf(p + 16)) + (leaf(p + 8) + leaf(p + 24))` come one per iteration of
+/// a loop, in the order `p = 0, 4, 2, 6, 1, 5, 3, 7` (3-bit reversal), each added to its
+/// sibling as soon as both are there. So one subtree is
+/// alive at a time (a GPU thread scoring a key keeps a few values per sum, not 32), and every
+/// addition is one of the butterfly's, with the same two operands.
+#[inline(always)]
+pub fn butterfly_tree<const H: usize>(leaf: impl Fn(u32) -> [f32; H]) -> [f32; H] {
+    // An index loop: the optimizer unrolls it and keeps the arrays in registers (an array's
+    // by-value iterator kept them in local memory on nvptx).
+    #[allow(clippy::needless_range_loop)]
+    let add = |mut a: [f32; H], b: [f32; H]| {
+        for i in 0..H {
+            a[i] += b[i];
+        }
+        a
+    };
+    let (mut n8, mut n4, mut n2) = ([0.0f32; H], [0.0f32; H], [0.0f32; H]);
+    let mut it = 0u32;
+    loop {
+        let p = (it & 1) << 2 | (it & 2) | (it >> 2 & 1);
+        let v = add(add(leaf(p), leaf(p + 16)), add(leaf(p + 8), leaf(p + 24)));
+        if it & 1 == 0 {
+            n8 = v;
+        } else {
+            let v = add(n8, v);
+            if it & 2 == 0 {
+                n4 = v;
+            } else {
+                let v = add(n4, v);
+                if it & 4 == 0 {
+                    n2 = v;
+                } else {
+                    return add(n2, v);
+                }
+            }
+        }
+        it += 1;
+    }
+}
+
 /// `f(0) + ... + f(n - 1)` as a warp sums it: lane `p` adds `f(p), f(p + 32), ...` left to
 /// right from +0.0, then the [`butterfly_sum`] of the 32 partials.
 pub fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
@@ -266,6 +309,30 @@ mod tests {
                 *x = (s as i32 as f32) * 1e-7;
             }
             assert_eq!(butterfly_sum(v).to_bits(), halving(&v).to_bits());
+        }
+    }
+
+    #[test]
+    fn butterfly_tree_is_the_butterfly() {
+        // Several sums at once, each from partials of mixed signs and magnitudes (so that a
+        // different addition order would round differently), against `butterfly_sum`.
+        let mut s = 0x5eed_u32;
+        let mut next = move || {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            s
+        };
+        for _ in 0..2000 {
+            let mut v = [[0f32; LANES]; 3];
+            for (k, row) in v.iter_mut().enumerate() {
+                for x in row.iter_mut() {
+                    let r = next();
+                    *x = (r as i32 as f32) * f32::from_bits((100 + (r % 40) + 4 * k as u32) << 23);
+                }
+            }
+            let tree = butterfly_tree(|p| [v[0][p as usize], v[1][p as usize], v[2][p as usize]]);
+            for k in 0..3 {
+                assert_eq!(tree[k].to_bits(), butterfly_sum(v[k]).to_bits(), "sum {k} of {:?}", v[k]);
+            }
         }
     }
 }

@@ -196,6 +196,52 @@ impl Smem {
         [a, b, c, d]
     }
 
+    /// The 32-bit shared-window address of `word`, for loops that step addresses themselves
+    /// ([`Smem::ld_u16_at`] and friends): one 32-bit add an access instead of a widening and a
+    /// 64-bit add (the window is below 4 GiB, so the address fits).
+    #[inline(always)]
+    pub fn addr(self, word: u32) -> u32 {
+        self.base as u32 + 4 * word
+    }
+
+    /// The 16-bit value at shared address `addr` (from [`Smem::addr`]).
+    ///
+    /// # Safety
+    /// `addr` is [`Smem::addr`] of a word (plus a byte offset) inside the shared memory the
+    /// launch asked for.
+    #[inline(always)]
+    pub unsafe fn ld_u16_at(addr: u32) -> u16 {
+        let r: u16;
+        asm!("ld.shared.u16 {r}, [{p}];", r = out(reg16) r, p = in(reg32) addr, options(nostack, readonly));
+        r
+    }
+
+    /// The word at shared address `addr` (from [`Smem::addr`]).
+    ///
+    /// # Safety
+    /// `addr` is [`Smem::addr`] of a word (plus a byte offset) inside the shared memory the
+    /// launch asked for.
+    #[inline(always)]
+    pub unsafe fn ld_u32_at(addr: u32) -> u32 {
+        let r: u32;
+        asm!("ld.shared.u32 {r}, [{p}];", r = out(reg32) r, p = in(reg32) addr, options(nostack, readonly));
+        r
+    }
+
+    /// The four words at shared address `addr` (from [`Smem::addr`]), 16-byte aligned.
+    ///
+    /// # Safety
+    /// `addr` is [`Smem::addr`] of a word (plus a byte offset) inside the shared memory the
+    /// launch asked for.
+    #[inline(always)]
+    pub unsafe fn ld_v4_at(addr: u32) -> [u32; 4] {
+        let (a, b, c, d): (u32, u32, u32, u32);
+        asm!("ld.shared.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+             p = in(reg32) addr, options(nostack, readonly));
+        [a, b, c, d]
+    }
+
     #[inline(always)]
     pub unsafe fn st_u32(self, word: u32, v: u32) {
         asm!("st.shared.u32 [{p}], {v};", p = in(reg64) self.base + 4 * word as u64,

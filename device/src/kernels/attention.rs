@@ -10,24 +10,20 @@ use crate::arch::mem::Smem;
 use super::quantize_q8_1::quantize_group;
 use crate::arch::{convert, index, mem, sync, warp};
 use strata_gpu_shared::formats::{q8_1, GROUP};
-use strata_gpu_shared::launch::attention::{ATTN_CHUNK, ATTN_CHUNK_SMEM_WORDS, ATTN_MAX_BAND, ATTN_MAX_HD, ATTN_PREP_WARPS, ATTN_SET_HEADS, ATTN_THREADS};
+use strata_gpu_shared::launch::attention::{attn_key_stage, ATTN_CHUNK, ATTN_CHUNK_SMEM_WORDS, ATTN_KEY_STAGE_WORDS, ATTN_MAX_BAND, ATTN_MAX_HD, ATTN_Q_WORDS, ATTN_PREP_WARPS, ATTN_SET_HEADS, ATTN_THREADS};
+use strata_gpu_shared::order;
 
 // The unrolled lists below name every head of a band and of a thread's set.
 const _: () = assert!(ATTN_MAX_BAND == 8 && ATTN_SET_HEADS == 4);
 use strata_gpu_shared::math::exp_neg;
 
 const WARPS: u32 = ATTN_THREADS / 32;
-/// Value rows a thread of `attn_chunk` loads before adding their terms.
+/// Value rows a thread of `attn_chunk_one` loads before adding their terms.
 const ATTN_V_AHEAD: u32 = 8;
 /// Chunks' parts a thread of `attn_merge` loads before folding them (the unrolled lists name 8).
 const MERGE_AHEAD: u32 = 8;
 /// Loads in flight per lane in the per-head norm: a 128-value head is one memory latency.
 const ATTN_NORM_AHEAD: usize = 4;
-
-#[inline(always)]
-unsafe fn ld_f16(p: *const u16, i: usize) -> f32 {
-    convert::f16_to_f32(mem::ld_nc_u16(p.add(i) as *const u8))
-}
 
 /// One head row and its norm weight, with the row's RMSNorm scale.
 #[derive(Clone, Copy)]
@@ -157,12 +153,14 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
 /// reads each key and value of its chunks once for all its heads: with `heads` = the group's
 /// query heads, the cache is read once per token instead of once per query head.
 ///
-/// Per chunk: warp `w` scores keys `w, w + 8, ...` of the chunk for every head of the band (lane
-/// `p` sums `q[p + 32 i] * k[p + 32 i]` over `i` left to right; the butterfly sums the 32
-/// partials) into shared memory; each head's maximum from the warps' running maxima; thread `i`
-/// turns key `i`'s scores into softmax terms; then thread `d` of set `r` (`ATTN_THREADS / hd`
-/// sets) sums `p_j * v_j[d]` and `p_j` over the chunk's keys in order for heads `r, r + sets,
-/// ...` of the band (the thread with `d = 0` writes each head's `m` and `l`).
+/// Per chunk, a band of several heads ([`Band::chunk`]): the keys are staged in shared memory
+/// and each thread scores one key for its share of the band's heads, the whole dot product in
+/// one thread in the butterfly's order; each head's maximum from the warps'; thread `i` turns
+/// key `i`'s scores into softmax terms; the values are staged too, and thread `d` of set `r`
+/// (`ATTN_THREADS / hd` sets) sums `p_j * v_j[d]` and `p_j` over the chunk's keys in order for
+/// heads `r, r + sets, ...` of the band (the thread with `d = 0` writes each head's `m` and `l`).
+/// One head ([`Band::chunk_one_head`], `W = 1`): warps score keys with lane partials and the
+/// warp butterfly, and the values are read from global memory. Both give the spec's bits.
 ///
 /// With `out` not null (the host's choice where every token's context is one chunk:
 /// `split == 1` and a context bound of at most `ATTN_CHUNK` keys) there is nothing to merge:
@@ -176,12 +174,13 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
 /// those before `*pos + tokens` written; `part`: `tokens * n_q * n_chunks * (hd + 2)` f32 with
 /// `n_chunks = ceil(n_ctx / ATTN_CHUNK)`; `split >= 1`; `hd` a multiple of 32, at most
 /// `ATTN_MAX_HD`; `n_q` a multiple of `n_kv`, `heads` (at most `ATTN_MAX_BAND`) dividing
-/// `n_q / n_kv` and at most `attn_max_band(hd)`; `ATTN_CHUNK_SMEM_WORDS` words of shared memory. Keys past the caches'
+/// `n_q / n_kv` and at most `attn_max_band(hd)`; the caches 16-byte aligned; `ATTN_CHUNK_SMEM_WORDS`
+/// words of shared memory (`ATTN_CHUNK_ONE_SMEM_WORDS` for `W = 1`). Keys past the caches'
 /// positions are never read: a token's context is clamped to them. `out`: null or `tokens *
 /// n_q * hd` f32; `xq`: null or `tokens * n_q * hd / 32` q8_1 blocks (only with `out`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attn_chunk_band<const W: usize>(
+unsafe fn attn_chunk_band<const W: usize, const HW: usize>(
     q: *const f32,
     k_cache: *const u16,
     v_cache: *const u16,
@@ -198,6 +197,7 @@ unsafe fn attn_chunk_band<const W: usize>(
     out: *mut f32,
     xq: *mut u8,
 ) {
+    const { assert!(2 * HW >= W) }; // a key's threads (2 or 4) share the band's heads
     let bands = n_q / heads;
     let b = index::block_idx();
     if b >= tokens * bands * split {
@@ -210,18 +210,24 @@ unsafe fn attn_chunk_band<const W: usize>(
     if !out.is_null() && len > ATTN_CHUNK as u32 {
         sync::trap(); // one part cannot be the output: the host launched this for short contexts
     }
-    // The band's query rows, consecutive in `q`, into shared memory (read by every warp).
+    // The band's query rows, consecutive in `q`, into shared memory (read by every thread).
     let smem = Smem::dynamic();
     let rows = q.add((t * n_q + h0) as usize * hd as usize);
     let mut i = index::thread_idx();
     while i < heads * hd {
-        smem.st_u32(Q_WORD + i, mem::ld_nc_u32(rows.add(i as usize) as *const u8));
+        let word = if W == 1 { Q_WORD + i } else { q_word(i / hd, i % hd, hd) };
+        smem.st_u32(word, mem::ld_nc_u32(rows.add(i as usize) as *const u8));
         i += ATTN_THREADS;
     }
     let mut c = first;
     while c * (ATTN_CHUNK as u32) < len {
         sync::sync_threads(); // the queries are in; the previous chunk's readers are done
-        band.chunk::<W>(smem, k_cache, v_cache, len, c, scale, Dest { part, n_chunks, out, xq });
+        let dest = Dest { part, n_chunks, out, xq };
+        if W == 1 {
+            band.chunk_one_head(smem, k_cache, v_cache, len, c, scale, dest);
+        } else {
+            band.chunk::<W, HW>(smem, k_cache, v_cache, len, c, scale, dest);
+        }
         c += split;
     }
 }
@@ -229,8 +235,9 @@ unsafe fn attn_chunk_band<const W: usize>(
 /// Declares the `attn_chunk` entries: one per widest band `W` it takes (the narrow one, for
 /// one head a block, needs fewer registers and so runs more blocks per SM).
 macro_rules! attn_chunk_entries {
-    ($($name:ident => $w:literal),* $(,)?) => {$(
-        /// `attn_chunk_band` for bands of at most `W` heads (launch bounds by name in gpu-shared).
+    ($($name:ident => $w:literal, $hw:literal),* $(,)?) => {$(
+        /// `attn_chunk_band` for bands of at most `W` heads, a scoring thread taking at most
+        /// `HW` of them (launch bounds by name in gpu-shared).
         ///
         /// # Safety
         /// As `attn_chunk_band`, with `heads <= W`.
@@ -254,20 +261,30 @@ macro_rules! attn_chunk_entries {
             xq: *mut u8,
         ) {
             crate::arch::sync::chain_grids();
-            attn_chunk_band::<$w>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq)
+            attn_chunk_band::<$w, $hw>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq)
         }
     )*};
 }
 
-attn_chunk_entries! { attn_chunk => 8, attn_chunk_one => 1 }
+attn_chunk_entries! { attn_chunk => 8, 4, attn_chunk_one => 1, 1 }
 
-/// Shared words of the `attn_chunk` entries: the band's queries `Q[heads][hd]` from `Q_WORD`, the scores
-/// then softmax terms `S[heads][ATTN_CHUNK]` from `S_WORD`, the warps' running maxima
-/// `M[warp][heads]` from `M_WORD`.
+/// Shared words of the `attn_chunk` entries: the band's queries from `Q_WORD`, value `d = p + 32
+/// i` of head `h` at `h * hd + (hd / 32) p + i` (a key's lane partial `p` reads its `hd / 32`
+/// query values together: one or two 16-byte loads for heads of 128 or 256 values); the scores
+/// then softmax terms `S[heads][ATTN_CHUNK]` from `S_WORD`; the warps' maxima `M[warp][heads]`
+/// from `M_WORD`; the key stage from `K_WORD` (`attn_key_stage(hd)` fp16 rows of `hd / 2 + 1`
+/// words).
 const Q_WORD: u32 = 0;
-const S_WORD: u32 = Q_WORD + (ATTN_MAX_BAND * ATTN_MAX_HD) as u32;
+const S_WORD: u32 = Q_WORD + ATTN_Q_WORDS;
 const M_WORD: u32 = S_WORD + (ATTN_MAX_BAND * ATTN_CHUNK) as u32;
-const _: () = assert!(M_WORD + WARPS * ATTN_MAX_BAND as u32 <= ATTN_CHUNK_SMEM_WORDS);
+const K_WORD: u32 = M_WORD + WARPS * ATTN_MAX_BAND as u32;
+const _: () = assert!(K_WORD + ATTN_KEY_STAGE_WORDS <= ATTN_CHUNK_SMEM_WORDS && ATTN_MAX_HD / 32 <= 8);
+
+/// The query word of value `d` of head `h` for heads of `hd` values (the layout above).
+#[inline(always)]
+fn q_word(h: u32, d: u32, hd: u32) -> u32 {
+    Q_WORD + h * hd + hd / 32 * (d % 32) + d / 32
+}
 
 /// The query heads `h0 .. h0 + heads` of token `t`, all of KV group `g`.
 struct Band {
@@ -288,6 +305,14 @@ struct Dest {
     n_chunks: u32,
     out: *mut f32,
     xq: *mut u8,
+}
+
+/// A chunk's key and value rows of one KV group (`n` keys, `stride` values apart).
+struct ChunkRows {
+    keys: *const u16,
+    values: *const u16,
+    n: u32,
+    stride: usize,
 }
 
 /// One part `(m, l, o)` folded into `attn_merge`'s sums against the maximum `big_m` of the
@@ -319,33 +344,148 @@ unsafe fn store_output(out: *mut f32, xq: *mut u8, at: usize, v: f32) {
     }
 }
 
+/// Head `h`'s maximum over the chunk's scores: the warps' maxima folded.
+#[inline(always)]
+unsafe fn head_max(smem: Smem, h: u32) -> f32 {
+    let mut m = f32::NEG_INFINITY;
+    for x in 0..WARPS {
+        m = m.max(f32::from_bits(smem.ld_u32(M_WORD + x * ATTN_MAX_BAND as u32 + h)));
+    }
+    m
+}
+
 impl Band {
     /// One chunk `c` of the token's `len` keys, each head's max, softmax sum and weighted values
     /// into its part slot (or, with `dest.out`, the head's outputs). The whole block calls it.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn chunk<const W: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, dest: Dest) {
+    unsafe fn chunk<const W: usize, const HW: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, dest: Dest) {
+        let ChunkRows { keys, values, n, stride } = self.rows(k_cache, v_cache, len, c);
+        let (hd, heads, tid) = (self.hd, self.heads, index::thread_idx());
+        // The scores, with the lane count a constant for the common head sizes. Heads of more
+        // than 128 values come in bands of at most 4 (`attn_max_band`) over 4 threads a key
+        // (`attn_key_stage`): one head a thread.
+        // A thread holding `HW` heads of the band (the whole band of 8 heads of 128 values) runs
+        // the body without per-head checks: one basic block, the heads' sums interleaved.
+        let full = (tid / attn_key_stage(hd as usize)) + (ATTN_THREADS / attn_key_stage(hd as usize)) * (HW as u32 - 1) < heads;
+        match (hd / 32, hd <= 128) {
+            (4, _) if full => self.score::<W, HW, 4, true, true>(smem, keys, stride, n, scale),
+            (4, _) => self.score::<W, HW, 4, true, false>(smem, keys, stride, n, scale),
+            (_, true) => self.score::<W, HW, 4, false, false>(smem, keys, stride, n, scale),
+            (8, _) => self.score::<W, 1, 8, true, false>(smem, keys, stride, n, scale),
+            _ => self.score::<W, 1, 8, false, false>(smem, keys, stride, n, scale),
+        }
+        // Each head's maximum: warp w folds keys 32 w .. 32 w + 31 (maxima are exact in any order).
+        let (lane, w) = (index::lane(), index::warp_in_block());
+        for h in 0..heads {
+            let s = if tid < n { f32::from_bits(smem.ld_u32(S_WORD + h * ATTN_CHUNK as u32 + tid)) } else { f32::NEG_INFINITY };
+            let m = warp::warp_max_f32(s);
+            if lane == 0 {
+                smem.st_u32(M_WORD + w * ATTN_MAX_BAND as u32 + h, m.to_bits());
+            }
+        }
+        sync::sync_threads();
+        // Thread i turns key i's scores into softmax terms.
+        if tid < n {
+            for h in 0..heads {
+                let at = S_WORD + h * ATTN_CHUNK as u32 + tid;
+                smem.st_u32(at, exp_neg(f32::from_bits(smem.ld_u32(at)) - head_max(smem, h)).to_bits());
+            }
+        }
+        sync::sync_threads();
+        // Thread (set r, value d): heads r, r + sets, ... of the band. A partial set (`hd` not
+        // dividing the block) has no heads. The values are staged like the keys, unpadded.
+        let sets = ATTN_THREADS / hd;
+        let (r, d) = (tid / hd, tid % hd);
+        let active = r < sets && r < heads;
+        // The sums of the terms are needed where a thread folds its own output (one chunk) or
+        // writes a part's `l` (`d = 0`): whole warps, as `hd` is a multiple of 32.
+        let with_l = !dest.out.is_null() || d < 32;
+        let (kps, row_words) = (attn_key_stage(hd as usize), hd / 2);
+        // Whether all of the thread's `ATTN_SET_HEADS` heads are in the band (as `FULL` above).
+        let full_set = W >= ATTN_SET_HEADS && r + (ATTN_SET_HEADS as u32 - 1) * sets < heads;
+        let (mut l, mut o) = ([0.0f32; ATTN_SET_HEADS], [0.0f32; ATTN_SET_HEADS]);
+        let mut base = 0;
+        while base < n {
+            let rows = (n - base).min(kps);
+            stage_rows(smem, values.add(base as usize * stride), stride, rows, hd, row_words);
+            if active {
+                let sum = ValueSum { smem, base, rows, row_words, d, r, sets, heads };
+                match (with_l, full_set) {
+                    (true, true) => sum.add::<W, true, true>(&mut l, &mut o),
+                    (true, false) => sum.add::<W, true, false>(&mut l, &mut o),
+                    (false, true) => sum.add::<W, false, true>(&mut l, &mut o),
+                    (false, false) => sum.add::<W, false, false>(&mut l, &mut o),
+                }
+            }
+            sync::sync_threads(); // the stage's readers are done
+            base += kps;
+        }
+        if !active {
+            return;
+        }
+        crate::unroll!(x in [0, 1, 2, 3] {
+            let h = r + x as u32 * sets;
+            if x < W && h < heads {
+                self.finish(smem, h, d, (l[x], o[x]), c, dest);
+            }
+        });
+    }
+
+    /// The chunk's rows of the band's KV group: `n` keys from position `c * ATTN_CHUNK` of the
+    /// token's `len`, asked of L2 at once (the loops then wait on L2, not DRAM). The whole block
+    /// calls it.
+    #[inline(always)]
+    unsafe fn rows(&self, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32) -> ChunkRows {
         let start = c * ATTN_CHUNK as u32;
         let n = (len - start).min(ATTN_CHUNK as u32);
-        let (hd, heads) = (self.hd, self.heads);
-        let stride = self.n_kv as usize * hd as usize;
-        let (lane, w, tid) = (index::lane(), index::warp_in_block(), index::thread_idx());
-        let per_lane = hd / 32;
-        let keys = k_cache.add(start as usize * stride + self.g * hd as usize);
-        let values = v_cache.add(start as usize * stride + self.g * hd as usize);
-        // The chunk's key and value rows, asked of L2 at once: the loops below then wait on L2,
-        // not DRAM, for each key and value they load.
-        let row_lines = (hd as usize * 2).div_ceil(128);
-        let mut i = tid as usize;
+        let hd = self.hd as usize;
+        let stride = self.n_kv as usize * hd;
+        let keys = k_cache.add(start as usize * stride + self.g * hd);
+        let values = v_cache.add(start as usize * stride + self.g * hd);
+        let row_lines = (hd * 2).div_ceil(128);
+        let mut i = index::thread_idx() as usize;
         while i < n as usize * row_lines {
             let at = (i / row_lines) * stride * 2 + (i % row_lines) * 128;
             mem::prefetch_l2((keys as *const u8).wrapping_add(at));
             mem::prefetch_l2((values as *const u8).wrapping_add(at));
             i += ATTN_THREADS as usize;
         }
-        // Lane h keeps the warp's running maximum of head h (one register, not one a head).
-        let mut lane_max = f32::NEG_INFINITY;
-        // Keys j and j + WARPS loaded together (two in flight), each scored as alone.
+        ChunkRows { keys, values, n, stride }
+    }
+
+    /// Value `d` of head `h` of the band from its sums `(l, o)` over chunk `c`: the output (the
+    /// context is this one chunk; with `xq` also its q8_1 block, so the whole warp calls it,
+    /// converged, for one head) or the part slot (`d = 0` writes `m` and `l`).
+    #[inline(always)]
+    unsafe fn finish(&self, smem: Smem, h: u32, d: u32, (l, o): (f32, f32), c: u32, dest: Dest) {
+        let head = self.t * self.n_q + self.h0 + h;
+        if !dest.out.is_null() {
+            store_output(dest.out, dest.xq, (head * self.hd + d) as usize, one_part(head_max(smem, h), l, o));
+        } else {
+            let out = dest.part.add(((head * dest.n_chunks + c) * (self.hd + 2)) as usize);
+            mem::st_f32(out.add(2 + d as usize), o);
+            if d == 0 {
+                mem::st_f32(out, head_max(smem, h));
+                mem::st_f32(out.add(1), l);
+            }
+        }
+    }
+
+    /// One chunk for a band of one head (`attn_chunk_one`, the small grids of short contexts,
+    /// where it beats the staged body: docs/kernels/attention.md). Warp `w` scores keys `w, w +
+    /// 8, ...`, two in flight: lane `p` sums `q[p + 32 i] * k[p + 32 i]` over `i` left to right,
+    /// the warp butterfly the 32 partials; thread `i` turns key `i`'s score into its softmax term;
+    /// thread `d < hd` sums `p_j * v_j[d]` and `p_j` over the keys in order, loading
+    /// `ATTN_V_AHEAD` values before adding their terms. The query is in shared memory as a row
+    /// (`Q_WORD + d`).
+    #[inline(always)]
+    unsafe fn chunk_one_head(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, dest: Dest) {
+        let ChunkRows { keys, values, n, stride } = self.rows(k_cache, v_cache, len, c);
+        let (hd, lane, w, tid) = (self.hd, index::lane(), index::warp_in_block(), index::thread_idx());
+        let per_lane = hd / 32;
+        let ld_f16 = |p: *const u16, i: usize| convert::f16_to_f32(mem::ld_nc_u16(p.add(i) as *const u8));
+        let mut warp_max = f32::NEG_INFINITY;
         let mut j = w;
         while j < n {
             let mut k = [[0.0f32; ATTN_MAX_HD / 32]; 2];
@@ -360,102 +500,205 @@ impl Band {
             crate::unroll!(u in [0, 1] {
                 let ju = j + u as u32 * WARPS;
                 if ju < n {
-                    crate::unroll!(h in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        if h < W && (h as u32) < heads {
-                            let mut acc = 0.0f32;
-                            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-                                if (i as u32) < per_lane {
-                                    let qv = f32::from_bits(smem.ld_u32(Q_WORD + h as u32 * hd + lane + 32 * i as u32));
-                                    acc += qv * k[u][i];
-                                }
-                            });
-                            let s = scale * warp::warp_sum_f32(acc);
-                            if lane == 0 {
-                                smem.st_u32(S_WORD + h as u32 * ATTN_CHUNK as u32 + ju, s.to_bits());
-                            }
-                            if lane == h as u32 {
-                                lane_max = lane_max.max(s);
-                            }
+                    let mut acc = 0.0f32;
+                    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        if (i as u32) < per_lane {
+                            acc += f32::from_bits(smem.ld_u32(Q_WORD + lane + 32 * i as u32)) * k[u][i];
                         }
                     });
+                    let s = scale * warp::warp_sum_f32(acc);
+                    if lane == 0 {
+                        smem.st_u32(S_WORD + ju, s.to_bits());
+                    }
+                    warp_max = warp_max.max(s);
                 }
             });
             j += 2 * WARPS;
         }
-        if lane < heads {
-            smem.st_u32(M_WORD + w * ATTN_MAX_BAND as u32 + lane, lane_max.to_bits());
+        if lane == 0 {
+            smem.st_u32(M_WORD + w * ATTN_MAX_BAND as u32, warp_max.to_bits());
         }
         sync::sync_threads();
         if tid < n {
-            for h in 0..heads {
-                let mut m = f32::NEG_INFINITY;
-                for x in 0..WARPS {
-                    m = m.max(f32::from_bits(smem.ld_u32(M_WORD + x * ATTN_MAX_BAND as u32 + h)));
-                }
-                let at = S_WORD + h * ATTN_CHUNK as u32 + tid;
-                smem.st_u32(at, exp_neg(f32::from_bits(smem.ld_u32(at)) - m).to_bits());
-            }
+            smem.st_u32(S_WORD + tid, exp_neg(f32::from_bits(smem.ld_u32(S_WORD + tid)) - head_max(smem, 0)).to_bits());
         }
         sync::sync_threads();
-        // Thread (set r, value d): heads r, r + sets, ... of the band.
-        let sets = ATTN_THREADS / hd;
-        let (r, d) = (tid / hd, tid % hd);
-        if r < heads {
-            let values = values.add(d as usize);
-            let (mut l, mut o) = ([0.0f32; ATTN_SET_HEADS], [0.0f32; ATTN_SET_HEADS]);
-            // Key j's terms, added in key order; `ATTN_V_AHEAD` values loaded before their
-            // terms are added keep that many loads in flight.
-            let mut add = |j: u32, v: f32| {
+        if tid >= hd {
+            return;
+        }
+        let values = values.add(tid as usize);
+        let (mut l, mut o) = (0.0f32, 0.0f32);
+        let mut add = |j: u32, v: f32| {
+            let p = f32::from_bits(smem.ld_u32(S_WORD + j));
+            l += p;
+            o += p * v;
+        };
+        let mut j = 0;
+        while j + ATTN_V_AHEAD <= n {
+            let mut v = [0.0f32; ATTN_V_AHEAD as usize];
+            for (u, v) in v.iter_mut().enumerate() {
+                *v = ld_f16(values, (j as usize + u) * stride);
+            }
+            for (u, &v) in v.iter().enumerate() {
+                add(j + u as u32, v);
+            }
+            j += ATTN_V_AHEAD;
+        }
+        while j < n {
+            add(j, ld_f16(values, j as usize * stride));
+            j += 1;
+        }
+        self.finish(smem, 0, tid, (l, o), c, dest);
+    }
+
+    /// The scores `scale * dot_j` of the chunk's `n` keys for every head of the band into
+    /// `S[h][j]`. The keys are staged `kps = attn_key_stage(hd)` at a time; thread (`slot`, `r`)
+    /// of a stage scores its key `r` for heads `slot, slot + tpk, ...` (`tpk = ATTN_THREADS /
+    /// kps`, at most `HW` heads). One thread computes a key's whole dot product: its lane
+    /// partials (`PL = hd / 32` products each, left to right from +0.0) in the butterfly's tree
+    /// ([`order::butterfly_tree`]), no shuffles. `EXACT`: `PL` is `hd / 32`; else `hd / 32 <=
+    /// PL` is checked per product. `FULL`: each of the thread's `HW` heads is in the band (no
+    /// per-head check). Ends with a barrier.
+    #[inline(always)]
+    unsafe fn score<const W: usize, const HW: usize, const PL: usize, const EXACT: bool, const FULL: bool>(&self, smem: Smem, keys: *const u16, stride: usize, n: u32, scale: f32) {
+        let (hd, heads) = (self.hd, self.heads);
+        let per_lane = hd / 32;
+        let (kps, row_words) = (attn_key_stage(hd as usize), hd / 2 + 1);
+        let tpk = ATTN_THREADS / kps;
+        let tid = index::thread_idx();
+        let (r, slot) = (tid % kps, tid / kps);
+        let used = |i: usize| i < PL && (EXACT || (i as u32) < per_lane);
+        let mut base = 0;
+        while base < n {
+            let rows = (n - base).min(kps);
+            stage_rows(smem, keys.add(base as usize * stride), stride, rows, hd, row_words);
+            if r < rows {
+                // Shared addresses stepped in 32 bits: the key's row, each head's query.
+                let key = smem.addr(K_WORD + r * row_words);
+                let mut query = [0u32; HW];
                 crate::unroll!(x in [0, 1, 2, 3] {
-                    let h = r + x as u32 * sets;
-                    if x < W && h < heads {
-                        let p = f32::from_bits(smem.ld_u32(S_WORD + h * ATTN_CHUNK as u32 + j));
-                        l[x] += p;
-                        o[x] += p * v;
+                    if x < HW {
+                        query[x] = smem.addr(q_word(slot + tpk * x as u32, 0, hd));
                     }
                 });
-            };
-            let mut j = 0;
-            while j + ATTN_V_AHEAD <= n {
-                let mut v = [0.0f32; ATTN_V_AHEAD as usize];
-                for (u, v) in v.iter_mut().enumerate() {
-                    *v = ld_f16(values, (j as usize + u) * stride);
-                }
-                for (u, &v) in v.iter().enumerate() {
-                    add(j + u as u32, v);
-                }
-                j += ATTN_V_AHEAD;
-            }
-            while j < n {
-                add(j, ld_f16(values, j as usize * stride));
-                j += 1;
-            }
-            let band_max = |h: u32| {
-                let mut m = f32::NEG_INFINITY;
-                for x in 0..WARPS {
-                    m = m.max(f32::from_bits(smem.ld_u32(M_WORD + x * ATTN_MAX_BAND as u32 + h)));
-                }
-                m
-            };
-            // Per warp: `r` and so each `h` are the warp's alone (`hd` a multiple of 32), so a
-            // warp quantizes whole groups, converged.
-            crate::unroll!(x in [0, 1, 2, 3] {
-                let h = r + x as u32 * sets;
-                if x < W && h < heads {
-                    let head = self.t * self.n_q + self.h0 + h;
-                    if !dest.out.is_null() {
-                        let at = (head * hd + d) as usize;
-                        store_output(dest.out, dest.xq, at, one_part(band_max(h), l[x], o[x]));
-                    } else {
-                        let out = dest.part.add(((head * dest.n_chunks + c) * (hd + 2)) as usize);
-                        mem::st_f32(out.add(2 + d as usize), o[x]);
-                        if d == 0 {
-                            mem::st_f32(out, band_max(h));
-                            mem::st_f32(out.add(1), l[x]);
+                let dot = order::butterfly_tree::<HW>(|p| {
+                    let mut k = [0.0f32; 8];
+                    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        if used(i) {
+                            k[i] = convert::f16_to_f32(Smem::ld_u16_at(key + 2 * p + 64 * i as u32));
                         }
+                    });
+                    let mut acc = [0.0f32; HW];
+                    crate::unroll!(x in [0, 1, 2, 3] {
+                        let h = slot + tpk * x as u32;
+                        if x < HW && (FULL || h < heads) {
+                            // Lane partial p's query values (16-byte aligned where the lane
+                            // count is exactly 4 or 8).
+                            let at = query[x] + 4 * per_lane * p;
+                            let mut qv = [[0u32; 4]; 2];
+                            if EXACT {
+                                qv[0] = Smem::ld_v4_at(at);
+                                if PL > 4 {
+                                    qv[1] = Smem::ld_v4_at(at + 16);
+                                }
+                            }
+                            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                if used(i) {
+                                    let qv = if EXACT { qv[i / 4][i % 4] } else { Smem::ld_u32_at(at + 4 * i as u32) };
+                                    acc[x] += f32::from_bits(qv) * k[i];
+                                }
+                            });
+                        }
+                    });
+                    acc
+                });
+                crate::unroll!(x in [0, 1, 2, 3] {
+                    let h = slot + tpk * x as u32;
+                    if x < HW && (FULL || h < heads) {
+                        smem.st_u32(S_WORD + h * ATTN_CHUNK as u32 + base + r, (scale * dot[x]).to_bits());
                     }
+                });
+            }
+            sync::sync_threads(); // the stage's readers are done (and the scores are in)
+            base += kps;
+        }
+    }
+}
+
+/// `rows` rows of `hd` fp16 values (`stride` apart from `src`) into the stage at `K_WORD`, `row_words`
+/// words a row (`hd / 2`, or one more for the keys' odd padding), by 16-byte loads all in flight
+/// at once, stored as words. The whole block calls it; it ends with a barrier.
+#[inline(always)]
+unsafe fn stage_rows(smem: Smem, src: *const u16, stride: usize, rows: u32, hd: u32, row_words: u32) {
+    let pieces = hd / 8;
+    let mut i = index::thread_idx();
+    while i < rows * pieces {
+        let (row, piece) = (i / pieces, i % pieces);
+        let v = mem::ld_nc_v4(src.add(row as usize * stride + piece as usize * 8) as *const u8);
+        let word = K_WORD + row * row_words + 4 * piece;
+        crate::unroll!(e in [0, 1, 2, 3] {
+            smem.st_u32(word + e as u32, v[e]);
+        });
+        i += ATTN_THREADS;
+    }
+    sync::sync_threads();
+}
+
+/// Thread (set `r`, value `d`) of a chunk's value sums over one stage: keys `base .. base + rows`
+/// of the chunk, their values staged `row_words` words a row.
+struct ValueSum {
+    smem: Smem,
+    base: u32,
+    rows: u32,
+    row_words: u32,
+    d: u32,
+    r: u32,
+    sets: u32,
+    heads: u32,
+}
+
+impl ValueSum {
+    /// `o[x] += p_j * v_j[d]` (and with `L`, `l[x] += p_j`) over the stage's keys in order, for
+    /// head `r + x * sets` of the band (`FULL`: all `ATTN_SET_HEADS` of them, unchecked); each head's terms of 4 keys come in one 16-byte load
+    /// (`base` is a multiple of 4).
+    #[inline(always)]
+    unsafe fn add<const W: usize, const L: bool, const FULL: bool>(&self, l: &mut [f32; ATTN_SET_HEADS], o: &mut [f32; ATTN_SET_HEADS]) {
+        // Shared addresses stepped in 32 bits: value d of the stage's rows, each head's terms.
+        let (row_bytes, value0) = (4 * self.row_words, self.smem.addr(K_WORD) + 2 * self.d);
+        let value = |jj: u32| convert::f16_to_f32(Smem::ld_u16_at(value0 + row_bytes * jj));
+        let mut terms = [0u32; ATTN_SET_HEADS];
+        crate::unroll!(x in [0, 1, 2, 3] {
+            terms[x] = self.smem.addr(S_WORD + (self.r + x as u32 * self.sets) * ATTN_CHUNK as u32 + self.base);
+        });
+        let mut jj = 0;
+        while jj + 4 <= self.rows {
+            let v = [value(jj), value(jj + 1), value(jj + 2), value(jj + 3)];
+            crate::unroll!(x in [0, 1, 2, 3] {
+                if x < W && (FULL || self.r + (x as u32) * self.sets < self.heads) {
+                    let p = Smem::ld_v4_at(terms[x] + 4 * jj);
+                    crate::unroll!(u in [0, 1, 2, 3] {
+                        let p = f32::from_bits(p[u]);
+                        if L {
+                            l[x] += p;
+                        }
+                        o[x] += p * v[u];
+                    });
                 }
             });
+            jj += 4;
+        }
+        while jj < self.rows {
+            let v = value(jj);
+            crate::unroll!(x in [0, 1, 2, 3] {
+                if x < W && (FULL || self.r + (x as u32) * self.sets < self.heads) {
+                    let p = f32::from_bits(Smem::ld_u32_at(terms[x] + 4 * jj));
+                    if L {
+                        l[x] += p;
+                    }
+                    o[x] += p * v;
+                }
+            });
+            jj += 1;
         }
     }
 }

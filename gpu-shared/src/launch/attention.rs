@@ -63,10 +63,37 @@ pub const fn attn_max_band(hd: usize) -> usize {
     }
 }
 
-/// Shared words of an `attn_chunk` block: the band's queries (`ATTN_MAX_BAND x ATTN_MAX_HD`),
-/// one score (then softmax term) per head and key of the chunk, one running maximum per warp
-/// and head.
-pub const ATTN_CHUNK_SMEM_WORDS: u32 = (ATTN_MAX_BAND * (ATTN_MAX_HD + ATTN_CHUNK)) as u32 + ATTN_THREADS / 32 * ATTN_MAX_BAND as u32;
+/// Shared words of an `attn_chunk` block's key stage: [`attn_key_stage`] keys of a chunk at a
+/// time, each an fp16 row padded to an odd number of words (`hd / 2 + 1`), so that 32 threads
+/// reading one value of 32 different keys hit 32 banks. 128 keys of 128 values.
+pub const ATTN_KEY_STAGE_WORDS: u32 = 128 * (128 / 2 + 1);
+
+/// Keys an `attn_chunk` block stages (and scores) at a time for heads of `hd` values: 128 up to
+/// 128 values, 64 above (`ATTN_THREADS / stage` threads share a key, taking its band's heads in
+/// turn).
+pub const fn attn_key_stage(hd: usize) -> u32 {
+    if 128 * (hd / 2 + 1) <= ATTN_KEY_STAGE_WORDS as usize {
+        128
+    } else {
+        64
+    }
+}
+const _: () = assert!(64 * (ATTN_MAX_HD / 2 + 1) <= ATTN_KEY_STAGE_WORDS as usize);
+
+/// Shared words of an `attn_chunk` block's queries: a band's `band * hd` values, at most
+/// [`ATTN_SET_HEADS`] heads per thread set of `hd` threads ([`attn_max_band`]).
+pub const ATTN_Q_WORDS: u32 = ATTN_SET_HEADS as u32 * ATTN_THREADS;
+
+/// Shared words of an `attn_chunk_one` block: the head's query, one score (then softmax term)
+/// per key of the chunk, one maximum per warp (laid out as `attn_chunk`'s, which has the same
+/// regions for a band).
+pub const ATTN_CHUNK_ONE_SMEM_WORDS: u32 = ATTN_Q_WORDS + (ATTN_MAX_BAND * ATTN_CHUNK) as u32 + ATTN_THREADS / 32 * ATTN_MAX_BAND as u32;
+
+/// Shared words of an `attn_chunk` block: the band's queries, one score (then softmax term) per
+/// head and key of the chunk, one maximum per warp and head, and the key stage: 44.75 KiB,
+/// within the 48 KiB a launch gets without asking (and the 64 KiB of an AMD workgroup).
+pub const ATTN_CHUNK_SMEM_WORDS: u32 = ATTN_CHUNK_ONE_SMEM_WORDS + ATTN_KEY_STAGE_WORDS;
+const _: () = assert!(ATTN_CHUNK_SMEM_WORDS * 4 <= 48 * 1024);
 
 /// Whether `attn_chunk` takes bands of `band` query heads for `n_q` query heads over `n_kv` KV
 /// groups of `hd` values: a divisor of the group's `n_q / n_kv`, at most [`attn_max_band`].
@@ -76,8 +103,8 @@ pub const fn attn_band_fits(n_q: usize, n_kv: usize, hd: usize, band: usize) -> 
 
 /// Query heads per `attn_chunk` block: the widest band (the group's largest divisor at most
 /// [`attn_max_band`]) when its grid of `tokens * (n_q / band) * split` blocks has at least
-/// `min_blocks`, else 1 (`attn_chunk_one`, which runs twice the blocks per SM). A wide band reads
-/// the keys and values once for all its heads but leaves fewer, longer blocks; on the H200 the
+/// `min_blocks`, else 1 (`attn_chunk_one`). A wide band reads the keys and values once for all
+/// its heads but leaves fewer, longer blocks; on the H200 the
 /// bands in between were never the fastest (`strata bench attention --bands`). Any band gives
 /// the same bits.
 pub const fn attn_band(n_q: usize, n_kv: usize, hd: usize, tokens: usize, split: usize, min_blocks: usize) -> usize {
@@ -94,17 +121,22 @@ pub const fn attn_band(n_q: usize, n_kv: usize, hd: usize, tokens: usize, split:
     }
 }
 
-/// [`attn_band`]'s `min_blocks` per SM of the device: the wide band's grid must fill 3 blocks a
-/// SM (2 are resident at once), measured on the H200 (docs/kernels/attention.md).
-pub const ATTN_BAND_BLOCKS_PER_SM: usize = 3;
+/// [`attn_band`]'s `min_blocks` for a device of `sm_count` SMs: the wide band (its keys staged
+/// and scored a key per thread) wins from a grid of one block for every two SMs; below that, one
+/// head a block (`attn_chunk_one`, warps scoring keys), which spreads short contexts over more
+/// blocks. Measured on the H200 (`strata bench attention --bands rule,1,8`,
+/// docs/kernels/attention.md).
+pub const fn attn_band_min_blocks(sm_count: usize) -> usize {
+    sm_count.div_ceil(2)
+}
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
 pub const BOUNDS: [Bounds; 4] = [
     Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 8, smem_bytes: 0 },
-    // Bands of up to 8 heads need 127 registers a thread: 2 blocks per SM. One head a block
-    // needs fewer, and runs 4 blocks per SM.
+    // A band of up to 8 heads scores a key for 4 of them per thread: about 124 registers, 2
+    // blocks per SM (at 3 or 4 it spills). One head a block (warps scoring keys) runs 4.
     Bounds { kernel: "attn_chunk", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
-    Bounds { kernel: "attn_chunk_one", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
+    Bounds { kernel: "attn_chunk_one", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_ONE_SMEM_WORDS },
     Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 0 },
 ];
 
@@ -115,6 +147,8 @@ pub const GEOMETRY: &[(&str, usize)] = &[
     ("ATTN_PREP_WARPS", ATTN_PREP_WARPS as usize),
     ("ATTN_MAX_HD", ATTN_MAX_HD),
     ("ATTN_MAX_BAND", ATTN_MAX_BAND),
+    ("ATTN_KEY_STAGE_WORDS", ATTN_KEY_STAGE_WORDS as usize),
+    ("ATTN_Q_WORDS", ATTN_Q_WORDS as usize),
 ];
 
 /// Chunks of `ATTN_CHUNK` positions covering `len` keys.
@@ -128,14 +162,18 @@ mod tests {
 
     #[test]
     fn band_is_the_widest_divisor_or_one() {
-        // 30b-a3b heads (8 a group) on 132 SMs (396 blocks): one token takes the whole group from
-        // depth 16384 (split 128: 512 blocks), one head a block below (split 64: 256 blocks);
-        // eight tokens from depth 2048 (split 16: 512 blocks).
-        assert_eq!(attn_band(32, 4, 128, 1, 128, 396), 8);
-        assert_eq!(attn_band(32, 4, 128, 1, 64, 396), 1);
-        assert_eq!(attn_band(32, 4, 128, 8, 16, 396), 8);
-        assert_eq!(attn_band(32, 4, 128, 4, 16, 396), 1);
-        assert_eq!(attn_band(32, 4, 128, 1, 1, 396), 1);
+        // 30b-a3b heads (8 a group) on 132 SMs (66 blocks): one token takes the whole group past
+        // 4096 keys (split 32: 128 blocks), one head a block up to them (split 16: 64 blocks);
+        // four tokens past 1024 keys (split 8), eight past 512 (split 4).
+        let min = attn_band_min_blocks(132);
+        assert_eq!(min, 66);
+        assert_eq!(attn_band(32, 4, 128, 1, 32, min), 8);
+        assert_eq!(attn_band(32, 4, 128, 1, 16, min), 1);
+        assert_eq!(attn_band(32, 4, 128, 4, 8, min), 8);
+        assert_eq!(attn_band(32, 4, 128, 4, 4, min), 1);
+        assert_eq!(attn_band(32, 4, 128, 8, 4, min), 8);
+        assert_eq!(attn_band(32, 4, 128, 8, 2, min), 1);
+        assert_eq!(attn_band(32, 4, 128, 1, 1, min), 1);
         // Bands divide the group: 6 heads a group gives 6, 12 heads of 256 values (at most 4)
         // give 4, 7 heads give 7 at 128 values and 1 at 256 (no divisor of 7 in 2..=4).
         assert_eq!(attn_band(12, 2, 128, 8, 256, 1), 6);

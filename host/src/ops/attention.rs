@@ -13,7 +13,7 @@ use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, P
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
 use strata_gpu_shared::formats::{q8_1, GROUP};
-use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunk_kernel, attn_chunks, attn_split, attn_max_band, ATTN_BAND_BLOCKS_PER_SM, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
+use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunk_kernel, attn_chunks, attn_split, attn_max_band, attn_band_min_blocks, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
 use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
 
 const PREP: &str = "attn_prep";
@@ -311,10 +311,10 @@ impl GpuBackend {
     }
 
     /// The query heads per `attn_chunk` block the step launches for `shape` and `ctx_bound`:
-    /// [`attn_band`] at [`ATTN_BAND_BLOCKS_PER_SM`] blocks per SM.
+    /// [`attn_band`] at [`attn_band_min_blocks`] of the device's SMs.
     pub fn attn_band(&self, shape: AttnShape, ctx_bound: usize) -> usize {
         let split = attn_split(ctx_bound.min(shape.n_ctx));
-        attn_band(shape.n_q, shape.n_kv, shape.hd, shape.tokens, split, ATTN_BAND_BLOCKS_PER_SM * self.info().sm_count.max(1) as usize)
+        attn_band(shape.n_q, shape.n_kv, shape.hd, shape.tokens, split, attn_band_min_blocks(self.info().sm_count.max(1) as usize))
     }
 
     /// Queues the window's attention at the position `pos[0]` holds when the kernels run (see
