@@ -314,7 +314,7 @@ fn launchers_check_device_buffers() {
 /// 0xff). Windows of 1..8 tokens ending anywhere up to position 256, every band of the heads.
 #[test]
 fn one_chunk_contexts_finish_in_the_chunk_kernel() {
-    use strata_gpu_shared::formats::{q8_1, GROUP};
+    use strata_gpu_shared::formats::q8_1;
     for name in ["cuda", "hip"] {
         let Some(gpu) = common::open_gpu(name) else { continue };
         let seed = common::seed("one_chunk_contexts_finish_in_the_chunk_kernel");
@@ -328,7 +328,7 @@ fn one_chunk_contexts_finish_in_the_chunk_kernel() {
             let (dq, dkc, dvc) = (gpu.upload("attention", &c.q).unwrap(), gpu.upload("attention", &c.k_cache).unwrap(), gpu.upload("attention", &c.v_cache).unwrap());
             let dpos = gpu.upload("attention", &[c.pos0 as u32]).unwrap();
             let bound = c.pos0 + s.tokens;
-            let blocks = s.q_len() / GROUP * q8_1::BYTES;
+            let blocks = q8_1::bytes_of(s.q_len());
             let run = |holds: bool, band: usize, poison: u8| -> (Vec<u32>, Vec<u8>, bool) {
                 let mut part = gpu.upload("attention", &vec![f32::NAN; attn_part_len(s)]).unwrap();
                 let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();

@@ -127,7 +127,7 @@ fn rms_norm_q8_1_is_rms_norm_then_quantize() {
             .collect();
         let w: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
         let eps = rng.random_range(1e-7f32..1e-4);
-        let qlen = rows * n / 32 * q8_1::BYTES;
+        let qlen = q8_1::bytes_of(rows * n);
         let (mut got, mut got_q) = (vec![f32::NAN; rows * n], vec![0xa5u8; qlen]);
         cpu.rms_norm_q8_1(&x, &w, n, eps, &mut got, &mut got_q).unwrap();
         let (mut want, mut want_q) = (vec![0f32; rows * n], vec![0x5au8; qlen]);
@@ -301,7 +301,7 @@ fn gpu_matches_cpu(name: &str) {
     // The launcher itself refuses a row its block's shared memory cannot stage.
     let n = NQ_MAX_N + 32;
     let x = gpu.upload("test", &vec![1f32; n]).unwrap();
-    let (mut dout, mut dq) = (gpu.upload("test", &vec![0f32; n]).unwrap(), gpu.upload("test", &vec![0u8; n / 32 * q8_1::BYTES]).unwrap());
+    let (mut dout, mut dq) = (gpu.upload("test", &vec![0f32; n]).unwrap(), gpu.upload("test", &vec![0u8; q8_1::bytes_of(n)]).unwrap());
     let r = gpu.rms_norm_q8_1_queue(&x, &x, &mut dout, &mut dq, 1, n, 1e-6);
     assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
 }

@@ -61,7 +61,7 @@ fn quantize_replica_follows_the_spec() {
     let seed = common::seed("quantize_replica_follows_the_spec");
     let mut rng = SmallRng::seed_from_u64(seed);
     let x = parity::random_activations(&mut rng, 32 * 20_000);
-    let mut out = vec![0u8; x.len() / GROUP * q8_1::BYTES];
+    let mut out = vec![0u8; q8_1::bytes_of(x.len())];
     CpuBackend::new().quantize_q8_1(&x, &mut out).unwrap();
     for (g, (xs, b)) in x.chunks(GROUP).zip(out.chunks(q8_1::BYTES)).enumerate() {
         let amax = xs.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
@@ -95,12 +95,12 @@ fn cpu_backend_split_matches_single_thread_replica() {
         let data = parity::random_weights(&mut rng, format, m, k);
         let w = Weights { format, m, k, data: &data };
         let x = parity::random_activations(&mut rng, rows * k);
-        let mut xq = vec![0u8; rows * k / GROUP * q8_1::BYTES];
+        let mut xq = vec![0u8; q8_1::bytes_of(rows * k)];
         replica::quantize_q8_1::quantize(&x, &mut xq);
         let mut y = vec![f32::NAN; rows * m];
         CpuBackend::new().mmvq(&w, &xq, rows, false, &mut y).unwrap();
         let rb = format.row_bytes(k);
-        let xb = k / GROUP * q8_1::BYTES;
+        let xb = q8_1::bytes_of(k);
         for r in 0..rows {
             for i in 0..m {
                 let want = replica::mmvq::row_dot(format, &data[i * rb..(i + 1) * rb], &xq[r * xb..(r + 1) * xb]);

@@ -22,6 +22,11 @@ pub mod q8_1 {
     pub const OFF_D: usize = 0;
     pub const OFF_S: usize = 2;
     pub const OFF_Q: usize = 4;
+
+    /// Bytes of the q8_1 blocks of `values` values (a multiple of the group).
+    pub const fn bytes_of(values: usize) -> usize {
+        values / super::GROUP * BYTES
+    }
 }
 
 /// Q8_0: fp16 `d`, 32 x i8 `q`; value = d * q.

@@ -257,8 +257,8 @@ pub fn check_moe(w: &MoeWindow, o: &MoeOut) -> Result<(usize, usize)> {
     if w.ids.len() != n || w.weights.len() != n {
         return err(format!("{} ids and {} weights for {n} selections", w.ids.len(), w.weights.len()));
     }
-    let xq_len = w.tokens * n_embd / GROUP * q8_1::BYTES;
-    let hq_len = n * n_ff / GROUP * q8_1::BYTES;
+    let xq_len = q8_1::bytes_of(w.tokens * n_embd);
+    let hq_len = q8_1::bytes_of(n * n_ff);
     if w.xq.len() != xq_len || o.hq.len() != hq_len || o.y.len() != n * n_embd || o.out.len() != w.tokens * n_embd {
         return err(format!("buffers of {} / {} / {} / {} elements, need {xq_len} / {hq_len} / {} / {}", w.xq.len(), o.hq.len(), o.y.len(), o.out.len(), n * n_embd, w.tokens * n_embd));
     }

@@ -102,7 +102,7 @@ pub fn mmvq(
         s.memcpy_dtod(&base, &mut pool.slice_mut(i * wbytes..(i + 1) * wbytes)).map_err(drv(g, "filling the pool"))?;
     }
     let x: Vec<f32> = (0..MMVQ_MAX_ROWS * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-    let mut xq = vec![0u8; MMVQ_MAX_ROWS * k / GROUP * q8_1::BYTES];
+    let mut xq = vec![0u8; q8_1::bytes_of(MMVQ_MAX_ROWS * k)];
     quantize(&x, &mut xq);
     let dx = g.upload(kernel, &xq)?;
     let mut dy: CudaSlice<f32> = s.alloc_zeros(MMVQ_MAX_ROWS * m).map_err(drv(g, "allocating the output"))?;
@@ -141,7 +141,7 @@ pub fn mmvq(
             us.push(time_ms(g, s, || replay(reps))? * 1e3 / (reps * calls) as f64);
         }
         let us = median(us);
-        let bytes = wbytes + rows * (k / GROUP) * q8_1::BYTES;
+        let bytes = wbytes + q8_1::bytes_of(rows * k);
         out.push(MmvqRow { backend: g.name_static(), kernel, format, m, k, rows, us, gbps: bytes as f64 / (us * 1e-6) / 1e9, slots });
     }
     Ok(out)
@@ -333,7 +333,7 @@ pub fn experts(
                 Routing::Shared => MoeCase::random_window(&mut rng, n_expert, n_embd, t, k),
                 Routing::Uniform => MoeCase::uniform_window(&mut rng, n_expert, n_embd, t, k),
             };
-            let mut xq = vec![0u8; t * n_embd / GROUP * q8_1::BYTES];
+            let mut xq = vec![0u8; q8_1::bytes_of(t * n_embd)];
             quantize(&x, &mut xq);
             let mut distinct = ids.clone();
             distinct.sort_unstable();
@@ -348,7 +348,7 @@ pub fn experts(
                 weights: g.upload("bench", &weights)?,
                 xq: g.upload("bench", &xq)?,
                 table: s.alloc_zeros(strata_gpu_shared::moe::table_words(n)).map_err(drv(g, "scratch"))?,
-                hq: s.alloc_zeros(n * n_ff / GROUP * q8_1::BYTES).map_err(drv(g, "scratch"))?,
+                hq: s.alloc_zeros(q8_1::bytes_of(n * n_ff)).map_err(drv(g, "scratch"))?,
                 y: s.alloc_zeros(n * n_embd).map_err(drv(g, "scratch"))?,
             });
             outs.push(s.alloc_zeros::<f32>(t * n_embd).map_err(drv(g, "scratch"))?);

@@ -107,8 +107,8 @@ impl Backend for CpuBackend {
 
     fn moe(&self, w: &MoeWindow, o: &mut MoeOut) -> Result<()> {
         let (n_embd, n_ff) = check_moe(w, o)?;
-        let xrow = n_embd / 32 * q8_1::BYTES;
-        let hrow = n_ff / 32 * q8_1::BYTES;
+        let xrow = q8_1::bytes_of(n_embd);
+        let hrow = q8_1::bytes_of(n_ff);
         // Per selection: gate and up rows, SwiGLU, q8_1 (each a function of its own token only).
         self.par_chunks(o.hq, hrow, |first, chunk| {
             let mut h = vec![0f32; n_ff];

@@ -506,12 +506,11 @@ impl GpuBackend {
         if w.tokens == 0 || w.k == 0 || sel > MOE_MAX_SELECTIONS {
             return Err(Error::Shape { kernel: "moe", detail: format!("{} tokens x {} slots (1..={MOE_MAX_SELECTIONS} selections supported)", w.tokens, w.k) });
         }
-        let q8 = |values: usize| values / 32 * strata_gpu_shared::formats::q8_1::BYTES;
         holds("moe", "ids", w.ids.len(), sel)?;
         holds("moe", "weights", w.weights.len(), sel)?;
-        holds("moe", "xq", w.xq.len(), q8(w.tokens * l.n_embd))?;
+        holds("moe", "xq", w.xq.len(), q8_1::bytes_of(w.tokens * l.n_embd))?;
         holds("moe", "table", w.table.len(), moe::table_words(sel))?;
-        holds("moe", "hq", w.hq.len(), q8(sel * l.n_ff))?;
+        holds("moe", "hq", w.hq.len(), q8_1::bytes_of(sel * l.n_ff))?;
         holds("moe", "y", w.y.len(), sel * l.n_embd)?;
         holds("moe", "out", out.len(), w.tokens * l.n_embd)?;
         let (g, d) = l.formats;

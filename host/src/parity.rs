@@ -134,7 +134,7 @@ pub fn random_weights(rng: &mut SmallRng, format: WeightFormat, m: usize, k: usi
 pub fn quantize_case(backends: &[&dyn Backend], rows: usize, k: usize, seed: u64) -> Result<Outcome> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let x = random_activations(&mut rng, rows * k);
-    let len = rows * k / GROUP * q8_1::BYTES;
+    let len = q8_1::bytes_of(rows * k);
     let runs: Vec<_> = backends.iter().map(|&b| (b, Variant::Fast, b.name().to_string())).collect();
     let (outs, unwritten) = run_bytes(&runs, len, |b, _, out| b.quantize_q8_1(&x, out))?;
     let mismatch = compare_bits(&outs, |i, v| format!("byte {v} (block {}, offset {})", i / q8_1::BYTES, i % q8_1::BYTES));
@@ -169,7 +169,7 @@ pub fn mmvq_case(
     let data = random_weights(&mut rng, format, m, k);
     let w = Weights { format, m, k, data: &data };
     let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-    let mut xq = vec![0u8; rows * k / GROUP * q8_1::BYTES];
+    let mut xq = vec![0u8; q8_1::bytes_of(rows * k)];
     backends[0].quantize_q8_1(&x, &mut xq)?;
     let init = accumulate.then(|| random_activations(&mut rng, rows * m));
     let (outs, mismatch, unwritten) = run_f32(backends, rows * m, init.as_deref(), |b, acc, y| b.mmvq(&w, &xq, rows, acc, y))?;
@@ -555,7 +555,7 @@ impl MoeCase {
     /// follow, stored, then accumulated).
     pub fn word_counts(&self) -> (usize, usize) {
         let n = self.tokens * self.k;
-        (n * self.n_ff / GROUP * q8_1::BYTES, n * self.n_embd)
+        (q8_1::bytes_of(n * self.n_ff), n * self.n_embd)
     }
 
     /// The window as backends take it, with `xq` the activations quantized by `quantizer`.
@@ -621,7 +621,7 @@ impl MoeCase {
 /// out).
 pub fn run_moe(b: &dyn Backend, case: &MoeCase, xq: &[u8], hq_fill: u8, accumulate: bool) -> Result<(Vec<u8>, Vec<f32>, Vec<f32>)> {
     let n = case.tokens * case.k;
-    let mut hq = vec![hq_fill; n * case.n_ff / GROUP * q8_1::BYTES];
+    let mut hq = vec![hq_fill; q8_1::bytes_of(n * case.n_ff)];
     let mut y = vec![f32::from_bits(POISON_F32); n * case.n_embd];
     let mut out = if accumulate { case.x.clone() } else { vec![f32::from_bits(POISON_F32); case.tokens * case.n_embd] };
     b.moe(&case.window(xq), &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut out, accumulate })?;
@@ -642,7 +642,7 @@ pub fn moe_words(b: &dyn Backend, case: &MoeCase, xq: &[u8]) -> Result<(Vec<u32>
 
 /// The window's activations quantized by `b`.
 pub fn moe_xq(b: &dyn Backend, case: &MoeCase) -> Result<Vec<u8>> {
-    let mut xq = vec![0u8; case.tokens * case.n_embd / GROUP * q8_1::BYTES];
+    let mut xq = vec![0u8; q8_1::bytes_of(case.tokens * case.n_embd)];
     b.quantize_q8_1(&case.x, &mut xq)?;
     Ok(xq)
 }
@@ -653,7 +653,7 @@ pub fn moe_xq(b: &dyn Backend, case: &MoeCase) -> Result<Vec<u8>> {
 fn moe_outcome(case: &MoeCase, seed: u64, outs: Vec<(String, Vec<u32>)>, unwritten: Vec<(String, usize, usize)>, nmse: Option<f64>) -> Outcome {
     let (nh, ny) = case.word_counts();
     let no = case.x.len();
-    let row_bytes = case.n_ff / GROUP * q8_1::BYTES;
+    let row_bytes = q8_1::bytes_of(case.n_ff);
     let row = |stage: &str, v: u32, at: usize| format!("{stage} {:e} (token {}, col {})", f32::from_bits(v), at / case.n_embd, at % case.n_embd);
     let mismatch = compare_bits(&outs, |i, v| match i {
         i if i < nh => format!("hq byte {v} (selection {}, block {})", i / row_bytes, i % row_bytes / q8_1::BYTES),

@@ -12,7 +12,7 @@ use crate::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
-use strata_gpu_shared::formats::{q8_1, GROUP};
+use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunk_kernel, attn_chunks, attn_split, attn_max_band, attn_band_min_blocks, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
 use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
 
@@ -351,7 +351,7 @@ impl GpuBackend {
         let s = shape;
         check_lens(CHUNK, &[("part", part.len(), attn_part_len(s)), ("pos", pos.len(), 1)], false)?;
         if let Some(xq) = &xq {
-            check_lens(CHUNK, &[("q8_1 output", xq.len(), s.q_len() / GROUP * q8_1::BYTES)], false)?;
+            check_lens(CHUNK, &[("q8_1 output", xq.len(), q8_1::bytes_of(s.q_len()))], false)?;
         }
         let band = band.unwrap_or_else(|| self.attn_band(s, ctx_bound));
         if !attn_band_fits(s.n_q, s.n_kv, s.hd, band) {

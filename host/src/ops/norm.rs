@@ -97,7 +97,7 @@ fn check_nq(rows: usize, n: usize) -> Result<()> {
 
 /// Bytes of the q8_1 blocks of `rows` rows of `n` values (`n` a multiple of 32).
 fn q8_1_bytes(rows: usize, n: usize) -> usize {
-    rows * (n / GROUP) * q8_1::BYTES
+    q8_1::bytes_of(rows * n)
 }
 
 fn check_add(n: usize) -> Result<()> {

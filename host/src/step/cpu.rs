@@ -62,7 +62,7 @@ impl CpuExecutor {
             }
         }
         let act = Act::ALL.into_iter().map(|a| (a, vec![0.0; MAX_WINDOW * act_len(&c, a)])).collect();
-        let qx = Qx::ALL.into_iter().map(|q| (q, vec![0u8; MAX_WINDOW * qx_len(&c, q) / 32 * q8_1::BYTES])).collect();
+        let qx = Qx::ALL.into_iter().map(|q| (q, vec![0u8; q8_1::bytes_of(MAX_WINDOW * qx_len(&c, q))])).collect();
         let cache = sizes.layers.iter().map(|l| (vec![0u16; l.kv], vec![0u16; l.kv])).collect();
         let gdn = sizes.layers.iter().map(|l| (vec![0.0f32; l.ring], vec![0.0f32; l.state])).collect();
         Ok(CpuExecutor {
@@ -95,7 +95,7 @@ impl CpuExecutor {
     fn quantize_rows(&mut self, x: Act, out: Qx, rows: usize) -> Result<()> {
         let mut q = std::mem::take(self.qx.get_mut(&out).expect("allocated"));
         let n = act_len(&self.model.config, x);
-        let r = self.cpu.quantize_q8_1(self.rows(x, rows), &mut q[..rows * n / 32 * q8_1::BYTES]);
+        let r = self.cpu.quantize_q8_1(self.rows(x, rows), &mut q[..q8_1::bytes_of(rows * n)]);
         self.qx.insert(out, q);
         r
     }
@@ -166,7 +166,7 @@ impl Executor for CpuExecutor {
             Op::NormQuant { x, w: nw, out, q } => {
                 let (mut o, mut qb) = (self.take(out), std::mem::take(self.qx.get_mut(&q).expect("allocated")));
                 let n = act_len(c, x);
-                let r = self.cpu.rms_norm_q8_1(self.rows(x, t), weights.f32s(nw), n, c.rms_eps, &mut o[..t * n], &mut qb[..t * n / 32 * q8_1::BYTES]);
+                let r = self.cpu.rms_norm_q8_1(self.rows(x, t), weights.f32s(nw), n, c.rms_eps, &mut o[..t * n], &mut qb[..q8_1::bytes_of(t * n)]);
                 self.qx.insert(q, qb);
                 self.put(out, o);
                 r
@@ -178,7 +178,7 @@ impl Executor for CpuExecutor {
                 let y = &mut o[..t * lw.rows];
                 let r = match lw.ty {
                     GgmlType::Quant(format) => {
-                        let q = &self.qx[&xq][..t * lw.cols / 32 * q8_1::BYTES];
+                        let q = &self.qx[&xq][..q8_1::bytes_of(t * lw.cols)];
                         self.cpu.mmvq(&QWeights { format, m: lw.rows, k: lw.cols, data: weights.data(id) }, q, t, accumulate, y)
                     }
                     ty => {
@@ -331,9 +331,9 @@ impl Executor for CpuExecutor {
                     ExpertTensor { format, n_expert: e.n_expert, rows: e.rows, cols: e.cols, data: weights.data(id) }
                 };
                 let mut o = self.take(out);
-                let xq = &self.qx[&Qx::X][..t * c.n_embd / 32 * q8_1::BYTES];
+                let xq = &self.qx[&Qx::X][..q8_1::bytes_of(t * c.n_embd)];
                 let win = MoeWindow { tokens: t, k, ids: &self.ids[..t * k], weights: &self.route_w[..t * k], xq, gate: tensor(gate), up: tensor(up), down: tensor(down) };
-                let mut hq = vec![0u8; t * k * c.n_ff_exp / 32 * q8_1::BYTES];
+                let mut hq = vec![0u8; q8_1::bytes_of(t * k * c.n_ff_exp)];
                 let mut y = vec![0f32; t * k * c.n_embd];
                 let r = self.cpu.moe(&win, &mut MoeOut { hq: &mut hq, y: &mut y, out: &mut o[..t * c.n_embd], accumulate });
                 self.put(out, o);

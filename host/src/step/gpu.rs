@@ -101,7 +101,7 @@ pub fn device_bytes(model: &Model, n_ctx: usize) -> usize {
     let acts: usize = Act::ALL.iter().map(|&a| 4 * MAX_WINDOW * act_len(c, a)).sum();
     let rope = 4 * n_ctx * c.n_rot;
     let part = 4 * attn_part_len(attn_shape(model, MAX_WINDOW, n_ctx));
-    let moe = MAX_WINDOW * c.n_expert_used * (c.n_ff_exp / 32 * q8_1::BYTES + 4 * c.n_embd);
+    let moe = MAX_WINDOW * c.n_expert_used * (q8_1::bytes_of(c.n_ff_exp) + 4 * c.n_embd);
     model.weights.total_bytes() + state + acts + rope + part + moe
 }
 
@@ -166,9 +166,9 @@ impl GpuExecutor {
             k: c.n_expert_used,
             ids: gpu.scratch("moe", sel)?,
             weights: gpu.scratch("moe", sel)?,
-            xq: gpu.scratch("moe", MAX_WINDOW * qx_len(&c, Qx::X) / 32 * q8_1::BYTES)?,
+            xq: gpu.scratch("moe", q8_1::bytes_of(MAX_WINDOW * qx_len(&c, Qx::X)))?,
             table: gpu.scratch("moe", moe::table_words(sel))?,
-            hq: gpu.scratch("moe", sel * c.n_ff_exp / 32 * q8_1::BYTES)?,
+            hq: gpu.scratch("moe", q8_1::bytes_of(sel * c.n_ff_exp))?,
             y: gpu.scratch("moe", sel * c.n_embd)?,
         };
         let sizes = StateSizes::of(&c, n_ctx);
@@ -178,7 +178,7 @@ impl GpuExecutor {
             qx: [Qx::Attn, Qx::Sh, Qx::Eh]
                 .into_iter()
                 .filter(|&q| qx_len(&c, q) > 0)
-                .map(|q| Ok((q, gpu.scratch("step buffers", MAX_WINDOW * qx_len(&c, q) / 32 * q8_1::BYTES)?)))
+                .map(|q| Ok((q, gpu.scratch("step buffers", q8_1::bytes_of(MAX_WINDOW * qx_len(&c, q)))?)))
                 .collect::<Result<HashMap<_, _>>>()?,
             rope: gpu.upload("rope table", &rope_table(n_ctx, c.n_rot, c.rope_freq_base))?,
             part: zeros_f32(attn_part_len(attn_shape(&model, MAX_WINDOW, n_ctx)))?,
