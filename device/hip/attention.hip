@@ -130,14 +130,28 @@ STRATA_FN void attn_store_output(float* out, uint8_t* xq, uint64_t at, float v) 
   if (xq != nullptr) quantize_group(v, xq + at / STRATA_GROUP * STRATA_Q8_1_BYTES);
 }
 
-// The chunk's n key and value rows asked of L2 at once (the loops then wait on L2, not DRAM).
-STRATA_FN void attn_prefetch_rows(const uint16_t* keys, const uint16_t* values, uint32_t n, uint64_t stride, uint32_t hd) {
+// A chunk's key and value rows of one KV group (n keys, stride values apart).
+struct AttnChunkRows {
+  const uint16_t* keys;
+  const uint16_t* values;
+  uint32_t n;
+  uint64_t stride;
+};
+
+// Chunk c of a token's len keys in KV group g: its rows, asked of L2 at once (the loops then
+// wait on L2, not DRAM). The whole block calls it.
+STRATA_FN AttnChunkRows attn_chunk_rows(const uint16_t* k_cache, const uint16_t* v_cache, uint32_t n_kv, uint32_t hd, uint64_t g, uint32_t len, uint32_t c) {
+  uint32_t start = c * STRATA_ATTN_CHUNK;
+  uint32_t n = len - start < STRATA_ATTN_CHUNK ? len - start : STRATA_ATTN_CHUNK;
+  uint64_t stride = (uint64_t)n_kv * hd;
+  AttnChunkRows rows{k_cache + start * stride + g * hd, v_cache + start * stride + g * hd, n, stride};
   uint32_t row_lines = (hd * 2 + 127) / 128;
   for (uint32_t i = thread_idx(); i < n * row_lines; i += STRATA_ATTN_THREADS) {
     uint64_t at = (uint64_t)(i / row_lines) * stride * 2 + (i % row_lines) * 128;
-    prefetch_l2((const uint8_t*)keys + at);
-    prefetch_l2((const uint8_t*)values + at);
+    prefetch_l2((const uint8_t*)rows.keys + at);
+    prefetch_l2((const uint8_t*)rows.values + at);
   }
+  return rows;
 }
 
 // Value d of query head `head` (band head h) from its sums (l, o) over chunk c: the output (the
@@ -285,13 +299,10 @@ template <uint32_t W, uint32_t HW>
 STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, uint32_t t, uint32_t h0, uint32_t heads, uint32_t n_q, uint32_t n_kv,
                               uint32_t hd, uint64_t g, uint32_t len, uint32_t c, float scale, float* part, uint32_t n_chunks,
                               float* out, uint8_t* xq) {
-  uint32_t start = c * STRATA_ATTN_CHUNK;
-  uint32_t n = len - start < STRATA_ATTN_CHUNK ? len - start : STRATA_ATTN_CHUNK;
-  uint64_t stride = (uint64_t)n_kv * hd;
-  uint32_t tid = thread_idx();
-  const uint16_t* keys = k_cache + start * stride + g * hd;
-  const uint16_t* values = v_cache + start * stride + g * hd;
-  attn_prefetch_rows(keys, values, n, stride, hd);
+  AttnChunkRows rows = attn_chunk_rows(k_cache, v_cache, n_kv, hd, g, len, c);
+  const uint16_t *keys = rows.keys, *values = rows.values;
+  uint32_t n = rows.n, tid = thread_idx();
+  uint64_t stride = rows.stride;
   // Heads of more than 128 values come in bands of at most 4 over 4 threads a key: one head a
   // thread.
   if (hd == 128) attn_score<HW, 4, true>(keys, stride, n, hd, heads, scale);
@@ -347,13 +358,10 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
 STRATA_FN void attn_one_chunk_one_head(const uint16_t* k_cache, const uint16_t* v_cache, uint32_t t, uint32_t h0, uint32_t n_q, uint32_t n_kv,
                                        uint32_t hd, uint64_t g, uint32_t len, uint32_t c, float scale, float* part, uint32_t n_chunks,
                                        float* out, uint8_t* xq) {
-  uint32_t start = c * STRATA_ATTN_CHUNK;
-  uint32_t n = len - start < STRATA_ATTN_CHUNK ? len - start : STRATA_ATTN_CHUNK;
-  uint64_t stride = (uint64_t)n_kv * hd;
-  uint32_t l = lane(), w = warp_in_block(), tid = thread_idx(), per_lane = hd / 32;
-  const uint16_t* keys = k_cache + start * stride + g * hd;
-  const uint16_t* values = v_cache + start * stride + g * hd;
-  attn_prefetch_rows(keys, values, n, stride, hd);
+  AttnChunkRows rows = attn_chunk_rows(k_cache, v_cache, n_kv, hd, g, len, c);
+  const uint16_t *keys = rows.keys, *values = rows.values;
+  uint32_t n = rows.n, l = lane(), w = warp_in_block(), tid = thread_idx(), per_lane = hd / 32;
+  uint64_t stride = rows.stride;
   float warp_max = attn_neg_inf();
   for (uint32_t j = w; j < n; j += 2 * ATTN_WARPS) {
     float k[2][STRATA_ATTN_MAX_HD / 32];

@@ -659,10 +659,11 @@ struct ValueSum {
 
 impl ValueSum {
     /// `o[x] += p_j * v_j[d]` (and with `L`, `l[x] += p_j`) over the stage's keys in order, for
-    /// head `r + x * sets` of the band (`FULL`: all `ATTN_SET_HEADS` of them, unchecked); each head's terms of 4 keys come in one 16-byte load
-    /// (`base` is a multiple of 4).
+    /// head `r + x * sets` of the band (`FULL`: all `ATTN_SET_HEADS` of them, unchecked); each
+    /// head's terms of 4 keys come in one 16-byte load (`base` is a multiple of 4).
     #[inline(always)]
     unsafe fn add<const W: usize, const L: bool, const FULL: bool>(&self, l: &mut [f32; ATTN_SET_HEADS], o: &mut [f32; ATTN_SET_HEADS]) {
+        let has = |x: usize| x < W && (FULL || self.r + x as u32 * self.sets < self.heads);
         // Shared addresses stepped in 32 bits: value d of the stage's rows, each head's terms.
         let (row_bytes, value0) = (4 * self.row_words, self.smem.addr(K_WORD) + 2 * self.d);
         let value = |jj: u32| convert::f16_to_f32(Smem::ld_u16_at(value0 + row_bytes * jj));
@@ -674,7 +675,7 @@ impl ValueSum {
         while jj + 4 <= self.rows {
             let v = [value(jj), value(jj + 1), value(jj + 2), value(jj + 3)];
             crate::unroll!(x in [0, 1, 2, 3] {
-                if x < W && (FULL || self.r + (x as u32) * self.sets < self.heads) {
+                if has(x) {
                     let p = Smem::ld_v4_at(terms[x] + 4 * jj);
                     crate::unroll!(u in [0, 1, 2, 3] {
                         let p = f32::from_bits(p[u]);
@@ -690,7 +691,7 @@ impl ValueSum {
         while jj < self.rows {
             let v = value(jj);
             crate::unroll!(x in [0, 1, 2, 3] {
-                if x < W && (FULL || self.r + (x as u32) * self.sets < self.heads) {
+                if has(x) {
                     let p = f32::from_bits(Smem::ld_u32_at(terms[x] + 4 * jj));
                     if L {
                         l[x] += p;
