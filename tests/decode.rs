@@ -25,11 +25,16 @@ use strata_gpu_shared::launch::norm::NQ_MAX_N;
 
 /// A small model of the given shape, random weights from `seed`.
 fn model(seed: u64, heads: (usize, usize), head_dim: usize, experts: (usize, usize), formats: (WeightFormat, WeightFormat)) -> Arc<Model> {
+    model_of_width(seed, 256, heads, head_dim, experts, formats)
+}
+
+/// [`model`] with `n_embd` values a row.
+fn model_of_width(seed: u64, n_embd: usize, heads: (usize, usize), head_dim: usize, experts: (usize, usize), formats: (WeightFormat, WeightFormat)) -> Arc<Model> {
     let mut spec = SynthSpec::tiny();
     spec.seed = seed;
     spec.vocab = false;
     let c = &mut spec.config;
-    (c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim) = (2, 256, heads.0, heads.1, head_dim);
+    (c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim) = (2, n_embd, heads.0, heads.1, head_dim);
     (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_vocab) = (experts.0, experts.1, 64, 512);
     spec.formats.gu = GgmlType::Quant(formats.0);
     spec.formats.down = GgmlType::Quant(formats.1);
@@ -62,6 +67,24 @@ fn models(seed: u64) -> Vec<Arc<Model>> {
         hybrid(seed + 2, (4, 2), 64, 4),
         hybrid(seed + 3, (2, 2), 32, 3),
     ]
+}
+
+/// A model whose q/k/v matrices and head have rows of 1,024 values, which the GPU holds tiled
+/// (`Q8_0T`), and whose output projection (512 values a row) it does not.
+fn wide(seed: u64) -> Arc<Model> {
+    let m = model_of_width(seed, 1024, (8, 2), 64, (8, 2), (WeightFormat::Iq3S, WeightFormat::Iq4Nl));
+    let tiled = strata::host::step::gpu::tiled_weights(&m);
+    let mut names: Vec<&str> = tiled.iter().map(|&id| m.weights.get(id).name.as_str()).collect();
+    names.sort();
+    assert!(tiled.contains(&m.weights.output), "the head is not tiled: {names:?}");
+    for l in &m.weights.layers {
+        let Mixer::Attention(a) = &l.mixer else { panic!("a qwen3moe layer attends") };
+        let QkvProj::Fused { qkv, .. } = &a.proj else { panic!("q, k and v of one type are one matrix") };
+        assert!(tiled.contains(qkv) && !tiled.contains(&a.o), "q/k/v tiled, the output projection (512 values a row) not: {names:?}");
+    }
+    assert_eq!(tiled.len(), 1 + m.weights.layers.len(), "{names:?}");
+    drop(names);
+    m
 }
 
 /// The built-in model (`SynthSpec::tiny()`: 4 layers, with its vocabulary).
@@ -195,11 +218,12 @@ fn window_invariance_hip() {
 }
 
 /// A 64-token decode (greedy, then sampled) from a 5-token prompt: the GPU backend's tokens and
-/// the logits of every position equal the CPU replica's bit for bit.
+/// the logits of every position equal the CPU replica's bit for bit, on [`models`] and on one
+/// whose matvec weights the GPU holds tiled ([`wide`]).
 fn backend_matches_cpu(backend: &str) {
     let seed = common::seed(&format!("backend_matches_cpu_{backend}"));
     let mut rng = SmallRng::seed_from_u64(seed);
-    for m in models(seed) {
+    for m in models(seed).into_iter().chain([wide(seed + 4)]) {
         let n_vocab = m.config.n_vocab as u32;
         let prompt: Vec<u32> = (0..5).map(|_| rng.random_range(0..n_vocab)).collect();
         for pick in [Pick::Greedy, Pick::Sample(SampleParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed })] {

@@ -58,7 +58,7 @@ macro_rules! parity_pair {
                 let (Some(a), Some(b)) = (open($reference), open($other)) else { return };
                 let seed = common::seed(concat!(stringify!($pair), "::mmvq"));
                 let mut rng = SmallRng::seed_from_u64(seed);
-                for format in WeightFormat::ALL {
+                for format in WeightFormat::MATVEC {
                     // Every other shape accumulating into random outputs as well.
                     for (i, (m, k, rows)) in mmvq_shapes(&mut rng, format).into_iter().enumerate() {
                         let out = parity::mmvq_case(&[&*a, &*b], format, m, k, rows, rng.random(), $reference == "cpu", i % 2 == 1).unwrap();
@@ -168,8 +168,8 @@ fn padded_grids_change_nothing() {
 
 /// On each GPU backend, a token's combined output is bit-identical alone and inside windows of
 /// 2..8 tokens with random other tokens, with the default knobs (so the rows per block the
-/// minimum-blocks rule picks differ between the lone token and the window), for an IQ4_NL and a
-/// Q2_0 (EXPDEC down) layer.
+/// minimum-blocks rule picks, and the warps a gate/up block has, differ between the lone token
+/// and the window), for an IQ4_NL and a Q2_0 (EXPDEC down) layer.
 #[test]
 fn moe_window_invariance() {
     for name in ["cuda", "hip"] {
@@ -197,7 +197,8 @@ fn moe_window_invariance() {
 }
 
 /// Every value of every expert knob gives the CPU replica's bytes on both GPU backends (hq, y
-/// and the combined rows, all written): gate/up knobs (EXPDEC, R, MINB, RB including the rule)
+/// and the combined rows, all written): gate/up knobs (EXPDEC, R, MINB, WARPS, RB including the
+/// rule)
 /// per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0 and
 /// IQ4_NL, over windows whose groups hold 0 to 11 entries, at the model shapes and an odd one
 /// (n_ff 448: 14 q8_1 chunks, so 128 rows per block leave a partial block; 14 groups per down
@@ -221,9 +222,12 @@ fn expert_knobs_every_value() {
                     if minb == 4 && r > EXPDEC_MINB4_MAX_R {
                         continue; // not compiled (spills)
                     }
-                    sets.push(ExpertKnobs { expdec: true, r, minb, rb, minblk: rng.random_range(1..=2000), ..plain });
+                    sets.push(ExpertKnobs { expdec: true, r, minb, rb, warps: 8, minblk: rng.random_range(1..=2000), ..plain });
                 }
             }
+        }
+        for rb in [0].into_iter().chain(EXPDEC_RB) {
+            sets.push(ExpertKnobs { expdec: true, r: 1, rb, warps: 16, minblk: rng.random_range(1..=2000), ..plain });
         }
         for dr in EXPDEC_DR {
             for dminb in EXPDEC_MINB {
@@ -242,14 +246,16 @@ fn expert_knobs_every_value() {
                 let case = parity::MoeCase::crowded(&mut rng, (gf, df), n_embd, n_ff);
                 let xq = parity::moe_xq(&cpu, &case).unwrap();
                 let (want, _) = parity::moe_words(&cpu, &case, &xq).unwrap();
+                let sms = g.info().sms();
                 for &knobs in &sets {
-                    if knobs.expdec && knobs.minb == 4 && !EXPDEC_GU_MINB4_FORMATS.contains(&gf) {
-                        // Not compiled (spills): the plan refuses it.
-                        assert!(knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k).is_err(), "{}", knobs.describe());
+                    if knobs.expdec && (knobs.minb == 4 || knobs.warps == 16) && !EXPDEC_GU_MINB4_FORMATS.contains(&gf) {
+                        // Not compiled (spills at 4 blocks per SM; no 16-warp entry): the plan refuses it.
+                        assert!(knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms).is_err(), "{}", knobs.describe());
                         continue;
                     }
                     g.set_expert_knobs(knobs);
-                    let plan = knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k).unwrap();
+                    let plan = knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms).unwrap();
+                    assert_eq!(plan.gu.kernel.ends_with("_w16"), knobs.expdec && knobs.warps == 16, "{}", plan.gu.kernel);
                     let label = format!("{name} {} {}/{}", knobs.describe(), plan.gu.kernel, plan.down.kernel);
                     check(parity::moe_against(("cpu", &want), &g, &label, &case, &xq, seed).unwrap());
                     runs += 1;

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use strata::host::cpu::CpuBackend;
 use strata::host::parity::{self, NMSE_MAX};
 use strata::host::{Backend, Error, Weights};
-use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
+use strata_gpu_shared::formats::{q8_0, q8_0t, q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::replica;
 
 /// Random shapes (rows 1..8, K 32..8192 in steps of 32, M up to 4096): the replica's NMSE
@@ -20,7 +20,7 @@ fn mmvq_replica_matches_float64() {
     let seed = common::seed("mmvq_replica_matches_float64");
     let mut rng = SmallRng::seed_from_u64(seed);
     let cpu = CpuBackend::new();
-    for format in WeightFormat::ALL {
+    for format in WeightFormat::MATVEC {
         for case in 0..4 {
             // Alternate wide and tall so both ends of the range are hit without a 4096x8192x8 case
             // every time.
@@ -90,7 +90,7 @@ fn quantize_replica_follows_the_spec() {
 fn cpu_backend_split_matches_single_thread_replica() {
     let seed = common::seed("cpu_backend_split_matches_single_thread_replica");
     let mut rng = SmallRng::seed_from_u64(seed);
-    for format in WeightFormat::ALL {
+    for format in WeightFormat::MATVEC {
         let (m, k, rows) = parity::random_mmvq_shape(&mut rng, format, 300, 1280);
         let data = parity::random_weights(&mut rng, format, m, k);
         let w = Weights { format, m, k, data: &data };
@@ -107,6 +107,30 @@ fn cpu_backend_split_matches_single_thread_replica() {
                 assert_eq!(y[r * m + i].to_bits(), want.to_bits(), "{format:?} {m}x{k} row {r} out {i}");
             }
         }
+    }
+}
+
+/// `q8_0t::tile` moves every byte of 32 Q8_0 blocks to its place in the tile: group g of a tile
+/// decodes to block g's values and scale, for random blocks (every scale and byte drawn), and
+/// each tile holds its blocks' bytes, none lost or repeated.
+#[test]
+fn q8_0t_tiles_decode_to_their_q8_0_blocks() {
+    let seed = common::seed("q8_0t_tiles_decode_to_their_q8_0_blocks");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let tiles = 5;
+    let mut blocks = vec![0u8; tiles * q8_0t::BYTES];
+    rng.fill(&mut blocks[..]);
+    let mut tiled = vec![0xa5u8; blocks.len()];
+    q8_0t::tile(&blocks, &mut tiled);
+    for (t, (tile, src)) in tiled.chunks_exact(q8_0t::BYTES).zip(blocks.chunks_exact(q8_0t::BYTES)).enumerate() {
+        for (g, block) in src.chunks_exact(q8_0::BYTES).enumerate() {
+            let want = replica::decode_group(WeightFormat::Q8_0, block, 0);
+            assert_eq!(replica::decode_group(WeightFormat::Q8_0T, tile, g), want, "seed {seed}: tile {t}, group {g}");
+        }
+        let (mut a, mut b) = (tile.to_vec(), src.to_vec());
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b, "seed {seed}: tile {t} is not a permutation of its blocks' bytes");
     }
 }
 

@@ -75,6 +75,23 @@ struct Q8_0 {
   }
 };
 
+// Q8_0 in tiles of 32 blocks (formats::q8_0t): group g is two 16-byte aligned loads and its scale.
+struct Q8_0T {
+  static constexpr uint32_t BYTES = STRATA_Q8_0T_BYTES, GROUPS = 32, SHIFT = 0;
+  static constexpr uint32_t GRID_WORDS = 0;
+  STRATA_FN const uint32_t* grid() { return nullptr; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G) {
+    Group g;
+    ld_nc_v4(p + STRATA_Q8_0T_OFF_LO + 16 * gi, g.w);
+    ld_nc_v4(p + STRATA_Q8_0T_OFF_HI + 16 * gi, g.w + 4);
+    g.d = block_scale(p + STRATA_Q8_0T_OFF_D + 2 * gi);
+    g.f[0] = g.f[1] = 1;
+    return g;
+  }
+};
+
 struct Q2_0 {
   static constexpr uint32_t BYTES = STRATA_Q2_0_BYTES, GROUPS = 2, SHIFT = 0;
   static constexpr uint32_t GRID_WORDS = 0;

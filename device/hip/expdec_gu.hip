@@ -10,11 +10,11 @@
 #include "moe.hip"
 #include "expdec_stage.hip"
 
-template <typename F, int R>
+template <typename F, int R, uint32_t THREADS>
 static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint8_t* up, uint64_t expert_bytes,
                                                  const uint8_t* xq, const uint32_t* table, uint32_t n, uint32_t k,
                                                  uint32_t groups, uint32_t n_ff, uint32_t rb, uint8_t* hq) {
-  const uint32_t warps = STRATA_EXPDEC_THREADS / 32;
+  const uint32_t warps = THREADS / 32;
   uint32_t chunks = n_ff / STRATA_MOE_GU_ROWS, per_block = rb / STRATA_MOE_GU_ROWS;
   uint32_t blocks_per_group = (chunks + per_block - 1) / per_block;
   uint32_t b0 = block_idx();
@@ -27,13 +27,13 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
   up += expert * expert_bytes;
   const uint32_t* entries = table + MOE_ENTRIES(n) + start;
   uint32_t h_base = expdec_stage_words(groups);
-  StagedGrid grid = expdec_stage_grid<F>(h_base + STRATA_EXPDEC_ENTRIES * rb);  // ordered by the first pass's barrier
+  StagedGrid grid = expdec_stage_grid<F, THREADS>(h_base + STRATA_EXPDEC_ENTRIES * rb);  // ordered by the first pass's barrier
   uint32_t warp = warp_in_block(), rows_per_warp = rb / warps, first = warp * rows_per_warp;
   float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
   for (uint32_t pass = 0; pass < count; pass += STRATA_EXPDEC_ENTRIES) {
     if (pass > 0) sync_lds();
     uint32_t m = count - pass < STRATA_EXPDEC_ENTRIES ? count - pass : STRATA_EXPDEC_ENTRIES;
-    expdec_stage([&](uint32_t r) { return xq + (uint64_t)(ld_u32w(entries, pass + r) / k) * groups * STRATA_Q8_1_BYTES; }, m, groups);
+    expdec_stage<THREADS>([&](uint32_t r) { return xq + (uint64_t)(ld_u32w(entries, pass + r) / k) * groups * STRATA_Q8_1_BYTES; }, m, groups);
     sync_lds();
     for (uint32_t j0 = 0; first < mine * STRATA_MOE_GU_ROWS && j0 < rows_per_warp; j0 += R) {
       uint32_t local = first + j0;
@@ -83,20 +83,21 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
   }
 }
 
-#define EXPDEC_GU_ENTRY(name, F, R)                                                                        \
+#define EXPDEC_GU_ENTRY(name, F, R, THREADS)                                                               \
   STRATA_KERNEL(name)(const uint8_t* gate, const uint8_t* up, uint64_t expert_bytes, const uint8_t* xq,    \
                       const uint32_t* table, uint32_t n, uint32_t k, uint32_t groups, uint32_t n_ff,      \
                       uint32_t rb, uint8_t* hq) {                                                          \
-    expdec_gu<F, R>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq);                         \
+    expdec_gu<F, R, THREADS>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq);                \
   }
-// 4 blocks per SM only with R=1 and an IQ format (launch/mod.rs: EXPDEC_MINB4_MAX_R,
-// EXPDEC_GU_MINB4_FORMATS).
-#define EXPDEC_GU_FORMAT_M2(tag, F)              \
-  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m2, F, 1) \
-  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r2_m2, F, 2)
-#define EXPDEC_GU_FORMAT(tag, F) \
-  EXPDEC_GU_FORMAT_M2(tag, F)    \
-  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m4, F, 1)
+// 4 blocks per SM, and blocks of 16 warps, only with R=1 and an IQ format (launch/mod.rs:
+// EXPDEC_MINB4_MAX_R, EXPDEC_GU_MINB4_FORMATS, EXPDEC_W16_THREADS).
+#define EXPDEC_GU_FORMAT_M2(tag, F)                                     \
+  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m2, F, 1, STRATA_EXPDEC_THREADS) \
+  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r2_m2, F, 2, STRATA_EXPDEC_THREADS)
+#define EXPDEC_GU_FORMAT(tag, F)                                        \
+  EXPDEC_GU_FORMAT_M2(tag, F)                                           \
+  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_m4, F, 1, STRATA_EXPDEC_THREADS) \
+  EXPDEC_GU_ENTRY(expdec_gu_##tag##_r1_w16, F, 1, STRATA_EXPDEC_W16_THREADS)
 
 EXPDEC_GU_FORMAT_M2(q8_0, Q8_0)
 EXPDEC_GU_FORMAT(iq2_xxs, Iq2Xxs)

@@ -8,11 +8,11 @@
 
 STRATA_FN uint32_t expdec_stage_words(uint32_t groups) { return 9 * STRATA_EXPDEC_ENTRIES * groups; }
 
-// Stages rows row(0) .. row(m - 1). Every thread of the block calls it.
-template <typename Row>
+// Stages rows row(0) .. row(m - 1). Every thread of the block, of THREADS, calls it.
+template <uint32_t THREADS, typename Row>
 STRATA_FN void expdec_stage(Row row, uint32_t m, uint32_t groups) {
   uint32_t items = 2 * m * groups;
-  for (uint32_t i = thread_idx(); i < items; i += STRATA_EXPDEC_THREADS) {
+  for (uint32_t i = thread_idx(); i < items; i += THREADS) {
     uint32_t item = i / 2, h = i % 2, r = item / groups, b = item % groups;
     const uint8_t* block = row(r) + (uint64_t)b * STRATA_Q8_1_BYTES;
     uint32_t* dst = strata_smem + 16 * h * groups + 4 * (r * groups + b);
@@ -32,11 +32,11 @@ STRATA_FN float expdec_staged_block(uint32_t r, uint32_t b, uint32_t groups, uin
   return __builtin_bit_cast(float, strata_smem[32 * groups + slot]);
 }
 
-// Copies F's codebook (none for formats without one) to words base.. ; a barrier must pass
-// before the returned grid is read.
-template <typename F>
+// Copies F's codebook (none for formats without one) to words base.. with the block's THREADS
+// threads; a barrier must pass before the returned grid is read.
+template <typename F, uint32_t THREADS>
 STRATA_FN StagedGrid expdec_stage_grid(uint32_t base) {
   const uint32_t* grid = F::grid();
-  for (uint32_t i = thread_idx(); i < F::GRID_WORDS; i += STRATA_EXPDEC_THREADS) strata_smem[base + i] = ld_nc_u32((const uint8_t*)(grid + i));
+  for (uint32_t i = thread_idx(); i < F::GRID_WORDS; i += THREADS) strata_smem[base + i] = ld_nc_u32((const uint8_t*)(grid + i));
   return StagedGrid{base};
 }

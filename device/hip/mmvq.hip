@@ -72,6 +72,7 @@ static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, 
   }
 
 MMVQ_ENTRY(mmvq_q8_0, mmvq1_q8_0, Q8_0)
+MMVQ_ENTRY(mmvq_q8_0t, mmvq1_q8_0t, Q8_0T)
 MMVQ_ENTRY(mmvq_q6_k, mmvq1_q6_k, Q6K)
 MMVQ_ENTRY(mmvq_iq2_xxs, mmvq1_iq2_xxs, Iq2Xxs)
 MMVQ_ENTRY(mmvq_iq2_xs, mmvq1_iq2_xs, Iq2Xs)

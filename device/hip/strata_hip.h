@@ -278,6 +278,15 @@ STRATA_FN void ld_v4(const uint8_t* p, uint32_t* v) {
 #pragma unroll
   for (int k = 0; k < 4; k++) v[k] = c.w[k];
 }
+// v = the four words at p (global memory, read-only through the kernel), p 16-byte aligned.
+STRATA_FN void ld_nc_v4(const uint8_t* p, uint32_t* v) {
+#if STRATA_NVIDIA
+  uint4 c = __ldg((const uint4*)p);
+  v[0] = c.x, v[1] = c.y, v[2] = c.z, v[3] = c.w;
+#else
+  ld_v4(p, v);
+#endif
+}
 // Shared words word .. word + 3 = v, word a multiple of 4.
 STRATA_FN void smem_st_v4(uint32_t word, const uint32_t* v) {
   StrataU32x4 c;

@@ -36,6 +36,38 @@ pub mod q8_0 {
     pub const OFF_Q: usize = 2;
 }
 
+/// Q8_0T: a device layout of Q8_0, not a GGUF type. The same values in tiles of 32 Q8_0 blocks
+/// (1,024 values, 1,088 bytes, the bytes of 32 blocks): the 32 blocks' first 16 quant bytes,
+/// then their last 16, then their 32 fp16 scales. Group g of a tile (Q8_0 block g) reads
+/// `lo[16g..16g+16]`, `hi[16g..16g+16]` and `d[g]`, so lane g of a warp reading group g loads
+/// 16-byte aligned halves next to lane g+1's (every load one coalesced run), where Q8_0's
+/// 34-byte blocks cost each lane seventeen 2-byte loads. The host tiles the Q8_0 matrices the
+/// matvec reads ([`q8_0t::tile`]); the values, so every bit, are Q8_0's.
+pub mod q8_0t {
+    use super::q8_0;
+
+    /// Q8_0 blocks per tile.
+    pub const BLOCKS: usize = 32;
+    pub const BYTES: usize = BLOCKS * q8_0::BYTES;
+    pub const OFF_LO: usize = 0;
+    pub const OFF_HI: usize = 16 * BLOCKS;
+    pub const OFF_D: usize = 32 * BLOCKS;
+
+    /// Q8_0 blocks (a whole number of tiles: rows of a multiple of 1,024 values) to tiles in
+    /// `out`, of the same length.
+    pub fn tile(q8_0_blocks: &[u8], out: &mut [u8]) {
+        assert!(q8_0_blocks.len() % BYTES == 0 && out.len() == q8_0_blocks.len(), "Q8_0T tiles 32 whole Q8_0 blocks");
+        for (tile, src) in out.chunks_exact_mut(BYTES).zip(q8_0_blocks.chunks_exact(BYTES)) {
+            for (g, block) in src.chunks_exact(q8_0::BYTES).enumerate() {
+                let q = &block[q8_0::OFF_Q..q8_0::OFF_Q + 32];
+                tile[OFF_LO + 16 * g..OFF_LO + 16 * g + 16].copy_from_slice(&q[..16]);
+                tile[OFF_HI + 16 * g..OFF_HI + 16 * g + 16].copy_from_slice(&q[16..]);
+                tile[OFF_D + 2 * g..OFF_D + 2 * g + 2].copy_from_slice(&block[q8_0::OFF_D..q8_0::OFF_D + 2]);
+            }
+        }
+    }
+}
+
 /// Q2_0 (64 values): fp16 `d`, 16 bytes of 2-bit codes, four per byte, least significant
 /// first; value = d * (code - 1).
 pub mod q2_0 {
@@ -158,6 +190,8 @@ pub enum WeightFormat {
     Iq2S = 22,
     Iq4Xs = 23,
     Q2_0 = 42,
+    /// Not a GGUF type: the device layout [`q8_0t`] of Q8_0 (its id is outside ggml's).
+    Q8_0T = 0x1008,
 }
 
 impl WeightFormat {
@@ -174,6 +208,18 @@ impl WeightFormat {
         WeightFormat::Q2_0,
     ];
 
+    /// Every format the matvec kernels take: the GGUF formats of [`Self::ALL`] and the device
+    /// layout [`WeightFormat::Q8_0T`].
+    pub const MATVEC: [WeightFormat; 11] = {
+        let mut all = [WeightFormat::Q8_0T; 11];
+        let mut i = 0;
+        while i < Self::ALL.len() {
+            all[i] = Self::ALL[i];
+            i += 1;
+        }
+        all
+    };
+
     /// The format with GGUF type id `id`, if it is a quantized weight format.
     pub fn from_gguf_id(id: u32) -> Option<WeightFormat> {
         Self::ALL.into_iter().find(|f| *f as u32 == id)
@@ -184,6 +230,7 @@ impl WeightFormat {
         match self {
             WeightFormat::Q8_0 | WeightFormat::Iq4Nl => GROUP,
             WeightFormat::Q2_0 => q2_0::VALUES,
+            WeightFormat::Q8_0T => q8_0t::BLOCKS * GROUP,
             _ => QK_K,
         }
     }
@@ -201,6 +248,7 @@ impl WeightFormat {
             WeightFormat::Iq4Nl => iq4_nl::BYTES,
             WeightFormat::Iq4Xs => iq4_xs::BYTES,
             WeightFormat::Q2_0 => q2_0::BYTES,
+            WeightFormat::Q8_0T => q8_0t::BYTES,
         }
     }
 
@@ -250,6 +298,7 @@ impl WeightFormat {
             WeightFormat::Iq4Nl => "IQ4_NL",
             WeightFormat::Iq4Xs => "IQ4_XS",
             WeightFormat::Q2_0 => "Q2_0",
+            WeightFormat::Q8_0T => "Q8_0T",
         }
     }
 
@@ -266,6 +315,7 @@ impl WeightFormat {
             WeightFormat::Iq4Nl => "iq4_nl",
             WeightFormat::Iq4Xs => "iq4_xs",
             WeightFormat::Q2_0 => "q2_0",
+            WeightFormat::Q8_0T => "q8_0t",
         }
     }
 
@@ -282,6 +332,7 @@ impl WeightFormat {
             WeightFormat::Iq4Nl => "mmvq_iq4_nl",
             WeightFormat::Iq4Xs => "mmvq_iq4_xs",
             WeightFormat::Q2_0 => "mmvq_q2_0",
+            WeightFormat::Q8_0T => "mmvq_q8_0t",
         }
     }
 
@@ -299,6 +350,7 @@ impl WeightFormat {
             WeightFormat::Iq4Nl => "mmvq1_iq4_nl",
             WeightFormat::Iq4Xs => "mmvq1_iq4_xs",
             WeightFormat::Q2_0 => "mmvq1_q2_0",
+            WeightFormat::Q8_0T => "mmvq1_q8_0t",
         }
     }
 
@@ -311,10 +363,12 @@ impl WeightFormat {
         }
     }
 
-    /// Byte offset of the fp16 scale `d` in a block.
+    /// Byte offset of the fp16 scale `d` in a block (Q8_0T: of its first group; it holds one
+    /// a group, see [`q8_0t`]).
     pub const fn off_d(self) -> usize {
         match self {
             WeightFormat::Q6K => q6_k::OFF_D,
+            WeightFormat::Q8_0T => q8_0t::OFF_D,
             _ => 0,
         }
     }
@@ -331,6 +385,10 @@ pub const LAYOUT_CONSTANTS: &[(&str, usize)] = &[
     ("Q8_0_BYTES", q8_0::BYTES),
     ("Q8_0_OFF_D", q8_0::OFF_D),
     ("Q8_0_OFF_Q", q8_0::OFF_Q),
+    ("Q8_0T_BYTES", q8_0t::BYTES),
+    ("Q8_0T_OFF_LO", q8_0t::OFF_LO),
+    ("Q8_0T_OFF_HI", q8_0t::OFF_HI),
+    ("Q8_0T_OFF_D", q8_0t::OFF_D),
     ("Q2_0_BYTES", q2_0::BYTES),
     ("Q2_0_OFF_D", q2_0::OFF_D),
     ("Q2_0_OFF_QS", q2_0::OFF_QS),

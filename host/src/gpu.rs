@@ -142,6 +142,11 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
+    /// SMs (compute units), at least 1.
+    pub fn sms(&self) -> u32 {
+        self.sm_count.max(1) as u32
+    }
+
     /// The device's wave (warp) slots, for `grid_pad`.
     pub fn wave_slots(&self) -> WaveSlots {
         WaveSlots { slots: (self.sm_count.max(1) * (self.max_threads_per_sm.max(32) / 32)) as u32, wave: 32 }
@@ -519,7 +524,7 @@ impl GpuBackend {
         let (embd_groups, ff_groups, n_embd, n_ff) = ((l.n_embd / 32) as u32, (l.n_ff / 32) as u32, l.n_embd as u32, l.n_ff as u32);
         let gu_bytes = (l.n_ff * g.row_bytes(l.n_embd)) as u64;
         let down_bytes = (l.n_embd * d.row_bytes(l.n_ff)) as u64;
-        let plan = self.experts.plan(l.formats, l.n_embd, l.n_ff, n as usize).map_err(|e| Error::Request(format!("{}: expert knobs: {e}", self.name)))?;
+        let plan = self.experts.plan(l.formats, l.n_embd, l.n_ff, n as usize, self.info.sms()).map_err(|e| Error::Request(format!("{}: expert knobs: {e}", self.name)))?;
         let pad = |kernel: &str, blocks: u32| {
             let threads = self.bounds_of(kernel).threads;
             self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots))

@@ -127,7 +127,7 @@ pub struct ExpertsArgs {
     /// Variants, comma-separated: `plain` (the default kernels: EXPDEC, EXPDEC_DOWN and
     /// EXPDEC_D20 off), `knobs` (the knobs in force), or `KNOB=VALUE[+KNOB=VALUE...]` over the
     /// knobs in force.
-    #[arg(long, default_value = "plain,knobs,EXPDEC_R=2,EXPDEC_MINB=4,EXPDEC_RB=64,EXPDEC_D20=0,EXPDEC_DR=1,EXPDEC_DRB=64,EXPDEC_DMINB=2,EXPDEC_DOWN=1+EXPDEC_DR=1+EXPDEC_DRB=32")]
+    #[arg(long, default_value = "plain,knobs,EXPDEC_R=2,EXPDEC_MINB=4,EXPDEC_WARPS=8,EXPDEC_RB=64,EXPDEC_D20=0,EXPDEC_DR=1,EXPDEC_DRB=64,EXPDEC_DMINB=2,EXPDEC_DOWN=1+EXPDEC_DR=1+EXPDEC_DRB=32")]
     pub variants: String,
     #[command(flatten)]
     pub run: RunArgs,
@@ -654,9 +654,9 @@ fn attention(a: &AttentionArgs) -> anyhow::Result<ExitCode> {
 
 fn mmvq(a: &MmvqArgs) -> anyhow::Result<ExitCode> {
     let formats = if a.formats == "all" {
-        WeightFormat::ALL.to_vec()
+        WeightFormat::MATVEC.to_vec()
     } else {
-        list(&a.formats, "format", |f| WeightFormat::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(f)))?
+        list(&a.formats, "format", |f| WeightFormat::MATVEC.into_iter().find(|w| w.name().eq_ignore_ascii_case(f)))?
     };
     let shapes = list(&a.shapes, "shape (MxK)", parse_shape)?;
     let rows = list(&a.rows, "row count (1..8)", |r| r.parse().ok().filter(|r| (1..=8).contains(r)))?;

@@ -92,7 +92,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let t = Instant::now();
         record(parity::quantize_case(&backends, rows, k, rng.random())?, t);
     }
-    for format in WeightFormat::ALL {
+    for format in WeightFormat::MATVEC {
         let shapes: Vec<_> =
             MMVQ_SHAPES.into_iter().map(|(m, k, r)| (m, parity::fit_k(format, k), r))
                 .chain((0..args.random).map(|_| parity::random_mmvq_shape(&mut rng, format, 4096, 8192)))

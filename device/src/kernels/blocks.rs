@@ -148,6 +148,24 @@ impl Block for Q8_0 {
     }
 }
 
+/// Q8_0 in tiles of 32 blocks (`formats::q8_0t`): group `g` of a tile is two 16-byte aligned
+/// loads and its scale, where a Q8_0 block is seventeen 2-byte loads.
+pub struct Q8_0T;
+impl Block for Q8_0T {
+    const BYTES: usize = q8_0t::BYTES;
+    const GROUPS: u32 = q8_0t::BLOCKS as u32;
+    const SHIFT: u32 = 0;
+    #[inline(always)]
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
+        // Tiles start 16-byte aligned: rows are whole tiles of 1,088 bytes (68 x 16) from an
+        // aligned allocation.
+        let lo = mem::ld_nc_v4(p.add(q8_0t::OFF_LO + 16 * g as usize));
+        let hi = mem::ld_nc_v4(p.add(q8_0t::OFF_HI + 16 * g as usize));
+        let w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
+        Group { d: scale(p.add(q8_0t::OFF_D + 2 * g as usize)), w, f: [1, 1] }
+    }
+}
+
 pub struct Q2_0;
 impl Block for Q2_0 {
     const BYTES: usize = q2_0::BYTES;

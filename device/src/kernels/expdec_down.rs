@@ -12,7 +12,7 @@
 //! Shared words: the stage (`36 G`), then one step's partials `P[4][step_rows][G]`:
 //! `launch::expdec_down_smem`, given at launch.
 use super::blocks::{self, Block};
-use super::expdec_stage::{WARPS, stage, stage_words, staged_block};
+use super::expdec_stage::{stage, stage_words, staged_block};
 use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
 use crate::arch::mem::Smem;
@@ -71,7 +71,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
                 if pass > 0 {
                     sync::sync_lds(); // the previous pass's readers are done with the stage and P
                 }
-                stage(smem, |r| hq.add(ld(entries, (pass + r) as usize) as usize * g_count as usize * q8_1::BYTES), m, g_count);
+                stage::<EXPDEC_THREADS>(smem, |r| hq.add(ld(entries, (pass + r) as usize) as usize * g_count as usize * q8_1::BYTES), m, g_count);
             }
             // After the first step: the previous step's partials have been summed.
             sync::sync_lds();
@@ -104,7 +104,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
                         mem::st_f32(y.add(e as usize * n_embd as usize + (step + local) as usize), sum);
                     }
                 }
-                i += WARPS;
+                i += EXPDEC_THREADS / 32;
             }
             step += step_rows;
         }

@@ -8,14 +8,14 @@
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
 //! codebook: `launch::expdec_gu_smem`, given at launch.
 use super::blocks::{self, Block};
-use super::expdec_stage::{WARPS, stage, stage_grid, stage_words, staged_block};
+use super::expdec_stage::{stage, stage_grid, stage_words, staged_block};
 use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
 use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
 use crate::arch::{index, sync, warp};
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::{EXPDEC_ENTRIES, MOE_GU_ROWS};
+use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_RB, EXPDEC_THREADS, EXPDEC_W16_THREADS, MOE_GU_ROWS};
 use strata_gpu_shared::moe;
 
 /// `R` gate rows and `R` up rows starting at `row` against the `m` staged entries: this lane's
@@ -56,9 +56,10 @@ unsafe fn staged_partials<F: Block, const R: usize>(
 }
 
 /// The body of every `expdec_gu_*` entry: `moe_gu`'s contract and output, with `rb` rows per
-/// block (a multiple of `MOE_GU_ROWS`, at most `4 * MOE_GU_ROWS`).
+/// block (a multiple of `MOE_GU_ROWS`, at most `4 * MOE_GU_ROWS`) and `THREADS` threads a
+/// block, each warp taking `rb / (THREADS / 32)` rows.
 #[inline(always)]
-unsafe fn expdec_gu<F: Block, const R: usize>(
+unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
     gate: *const u8,
     up: *const u8,
     expert_bytes: u64,
@@ -84,9 +85,10 @@ unsafe fn expdec_gu<F: Block, const R: usize>(
     let smem = Smem::dynamic();
     let h_base = stage_words(groups);
     // Staged before the first pass; that pass's post-staging barrier orders it.
-    let grid = stage_grid::<F>(smem, h_base + EXPDEC_ENTRIES * rb);
+    let grid = stage_grid::<F, THREADS>(smem, h_base + EXPDEC_ENTRIES * rb);
     let warp = index::warp_in_block();
-    let rows_per_warp = rb / WARPS;
+    let warps = THREADS / 32;
+    let rows_per_warp = rb / warps;
     let first = warp * rows_per_warp; // this warp's first row in the block, inside one chunk
     let mut pass = 0;
     while pass < count {
@@ -94,7 +96,7 @@ unsafe fn expdec_gu<F: Block, const R: usize>(
             sync::sync_lds(); // the previous pass's readers are done with the stage and H
         }
         let m = (count - pass).min(EXPDEC_ENTRIES);
-        stage(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups);
+        stage::<THREADS>(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups);
         sync::sync_lds();
         let mut j0 = 0;
         while first < mine * MOE_GU_ROWS && j0 < rows_per_warp {
@@ -122,44 +124,50 @@ unsafe fn expdec_gu<F: Block, const R: usize>(
             let e = ld(entries, (pass + r) as usize);
             let v = f32::from_bits(smem.ld_u32(h_base + r * rb + c * MOE_GU_ROWS + index::lane()));
             quantize_group(v, hq.add((e as usize * chunks as usize + (chunk0 + c) as usize) * q8_1::BYTES));
-            i += WARPS;
+            i += warps;
         }
         pass += EXPDEC_ENTRIES;
     }
 }
 
-/// One entry per format, rows per lane and minimum blocks per SM (the launch bounds come from
-/// the gpu-shared table by name; 4 blocks per SM only with R=1 and an IQ format,
-/// `EXPDEC_MINB4_MAX_R` and `EXPDEC_GU_MINB4_FORMATS`).
+/// One entry per format, rows per lane, warps a block and minimum blocks per SM (the launch
+/// bounds come from the gpu-shared table by name: `_m<MINB>` entries are blocks of
+/// `EXPDEC_THREADS`, 4 blocks per SM only with R=1 and an IQ format, `EXPDEC_MINB4_MAX_R` and
+/// `EXPDEC_GU_MINB4_FORMATS`; `_w16` entries blocks of 16 warps at 2 blocks per SM, R=1 and the
+/// same formats: `EXPDEC_W16_THREADS`).
 macro_rules! expdec_gu_entries {
-    ($($name:ident => $block:ty, $r:literal;)*) => {$(
-        /// EXPDEC gate/up. Launch as `moe_gu_*` but with `n * ceil(n_ff / rb)` blocks of
-        /// `EXPDEC_THREADS` threads and `launch::expdec_gu_smem` bytes of shared memory.
+    ($($name:ident => $block:ty, $r:literal, $threads:expr;)*) => {$(
+        /// EXPDEC gate/up. Launch as `moe_gu_*` but with `n * ceil(n_ff / rb)` blocks of the
+        /// entry's threads and `launch::expdec_gu_smem` bytes of shared memory.
         ///
         /// # Safety
-        /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`.
+        /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`; blocks of the entry's threads.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, hq: *mut u8) {
             crate::arch::sync::chain_grids();
-            expdec_gu::<$block, $r>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq)
+            expdec_gu::<$block, $r, { $threads }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq)
         }
     )*};
 }
 
 expdec_gu_entries! {
-    expdec_gu_q8_0_r1_m2 => blocks::Q8_0, 1; expdec_gu_q8_0_r2_m2 => blocks::Q8_0, 2;
-    expdec_gu_iq2_xxs_r1_m2 => blocks::Iq2Xxs, 1; expdec_gu_iq2_xxs_r1_m4 => blocks::Iq2Xxs, 1;
-    expdec_gu_iq2_xxs_r2_m2 => blocks::Iq2Xxs, 2;
-    expdec_gu_iq2_xs_r1_m2 => blocks::Iq2Xs, 1; expdec_gu_iq2_xs_r1_m4 => blocks::Iq2Xs, 1;
-    expdec_gu_iq2_xs_r2_m2 => blocks::Iq2Xs, 2;
-    expdec_gu_iq2_s_r1_m2 => blocks::Iq2S, 1; expdec_gu_iq2_s_r1_m4 => blocks::Iq2S, 1;
-    expdec_gu_iq2_s_r2_m2 => blocks::Iq2S, 2;
-    expdec_gu_iq3_xxs_r1_m2 => blocks::Iq3Xxs, 1; expdec_gu_iq3_xxs_r1_m4 => blocks::Iq3Xxs, 1;
-    expdec_gu_iq3_xxs_r2_m2 => blocks::Iq3Xxs, 2;
-    expdec_gu_iq3_s_r1_m2 => blocks::Iq3S, 1; expdec_gu_iq3_s_r1_m4 => blocks::Iq3S, 1;
-    expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2;
+    expdec_gu_q8_0_r1_m2 => blocks::Q8_0, 1, EXPDEC_THREADS; expdec_gu_q8_0_r2_m2 => blocks::Q8_0, 2, EXPDEC_THREADS;
+    expdec_gu_iq2_xxs_r1_m2 => blocks::Iq2Xxs, 1, EXPDEC_THREADS; expdec_gu_iq2_xxs_r1_m4 => blocks::Iq2Xxs, 1, EXPDEC_THREADS;
+    expdec_gu_iq2_xxs_r2_m2 => blocks::Iq2Xxs, 2, EXPDEC_THREADS; expdec_gu_iq2_xxs_r1_w16 => blocks::Iq2Xxs, 1, EXPDEC_W16_THREADS;
+    expdec_gu_iq2_xs_r1_m2 => blocks::Iq2Xs, 1, EXPDEC_THREADS; expdec_gu_iq2_xs_r1_m4 => blocks::Iq2Xs, 1, EXPDEC_THREADS;
+    expdec_gu_iq2_xs_r2_m2 => blocks::Iq2Xs, 2, EXPDEC_THREADS; expdec_gu_iq2_xs_r1_w16 => blocks::Iq2Xs, 1, EXPDEC_W16_THREADS;
+    expdec_gu_iq2_s_r1_m2 => blocks::Iq2S, 1, EXPDEC_THREADS; expdec_gu_iq2_s_r1_m4 => blocks::Iq2S, 1, EXPDEC_THREADS;
+    expdec_gu_iq2_s_r2_m2 => blocks::Iq2S, 2, EXPDEC_THREADS; expdec_gu_iq2_s_r1_w16 => blocks::Iq2S, 1, EXPDEC_W16_THREADS;
+    expdec_gu_iq3_xxs_r1_m2 => blocks::Iq3Xxs, 1, EXPDEC_THREADS; expdec_gu_iq3_xxs_r1_m4 => blocks::Iq3Xxs, 1, EXPDEC_THREADS;
+    expdec_gu_iq3_xxs_r2_m2 => blocks::Iq3Xxs, 2, EXPDEC_THREADS; expdec_gu_iq3_xxs_r1_w16 => blocks::Iq3Xxs, 1, EXPDEC_W16_THREADS;
+    expdec_gu_iq3_s_r1_m2 => blocks::Iq3S, 1, EXPDEC_THREADS; expdec_gu_iq3_s_r1_m4 => blocks::Iq3S, 1, EXPDEC_THREADS;
+    expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2, EXPDEC_THREADS; expdec_gu_iq3_s_r1_w16 => blocks::Iq3S, 1, EXPDEC_W16_THREADS;
 }
 
 // Four staged entries and R <= 2 (the unrolled loops list them); every `rb` splits into whole
-// R steps per warp, and a warp's rows stay inside one q8_1 chunk.
-const _: () = assert!(EXPDEC_ENTRIES == 4 && strata_gpu_shared::launch::EXPDEC_RB[0] / WARPS % 2 == 0 && MOE_GU_ROWS % (strata_gpu_shared::launch::EXPDEC_RB[2] / WARPS) == 0);
+// R steps per warp (R = 2 at 8 warps, R = 1 at 16), and a warp's rows stay inside one q8_1 chunk.
+const _: () = {
+    let (w8, w16) = (EXPDEC_THREADS / 32, EXPDEC_W16_THREADS / 32);
+    assert!(EXPDEC_ENTRIES == 4 && w8 == 8 && w16 == 16);
+    assert!(EXPDEC_RB[0] / w8 % 2 == 0 && MOE_GU_ROWS % (EXPDEC_RB[2] / w8) == 0 && MOE_GU_ROWS % (EXPDEC_RB[2] / w16) == 0);
+};

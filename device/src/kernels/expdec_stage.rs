@@ -11,10 +11,7 @@ use super::blocks::{self, Block};
 use crate::arch::mem::Smem;
 use crate::arch::{convert, index, mem};
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_THREADS};
-
-/// Warps of an EXPDEC block.
-pub const WARPS: u32 = EXPDEC_THREADS / 32;
+use strata_gpu_shared::launch::EXPDEC_ENTRIES;
 
 /// Shared words of one staged pass of rows of `groups` q8_1 blocks.
 #[inline(always)]
@@ -22,13 +19,15 @@ pub fn stage_words(groups: u32) -> u32 {
     9 * EXPDEC_ENTRIES * groups
 }
 
-/// Stages `m` q8_1 rows (`row(r)` for `r < m`, `groups` blocks each) into LO / HI / D.
+/// Stages `m` q8_1 rows (`row(r)` for `r < m`, `groups` blocks each) into LO / HI / D, with the
+/// block's `THREADS` threads.
 ///
 /// # Safety
-/// Every thread of the block calls it; each `row(r)` holds `groups` q8_1 blocks, 4-byte
-/// aligned; the launch gave at least [`stage_words`] words; `m <= EXPDEC_ENTRIES`.
+/// Every thread of the block calls it, a block of `THREADS`; each `row(r)` holds `groups` q8_1
+/// blocks, 4-byte aligned; the launch gave at least [`stage_words`] words;
+/// `m <= EXPDEC_ENTRIES`.
 #[inline(always)]
-pub unsafe fn stage(smem: Smem, row: impl Fn(u32) -> *const u8, m: u32, groups: u32) {
+pub unsafe fn stage<const THREADS: u32>(smem: Smem, row: impl Fn(u32) -> *const u8, m: u32, groups: u32) {
     let items = 2 * m * groups;
     let mut i = index::thread_idx();
     while i < items {
@@ -42,7 +41,7 @@ pub unsafe fn stage(smem: Smem, row: impl Fn(u32) -> *const u8, m: u32, groups: 
             let dx = convert::f16_to_f32(mem::ld_nc_u16(block.add(q8_1::OFF_D)));
             smem.st_u32(32 * groups + r * groups + b, dx.to_bits());
         }
-        i += EXPDEC_THREADS;
+        i += THREADS;
     }
 }
 
@@ -60,17 +59,19 @@ pub unsafe fn staged_block(smem: Smem, r: u32, b: u32, groups: u32) -> ([u32; 8]
 }
 
 /// Copies `F`'s codebook (none for formats without one) to words `base ..` of shared memory
-/// and returns it as the [`blocks::Grid`] the loaders read; a barrier must pass before use.
+/// with the block's `THREADS` threads and returns it as the [`blocks::Grid`] the loaders read;
+/// a barrier must pass before use.
 ///
 /// # Safety
-/// Every thread of the block calls it; the launch gave `base + F::grid().len()` words.
+/// Every thread of the block calls it, a block of `THREADS`; the launch gave
+/// `base + F::grid().len()` words.
 #[inline(always)]
-pub unsafe fn stage_grid<F: Block>(smem: Smem, base: u32) -> blocks::Staged {
+pub unsafe fn stage_grid<F: Block, const THREADS: u32>(smem: Smem, base: u32) -> blocks::Staged {
     let grid = F::grid();
     let mut i = index::thread_idx() as usize;
     while i < grid.len() {
         smem.st_u32(base + i as u32, mem::ld_nc_u32(grid.as_ptr().add(i) as *const u8));
-        i += EXPDEC_THREADS as usize;
+        i += THREADS as usize;
     }
     blocks::Staged { smem, base }
 }

@@ -138,6 +138,7 @@ macro_rules! mmvq_entries {
 
 mmvq_entries! {
     mmvq_q8_0, mmvq1_q8_0 => blocks::Q8_0,
+    mmvq_q8_0t, mmvq1_q8_0t => blocks::Q8_0T,
     mmvq_q6_k, mmvq1_q6_k => blocks::Q6K,
     mmvq_iq2_xxs, mmvq1_iq2_xxs => blocks::Iq2Xxs,
     mmvq_iq2_xs, mmvq1_iq2_xs => blocks::Iq2Xs,

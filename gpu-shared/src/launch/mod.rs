@@ -56,6 +56,11 @@ pub const EXPDEC_MINB: [u32; 2] = [2, 4];
 pub const EXPDEC_MINB4_MAX_R: u32 = 1;
 pub const EXPDEC_MINB4_MAX_DR: u32 = 2;
 pub const EXPDEC_GU_MINB4_FORMATS: [WeightFormat; 5] = [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S];
+/// Threads of the 16-warp gate/up entries (`expdec_gu_<format>_r1_w16`, `STRATA_EXPDEC_WARPS`):
+/// 2 blocks per SM (64 registers a thread, as 4 blocks of [`EXPDEC_THREADS`]), R = 1 and the
+/// formats of [`EXPDEC_GU_MINB4_FORMATS`]. A window of few selections launches few gate/up
+/// blocks (192 for one token of 8 experts at n_ff 768), so their warps are what fills the SMs.
+pub const EXPDEC_W16_THREADS: u32 = 2 * EXPDEC_THREADS;
 /// Gate/up rows per block of `expdec_gu_*` (`STRATA_EXPDEC_RB`): whole q8_1 groups of the
 /// SwiGLU output, 1, 2 or 4 of them. A run-time argument.
 pub const EXPDEC_RB: [u32; 3] = [32, 64, 128];
@@ -131,9 +136,10 @@ const fn mmvq1(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 6, smem_bytes: 0 }
 }
 
-const BASE: [Bounds; 56] = [
+const BASE: [Bounds; 58] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
+    mmvq("mmvq_q8_0t"),
     mmvq("mmvq_q6_k"),
     mmvq("mmvq_iq2_xxs"),
     mmvq("mmvq_iq2_xs"),
@@ -144,6 +150,7 @@ const BASE: [Bounds; 56] = [
     mmvq("mmvq_iq4_xs"),
     mmvq("mmvq_q2_0"),
     mmvq1("mmvq1_q8_0"),
+    mmvq1("mmvq1_q8_0t"),
     mmvq1("mmvq1_q6_k"),
     mmvq1("mmvq1_iq2_xxs"),
     mmvq1("mmvq1_iq2_xs"),
@@ -204,7 +211,8 @@ const fn expdec(kernel: &'static str, min_blocks: u32) -> Bounds {
 /// Every EXPDEC entry: `expdec_gu_<format>_r<R>_m<MINB>` and `expdec_down_<format>_d<DR>_m<MINB>`
 /// over [`EXPDEC_R`], [`EXPDEC_DR`] and [`EXPDEC_MINB`] (4 blocks per SM only up to
 /// [`EXPDEC_MINB4_MAX_R`] and [`EXPDEC_MINB4_MAX_DR`], and for gate/up only in the `gu` formats,
-/// [`EXPDEC_GU_MINB4_FORMATS`]; `gu_m2` formats have 2 blocks per SM only).
+/// [`EXPDEC_GU_MINB4_FORMATS`], which also have the 16-warp `_r1_w16` gate/up entries; `gu_m2`
+/// formats have 2 blocks per SM only).
 macro_rules! expdec_bounds {
     (gu_m2: $($g2:literal),*; gu: $($g:literal),*; down: $($d:literal),*) => {[
         $(
@@ -213,6 +221,7 @@ macro_rules! expdec_bounds {
         $(
             expdec(concat!("expdec_gu_", $g, "_r1_m2"), 2), expdec(concat!("expdec_gu_", $g, "_r1_m4"), 4),
             expdec(concat!("expdec_gu_", $g, "_r2_m2"), 2),
+            Bounds { kernel: concat!("expdec_gu_", $g, "_r1_w16"), threads: EXPDEC_W16_THREADS, min_blocks: 2, smem_bytes: 0 },
         )*
         $(
             expdec(concat!("expdec_down_", $d, "_d1_m2"), 2), expdec(concat!("expdec_down_", $d, "_d1_m4"), 4),
@@ -227,7 +236,7 @@ pub const EXPDEC_GU_FORMATS: [WeightFormat; 6] =
     [WeightFormat::Q8_0, WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S];
 pub const EXPDEC_DOWN_FORMATS: [WeightFormat; 2] = [WeightFormat::Q2_0, WeightFormat::Iq4Nl];
 
-const EXPDEC_BOUNDS: [Bounds; 27] = expdec_bounds!(gu_m2: "q8_0"; gu: "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"; down: "q2_0", "iq4_nl");
+const EXPDEC_BOUNDS: [Bounds; 32] = expdec_bounds!(gu_m2: "q8_0"; gu: "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"; down: "q2_0", "iq4_nl");
 
 /// `a` then `b`, in a const context.
 const fn join<const A: usize, const B: usize, const N: usize>(a: [Bounds; A], b: [Bounds; B]) -> [Bounds; N] {
@@ -264,6 +273,11 @@ pub const HEAD_SMEM_WORDS: u32 = 2 * (crate::order::HEAD_THREADS as u32 / 32) + 
 /// The `expdec_gu_*` entry for `format`, `r` weight rows per lane and `minb` blocks per SM.
 pub fn expdec_gu_kernel(format: WeightFormat, r: u32, minb: u32) -> Option<&'static str> {
     named(&["expdec_gu_", format.tag(), "_r", digit(r)?, "_m", digit(minb)?])
+}
+
+/// The 16-warp `expdec_gu_*` entry for `format` (R = 1, 2 blocks per SM), where it has one.
+pub fn expdec_gu_w16_kernel(format: WeightFormat) -> Option<&'static str> {
+    named(&["expdec_gu_", format.tag(), "_r1_w16"])
 }
 
 /// The `expdec_down_*` entry for `format`, `dr` rows per lane and `minb` blocks per SM.
@@ -350,6 +364,13 @@ mod tests {
                     assert!(b.kernel.starts_with("expdec_gu_") && b.kernel.contains(f.tag()), "{}", b.kernel);
                 }
             }
+            match expdec_gu_w16_kernel(f) {
+                Some(k) => {
+                    assert!(EXPDEC_GU_MINB4_FORMATS.contains(&f) && k.contains(f.tag()), "{k}");
+                    assert_eq!(bounds(k).map(|b| (b.threads, b.min_blocks)), Some((EXPDEC_W16_THREADS, 2)));
+                }
+                None => assert!(!EXPDEC_GU_MINB4_FORMATS.contains(&f), "{} has no 16-warp gate/up entry", f.name()),
+            }
         }
         for f in EXPDEC_DOWN_FORMATS {
             for d in EXPDEC_DR {
@@ -374,7 +395,7 @@ mod tests {
 
     #[test]
     fn every_weight_format_has_an_mmvq_kernel() {
-        for f in crate::formats::WeightFormat::ALL {
+        for f in crate::formats::WeightFormat::MATVEC {
             assert!(bounds(f.mmvq_kernel()).is_some(), "{}", f.mmvq_kernel());
             assert!(bounds(f.mmvq1_kernel()).is_some(), "{}", f.mmvq1_kernel());
             assert_eq!((f.mmvq_entry(1), f.mmvq_entry(2), f.mmvq_entry(8)), (f.mmvq1_kernel(), f.mmvq_kernel(), f.mmvq_kernel()));

@@ -59,12 +59,20 @@ fn put4(v: &mut [i8; GROUP], l: usize, grid: &[u32], entry: usize, signs: u8) {
 /// Decodes group `g` (0..`groups_per_block`) of one block of `format`.
 pub fn decode_group(format: WeightFormat, block: &[u8], g: usize) -> IntGroup {
     let mut v = [0i8; GROUP];
-    let d = le16(block, format.off_d());
+    // Q8_0T holds a scale a group, the other formats one a block.
+    let d = le16(block, if format == WeightFormat::Q8_0T { q8_0t::OFF_D + 2 * g } else { format.off_d() });
     let one = |s: i32| [s, s];
     let f = match format {
         WeightFormat::Q8_0 => {
             for (j, x) in v.iter_mut().enumerate() {
                 *x = block[q8_0::OFF_Q + j] as i8;
+            }
+            one(1)
+        }
+        WeightFormat::Q8_0T => {
+            for j in 0..16 {
+                v[j] = block[q8_0t::OFF_LO + 16 * g + j] as i8;
+                v[j + 16] = block[q8_0t::OFF_HI + 16 * g + j] as i8;
             }
             one(1)
         }

@@ -9,7 +9,7 @@
 //! next window, so a one-token step can follow another without the host writing anything;
 //! each step's emitted tokens are copied into a slot of pinned host memory that the host reads
 //! when it wants them, while the next step already runs.
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -25,7 +25,7 @@ use crate::model::{float_format, Data, WeightId};
 use crate::model::Model;
 use crate::ops::attention::{attn_part_len, rope_table, AttnShape};
 use crate::ops::route::ArgmaxScratch;
-use strata_gpu_shared::formats::q8_1;
+use strata_gpu_shared::formats::{q8_0t, q8_1, WeightFormat};
 use strata_gpu_shared::launch::attention::attn_split;
 use strata_gpu_shared::moe;
 
@@ -42,6 +42,8 @@ pub struct GpuExecutor {
     weights: HashMap<WeightId, DevWeight>,
     /// Expert tensors, keyed by the layer's gate weight.
     experts: HashMap<WeightId, MoeLayer>,
+    /// The Q8_0 matrices held tiled ([`tiled_weights`]), which the matvec reads as `Q8_0T`.
+    tiled: HashSet<WeightId>,
     act: HashMap<Act, CudaSlice<f32>>,
     /// The q8_1 buffers but `Qx::X`, which is the experts' input, `moe.xq`.
     qx: HashMap<Qx, CudaSlice<u8>>,
@@ -105,6 +107,22 @@ pub fn device_bytes(model: &Model, n_ctx: usize) -> usize {
     model.weights.total_bytes() + state + acts + rope + part + moe
 }
 
+/// The Q8_0 matrices the device holds tiled (`formats::q8_0t`: the same values, 16-byte loads in
+/// the matvec): those only [`Op::Linear`] reads (an embedding table keeps the file's blocks, which
+/// `embed_rows` reads), in rows of a multiple of the tile's 1,024 values.
+pub fn tiled_weights(model: &Model) -> HashSet<WeightId> {
+    let ops: Vec<Op> = model.step_ops(Op::Pick(Pick::Greedy)).into_iter().chain(model.mtp_ops().into_iter().flatten()).collect();
+    let embedded: HashSet<WeightId> = ops.iter().filter_map(|o| if let Op::Embed { table, .. } = o { Some(*table) } else { None }).collect();
+    ops.iter()
+        .filter_map(|o| if let Op::Linear { w, .. } = o { Some(*w) } else { None })
+        .filter(|w| !embedded.contains(w))
+        .filter(|&w| {
+            let e = model.weights.get(w);
+            e.ty == GgmlType::Quant(WeightFormat::Q8_0) && e.cols % WeightFormat::Q8_0T.block_values() == 0
+        })
+        .collect()
+}
+
 fn attn_shape(model: &Model, tokens: usize, n_ctx: usize) -> AttnShape {
     let c = &model.config;
     AttnShape { tokens, n_q: c.n_head, n_kv: c.n_head_kv, hd: c.head_dim, n_rot: c.n_rot, n_ctx }
@@ -134,6 +152,7 @@ impl GpuExecutor {
         bar.set_message(format!("uploading to {}", gpu.info().name));
         let mut weights = HashMap::new();
         let mut experts = HashMap::new();
+        let tiled = tiled_weights(&model);
         let expert_ids: Vec<WeightId> = w.all_layers().flat_map(|l| [l.gate, l.up, l.down]).collect();
         for l in w.all_layers() {
             let tensor = |id: WeightId| {
@@ -151,6 +170,11 @@ impl GpuExecutor {
             }
             let dev = match &weight.data {
                 Data::F32(v) => DevWeight::F32(gpu.upload(&weight.name, v)?),
+                Data::File { .. } | Data::Rows(_) if tiled.contains(&id) => {
+                    let mut tiles = vec![0u8; w.data(id).len()];
+                    q8_0t::tile(w.data(id), &mut tiles);
+                    DevWeight::Bytes(gpu.upload(&weight.name, &tiles)?)
+                }
                 Data::File { .. } | Data::Rows(_) => DevWeight::Bytes(gpu.upload(&weight.name, w.data(id))?),
             };
             weights.insert(id, dev);
@@ -198,6 +222,7 @@ impl GpuExecutor {
             next_slot: 0,
             weights,
             experts,
+            tiled,
             act,
             moe,
             cache,
@@ -438,6 +463,7 @@ impl Executor for GpuExecutor {
                 let mut o = self.take(out);
                 let r = match lw.ty {
                     GgmlType::Quant(format) => {
+                        let format = if self.tiled.contains(&id) { WeightFormat::Q8_0T } else { format };
                         let q = match xq {
                             Qx::X => &self.moe.xq,
                             q => &self.qx[&q],
