@@ -47,7 +47,7 @@ static __device__ __forceinline__ void expdec_down(const uint8_t* w, uint64_t ex
       }
       if (step == first_row) {
         if (pass > 0) sync_lds();  // the previous pass's readers are done with the stage and P
-        expdec_stage<STRATA_EXPDEC_THREADS>([&](uint32_t r) { return hq + (uint64_t)ld_u32w(entries, pass + r) * G * STRATA_Q8_1_BYTES; }, m, G);
+        expdec_stage<STRATA_EXPDEC_THREADS>([&](uint32_t r) { return hq + (uint64_t)ld_u32w(entries, pass + r) * G * STRATA_Q8_1_BYTES; }, m, G, STRATA_EXPDEC_ENTRIES);
       }
       sync_lds();  // after the first step: the previous step's partials have been summed
       if (slot < slots) {
@@ -55,7 +55,7 @@ static __device__ __forceinline__ void expdec_down(const uint8_t* w, uint64_t ex
         for (int r = 0; r < 4; r++) {
           if ((uint32_t)r < m) {
             uint32_t q[8];
-            float dx = expdec_staged_block(r, g, G, q);
+            float dx = expdec_staged_block(r, g, G, STRATA_EXPDEC_ENTRIES, q);
 #pragma unroll
             for (int j = 0; j < DR; j++) {
               uint32_t row = step + j * slots + slot;

@@ -33,7 +33,7 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
   for (uint32_t pass = 0; pass < count; pass += STRATA_EXPDEC_ENTRIES) {
     if (pass > 0) sync_lds();
     uint32_t m = count - pass < STRATA_EXPDEC_ENTRIES ? count - pass : STRATA_EXPDEC_ENTRIES;
-    expdec_stage<THREADS>([&](uint32_t r) { return xq + (uint64_t)(ld_u32w(entries, pass + r) / k) * groups * STRATA_Q8_1_BYTES; }, m, groups);
+    expdec_stage<THREADS>([&](uint32_t r) { return xq + (uint64_t)(ld_u32w(entries, pass + r) / k) * groups * STRATA_Q8_1_BYTES; }, m, groups, STRATA_EXPDEC_ENTRIES);
     sync_lds();
     for (uint32_t j0 = 0; first < mine * STRATA_MOE_GU_ROWS && j0 < rows_per_warp; j0 += R) {
       uint32_t local = first + j0;
@@ -54,7 +54,7 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
         for (int r = 0; r < 4; r++) {
           if ((uint32_t)r < m) {
             uint32_t q[8];
-            float dx = expdec_staged_block(r, b, groups, q);
+            float dx = expdec_staged_block(r, b, groups, STRATA_EXPDEC_ENTRIES, q);
 #pragma unroll
             for (int j = 0; j < R; j++) {
               ag[j][r] = ag[j][r] + contribution_words(gw[j], q, dx, pow2);

@@ -1,8 +1,8 @@
-// What the EXPDEC kernels share: staging q8_1 rows and codebooks in shared memory. Twin of
-// device/src/kernels/expdec_stage.rs: a pass holds up to EXPDEC_ENTRIES rows of `groups` q8_1
-// blocks at word 0 as LO[4][groups][4], HI[4][groups][4] (the two 16-byte halves: a warp's
-// 16-byte loads of consecutive groups are conflict-free) and D[4][groups] (scales as f32);
-// thread pairs stage one block each.
+// Staging q8_1 rows and codebooks in shared memory, for the EXPDEC kernels and mmvqs. Twin of
+// device/src/kernels/expdec_stage.rs: a pass holds up to `cap` rows (EXPDEC_ENTRIES, or an
+// mmvqs launch's rows) of `groups` q8_1 blocks at word 0 as LO[cap][groups][4],
+// HI[cap][groups][4] (the two 16-byte halves: a warp's 16-byte loads of consecutive groups are
+// conflict-free) and D[cap][groups] (scales as f32); thread pairs stage one block each.
 #include "strata_hip.h"
 #include "blocks.hip"
 
@@ -10,26 +10,27 @@ STRATA_FN uint32_t expdec_stage_words(uint32_t groups) { return 9 * STRATA_EXPDE
 
 // Stages rows row(0) .. row(m - 1). Every thread of the block, of THREADS, calls it.
 template <uint32_t THREADS, typename Row>
-STRATA_FN void expdec_stage(Row row, uint32_t m, uint32_t groups) {
+STRATA_FN void expdec_stage(Row row, uint32_t m, uint32_t groups, uint32_t cap) {
   uint32_t items = 2 * m * groups;
   for (uint32_t i = thread_idx(); i < items; i += THREADS) {
     uint32_t item = i / 2, h = i % 2, r = item / groups, b = item % groups;
     const uint8_t* block = row(r) + (uint64_t)b * STRATA_Q8_1_BYTES;
-    uint32_t* dst = strata_smem + 16 * h * groups + 4 * (r * groups + b);
+    uint32_t* dst = strata_smem + 4 * cap * h * groups + 4 * (r * groups + b);
     // Four 4-byte loads: a 36-byte q8_1 block's halves are only 4-byte aligned.
     for (int w = 0; w < 4; w++) dst[w] = ld_nc_u32(block + STRATA_Q8_1_OFF_Q + 16 * h + 4 * w);
-    if (h == 0) strata_smem[32 * groups + r * groups + b] = __builtin_bit_cast(uint32_t, f16_to_f32(ld_nc_u16(block + STRATA_Q8_1_OFF_D)));
+    if (h == 0) strata_smem[8 * cap * groups + r * groups + b] = __builtin_bit_cast(uint32_t, f16_to_f32(ld_nc_u16(block + STRATA_Q8_1_OFF_D)));
   }
 }
 
-// Staged block b of row r: its 8 quant words into q, its scale returned.
-STRATA_FN float expdec_staged_block(uint32_t r, uint32_t b, uint32_t groups, uint32_t* q) {
+// Staged block b of row r (of a stage sized for cap rows): its 8 quant words into q, its scale
+// returned.
+STRATA_FN float expdec_staged_block(uint32_t r, uint32_t b, uint32_t groups, uint32_t cap, uint32_t* q) {
   uint32_t slot = r * groups + b;
   for (int w = 0; w < 4; w++) {
     q[w] = strata_smem[4 * slot + w];
-    q[4 + w] = strata_smem[16 * groups + 4 * slot + w];
+    q[4 + w] = strata_smem[4 * cap * groups + 4 * slot + w];
   }
-  return __builtin_bit_cast(float, strata_smem[32 * groups + slot]);
+  return __builtin_bit_cast(float, strata_smem[8 * cap * groups + slot]);
 }
 
 // Copies F's codebook (none for formats without one) to words base.. with the block's THREADS

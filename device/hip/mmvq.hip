@@ -4,6 +4,7 @@
 // accumulate the sums are added to what y holds.
 #include "strata_hip.h"
 #include "blocks.hip"
+#include "expdec_stage.hip"
 
 // contribution with the activation block already loaded (its 8 quant words, its scale as f32).
 STRATA_FN float contribution_words(const Group& g, const uint32_t* q, float dx, float pow2) {
@@ -13,19 +14,19 @@ STRATA_FN float contribution_words(const Group& g, const uint32_t* q, float dx, 
   return (g.d * dx) * ((float)exact * pow2);
 }
 
-// c_b = (dw * dx) * (S * 2^-k) of one decoded group and one q8_1 block, S exact.
-STRATA_FN float contribution(const Group& g, const uint8_t* xb, float pow2) {
-  uint32_t q[8];
+// The q8_1 block at xb in global memory: its 8 quant words into q, its scale returned.
+STRATA_FN float global_block(const uint8_t* xb, uint32_t* q) {
+  float dx = f16_to_f32(ld_nc_u16(xb + STRATA_Q8_1_OFF_D));
   for (int i = 0; i < 8; i++) q[i] = ld_nc_u32(xb + STRATA_Q8_1_OFF_Q + 4 * i);
-  return contribution_words(g, q, f16_to_f32(ld_nc_u16(xb + STRATA_Q8_1_OFF_D)), pow2);
+  return dx;
 }
 
-// This lane's partials of one weight row against up to 8 q8_1 rows, row r at act(r): the mmvq
-// spec before its butterfly (device/src/kernels/mmvq.rs row_partials), AHEAD groups loaded
-// before the first is used.
-template <typename F, int AHEAD, typename Act>
-static __device__ __forceinline__ void row_partials(const uint8_t* wrow, uint32_t groups, uint32_t rows, Act act,
-                                                    float* acc) {
+// This lane's partials of one weight row against up to 8 q8_1 rows, block b of row r given by
+// xb(r, b, q) (its quant words into q, its scale returned): the mmvq spec before its butterfly
+// (device/src/kernels/mmvq.rs row_partials_from), AHEAD groups loaded before the first is used.
+template <typename F, int AHEAD, typename Xb>
+static __device__ __forceinline__ void row_partials_from(const uint8_t* wrow, uint32_t groups, uint32_t rows, Xb xb,
+                                                         float* acc) {
   float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
 #pragma unroll
   for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) acc[r] = 0.0f;
@@ -42,10 +43,23 @@ static __device__ __forceinline__ void row_partials(const uint8_t* wrow, uint32_
       if (at >= groups) continue;
 #pragma unroll
       for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
-        if ((uint32_t)r < rows) acc[r] = acc[r] + contribution(g[i], act(r) + (uint64_t)at * STRATA_Q8_1_BYTES, pow2);
+        if ((uint32_t)r < rows) {
+          uint32_t q[8];
+          float dx = xb(r, at, q);
+          acc[r] = acc[r] + contribution_words(g[i], q, dx, pow2);
+        }
       }
     }
   }
+}
+
+// row_partials_from with row r's blocks at act(r) in global memory.
+template <typename F, int AHEAD, typename Act>
+static __device__ __forceinline__ void row_partials(const uint8_t* wrow, uint32_t groups, uint32_t rows, Act act,
+                                                    float* acc) {
+  row_partials_from<F, AHEAD>(
+      wrow, groups, rows, [&](int r, uint32_t b, uint32_t* q) { return global_block(act(r) + (uint64_t)b * STRATA_Q8_1_BYTES, q); },
+      acc);
 }
 
 template <typename F, int AHEAD>
@@ -59,9 +73,24 @@ static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, 
   store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 
-// Per format: the entry for 1..8 activation rows, and the one-row entry (mmvq1_*: the row count
-// a constant, STRATA_MMVQ1_AHEAD weight groups a lane in flight).
-#define MMVQ_ENTRY(name, one, F)                                                                                \
+// mmvqs: 2..8 activation rows staged in shared memory first (expdec_stage's layout, `rows`
+// rows), STRATA_MMVQS_WARPS weight rows a block (device/src/kernels/mmvq.rs mmvqs).
+template <typename F>
+static __device__ __forceinline__ void mmvqs(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups,
+                                             uint32_t rows, uint32_t accumulate) {
+  expdec_stage<32 * STRATA_MMVQS_WARPS>([&](uint32_t r) { return x + (uint64_t)r * groups * STRATA_Q8_1_BYTES; }, rows, groups, rows);
+  sync_lds();
+  uint32_t row = block_idx() * STRATA_MMVQS_WARPS + warp_in_block();
+  if (row >= m) return;  // whole warp, after the block's only barrier
+  const uint8_t* wrow = w + (uint64_t)row * (groups / F::GROUPS) * F::BYTES;
+  float acc[STRATA_MMVQ_MAX_ROWS];
+  row_partials_from<F, 1>(wrow, groups, rows, [&](int r, uint32_t b, uint32_t* q) { return expdec_staged_block(r, b, groups, rows, q); }, acc);
+  store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
+}
+
+// Per format: the entry for 1..8 activation rows, the one-row entry (mmvq1_*: the row count a
+// constant, STRATA_MMVQ1_AHEAD weight groups a lane in flight) and the staged one (mmvqs_*).
+#define MMVQ_ENTRY(name, one, staged, F)                                                                        \
   STRATA_KERNEL(name)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows, \
                       uint32_t accumulate) {                                                                    \
     mmvq<F, 1>(w, x, y, m, groups, rows, accumulate);                                                           \
@@ -69,16 +98,20 @@ static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, 
   STRATA_KERNEL(one)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t,       \
                      uint32_t accumulate) {                                                                     \
     mmvq<F, STRATA_MMVQ1_AHEAD>(w, x, y, m, groups, 1, accumulate);                                             \
+  }                                                                                                             \
+  STRATA_KERNEL(staged)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows, \
+                        uint32_t accumulate) {                                                                  \
+    mmvqs<F>(w, x, y, m, groups, rows, accumulate);                                                             \
   }
 
-MMVQ_ENTRY(mmvq_q8_0, mmvq1_q8_0, Q8_0)
-MMVQ_ENTRY(mmvq_q8_0t, mmvq1_q8_0t, Q8_0T)
-MMVQ_ENTRY(mmvq_q6_k, mmvq1_q6_k, Q6K)
-MMVQ_ENTRY(mmvq_iq2_xxs, mmvq1_iq2_xxs, Iq2Xxs)
-MMVQ_ENTRY(mmvq_iq2_xs, mmvq1_iq2_xs, Iq2Xs)
-MMVQ_ENTRY(mmvq_iq2_s, mmvq1_iq2_s, Iq2S)
-MMVQ_ENTRY(mmvq_iq3_xxs, mmvq1_iq3_xxs, Iq3Xxs)
-MMVQ_ENTRY(mmvq_iq3_s, mmvq1_iq3_s, Iq3S)
-MMVQ_ENTRY(mmvq_iq4_nl, mmvq1_iq4_nl, Iq4Nl)
-MMVQ_ENTRY(mmvq_iq4_xs, mmvq1_iq4_xs, Iq4Xs)
-MMVQ_ENTRY(mmvq_q2_0, mmvq1_q2_0, Q2_0)
+MMVQ_ENTRY(mmvq_q8_0, mmvq1_q8_0, mmvqs_q8_0, Q8_0)
+MMVQ_ENTRY(mmvq_q8_0t, mmvq1_q8_0t, mmvqs_q8_0t, Q8_0T)
+MMVQ_ENTRY(mmvq_q6_k, mmvq1_q6_k, mmvqs_q6_k, Q6K)
+MMVQ_ENTRY(mmvq_iq2_xxs, mmvq1_iq2_xxs, mmvqs_iq2_xxs, Iq2Xxs)
+MMVQ_ENTRY(mmvq_iq2_xs, mmvq1_iq2_xs, mmvqs_iq2_xs, Iq2Xs)
+MMVQ_ENTRY(mmvq_iq2_s, mmvq1_iq2_s, mmvqs_iq2_s, Iq2S)
+MMVQ_ENTRY(mmvq_iq3_xxs, mmvq1_iq3_xxs, mmvqs_iq3_xxs, Iq3Xxs)
+MMVQ_ENTRY(mmvq_iq3_s, mmvq1_iq3_s, mmvqs_iq3_s, Iq3S)
+MMVQ_ENTRY(mmvq_iq4_nl, mmvq1_iq4_nl, mmvqs_iq4_nl, Iq4Nl)
+MMVQ_ENTRY(mmvq_iq4_xs, mmvq1_iq4_xs, mmvqs_iq4_xs, Iq4Xs)
+MMVQ_ENTRY(mmvq_q2_0, mmvq1_q2_0, mmvqs_q2_0, Q2_0)

@@ -354,6 +354,23 @@ impl WeightFormat {
         }
     }
 
+    /// The staged `mmvq` entry for 2..8 activation rows (the rows in shared memory first).
+    pub const fn mmvqs_kernel(self) -> &'static str {
+        match self {
+            WeightFormat::Q8_0 => "mmvqs_q8_0",
+            WeightFormat::Q6K => "mmvqs_q6_k",
+            WeightFormat::Iq2Xxs => "mmvqs_iq2_xxs",
+            WeightFormat::Iq2Xs => "mmvqs_iq2_xs",
+            WeightFormat::Iq2S => "mmvqs_iq2_s",
+            WeightFormat::Iq3Xxs => "mmvqs_iq3_xxs",
+            WeightFormat::Iq3S => "mmvqs_iq3_s",
+            WeightFormat::Iq4Nl => "mmvqs_iq4_nl",
+            WeightFormat::Iq4Xs => "mmvqs_iq4_xs",
+            WeightFormat::Q2_0 => "mmvqs_q2_0",
+            WeightFormat::Q8_0T => "mmvqs_q8_0t",
+        }
+    }
+
     /// The `mmvq` entry a launch of `rows` activation rows runs.
     pub const fn mmvq_entry(self, rows: usize) -> &'static str {
         if rows == 1 {

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::gpu::GpuBackend;
 use crate::parity::random_weights;
 use strata_gpu_shared::formats::{q8_1, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{mmvq_launch, MmvqLaunch, MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS};
 use strata_gpu_shared::replica::quantize_q8_1::quantize;
 
 /// One measured configuration.
@@ -88,10 +88,15 @@ pub fn mmvq(
     let s = g.stream();
     let mut rng = SmallRng::seed_from_u64(seed);
     let wbytes = m * format.row_bytes(k);
-    // Each row count on the entry the step launches for it; one row on the 1..8-row entry too.
-    let runs: Vec<(usize, &'static str)> = rows_list
+    // Each row count on the entry the step launches for it, and on the 1..8-row entry where
+    // that is another (one row; rows staged in shared memory).
+    let runs: Vec<(usize, MmvqLaunch)> = rows_list
         .iter()
-        .flat_map(|&r| std::iter::once((r, format.mmvq_entry(r))).chain((r == 1).then_some((r, kernel))))
+        .flat_map(|&r| {
+            let step = mmvq_launch(format, r, k / GROUP);
+            let plain = MmvqLaunch { kernel, rows_per_block: MMVQ_WARPS, smem: 0 };
+            std::iter::once((r, step)).chain((step != plain).then_some((r, plain)))
+        })
         .collect();
     let pool_min = 4 * g.info().l2_bytes.max(1) as usize;
     let slots = pool_min.div_ceil(wbytes).max(2);
@@ -112,7 +117,8 @@ pub fn mmvq(
     s.synchronize().map_err(drv(g, "preparing the pool"))?;
     let s = &s.context().new_stream().map_err(drv(g, "creating the capture stream"))?;
     let mut out = Vec::new();
-    for (rows, kernel) in runs {
+    for (rows, launch) in runs {
+        let kernel = launch.kernel;
         let rows32 = rows as u32;
         s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(drv(g, "graph capture"))?;
         for c in 0..calls {
@@ -121,7 +127,7 @@ pub fn mmvq(
             args.arg(&w).arg(&dx).arg(&mut dy).arg(&m32).arg(&groups).arg(&rows32).arg(&accumulate);
             // SAFETY: the parameters are the kernel's, in order: a whole weight matrix, 8 q8_1
             // rows of k values (rows <= 8), an output of 8 x m floats, stored (not added to).
-            unsafe { g.launch_async(kernel, m32.div_ceil(MMVQ_WARPS), args) }?;
+            unsafe { g.launch_async_smem(kernel, m32.div_ceil(launch.rows_per_block), launch.smem, args) }?;
         }
         let graph = s
             .end_capture(CUgraphInstantiate_flags(0))

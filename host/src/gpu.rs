@@ -18,7 +18,7 @@ use crate::launch::KernelArgs;
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::knobs::{ExpertKnobs, Launch};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{bounds, Bounds, BOUNDS, HEAD_CHUNK, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, Bounds, BOUNDS, HEAD_CHUNK, mmvq_launch, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -408,12 +408,13 @@ impl GpuBackend {
         accumulate: bool,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let kernel = format.mmvq_entry(rows);
+        let groups = k / GROUP;
+        let launch = mmvq_launch(format, rows, groups);
+        let kernel = launch.kernel;
         if k == 0 || k % format.block_values() != 0 || k > u32::MAX as usize {
             return Err(Error::Shape { kernel, detail: format!("row length {k} is not a positive multiple of {} in u32", format.block_values()) });
         }
         check_rows(kernel, m, rows)?;
-        let groups = k / GROUP;
         holds(kernel, "weights", w.len(), m.saturating_mul(format.row_bytes(k)))?;
         holds(kernel, "q8_1 input", xq.len(), rows * groups * q8_1::BYTES)?;
         holds(kernel, "output", y.len(), rows * m)?;
@@ -421,8 +422,9 @@ impl GpuBackend {
         let mut a = self.builder(kernel);
         a.arg(w).arg(xq).arg(y).arg(&m).arg(&groups).arg(&rows).arg(&accumulate);
         // SAFETY: the kernel's parameters in order, buffers checked against the shape; warps
-        // past the last weight row return at once, so a padded grid is covered.
-        unsafe { self.launch_async(kernel, self.padded_grid(kernel, m.div_ceil(MMVQ_WARPS)), a) }
+        // past the last weight row return at once (the staged kernel's after its barrier), so a
+        // padded grid is covered; the staged kernel gets the shared memory its rows need.
+        unsafe { self.launch_async_smem(kernel, self.padded_grid(kernel, m.div_ceil(launch.rows_per_block)), launch.smem, a) }
     }
 
     /// Queues the float `matvec` of `m` x `k` weights of `format` times `rows` (1..=8) f32 rows of
@@ -614,7 +616,7 @@ impl Backend for GpuBackend {
     }
 
     fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, accumulate: bool, y: &mut [f32]) -> Result<()> {
-        let kernel = w.format.mmvq_entry(rows);
+        let kernel = mmvq_launch(w.format, rows, w.k / GROUP).kernel;
         check_mmvq(w, xq, rows, y)?;
         let dw = self.upload(kernel, w.data)?;
         let dx = self.upload(kernel, xq)?;

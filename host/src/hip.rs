@@ -12,7 +12,7 @@ use crate::gpu::{open_device, GpuBackend};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::formats::{iq4_nl, LAYOUT_CONSTANTS};
 use strata_gpu_shared::launch::{
-    amd_waves_per_eu, BOUNDS, MATVEC_AHEAD, COPY_CHUNK, EXPDEC_ENTRIES, EXPDEC_THREADS, EXPDEC_W16_THREADS, COPY_SEGMENT_WORDS, HEAD_CHUNK, MMVQ1_AHEAD, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_ENTRY_PASS,
+    amd_waves_per_eu, BOUNDS, MATVEC_AHEAD, COPY_CHUNK, EXPDEC_ENTRIES, EXPDEC_THREADS, EXPDEC_W16_THREADS, COPY_SEGMENT_WORDS, HEAD_CHUNK, MMVQ1_AHEAD, MMVQS_WARPS, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_ENTRY_PASS,
     MOE_GU_ROWS, MOE_GU_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS,
 };
 use strata_gpu_shared::order::HEAD_THREADS;
@@ -25,13 +25,13 @@ const HEADER: &str = include_str!("../../device/hip/strata_hip.h");
 pub const SOURCES: &[(&str, &str)] = &[
     ("quantize_q8_1.hip", include_str!("../../device/hip/quantize_q8_1.hip")),
     ("blocks.hip", include_str!("../../device/hip/blocks.hip")),
+    ("expdec_stage.hip", include_str!("../../device/hip/expdec_stage.hip")),
     ("mmvq.hip", include_str!("../../device/hip/mmvq.hip")),
     ("matvec.hip", include_str!("../../device/hip/matvec.hip")),
     ("head.hip", include_str!("../../device/hip/head.hip")),
     ("quantize_q8_0.hip", include_str!("../../device/hip/quantize_q8_0.hip")),
     ("copy.hip", include_str!("../../device/hip/copy.hip")),
     ("moe.hip", include_str!("../../device/hip/moe.hip")),
-    ("expdec_stage.hip", include_str!("../../device/hip/expdec_stage.hip")),
     ("expdec_gu.hip", include_str!("../../device/hip/expdec_gu.hip")),
     ("expdec_down.hip", include_str!("../../device/hip/expdec_down.hip")),
     ("embed.hip", include_str!("../../device/hip/embed.hip")),
@@ -56,6 +56,7 @@ pub fn prelude() -> String {
     let geometry = [
         ("MMVQ_WARPS", MMVQ_WARPS as usize),
         ("MMVQ1_AHEAD", MMVQ1_AHEAD as usize),
+        ("MMVQS_WARPS", MMVQS_WARPS as usize),
         ("MMVQ_MAX_ROWS", MMVQ_MAX_ROWS),
         ("MATVEC_AHEAD", MATVEC_AHEAD as usize),
         ("QUANTIZE_WARPS", QUANTIZE_WARPS as usize),

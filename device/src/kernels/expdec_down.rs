@@ -71,7 +71,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
                 if pass > 0 {
                     sync::sync_lds(); // the previous pass's readers are done with the stage and P
                 }
-                stage::<EXPDEC_THREADS>(smem, |r| hq.add(ld(entries, (pass + r) as usize) as usize * g_count as usize * q8_1::BYTES), m, g_count);
+                stage::<EXPDEC_THREADS>(smem, |r| hq.add(ld(entries, (pass + r) as usize) as usize * g_count as usize * q8_1::BYTES), m, g_count, EXPDEC_ENTRIES);
             }
             // After the first step: the previous step's partials have been summed.
             sync::sync_lds();
@@ -81,7 +81,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
                 // unrolled copies spilled).
                 let mut r = 0;
                 while r < m {
-                    let (q, dx) = staged_block(smem, r, g, g_count);
+                    let (q, dx) = staged_block(smem, r, g, g_count, EXPDEC_ENTRIES);
                     crate::unroll!(j in [0, 1, 2, 3] {
                         if j < DR && row(j) < end_row {
                             let p = 0.0f32 + contribution_words(&wg[j], &q, dx, pow2);

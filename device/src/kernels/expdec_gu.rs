@@ -41,7 +41,7 @@ unsafe fn staged_partials<F: Block, const R: usize>(
         let uw: [blocks::Group; R] = core::array::from_fn(|j| F::load_with(at(up, j), b % F::GROUPS, grid));
         crate::unroll!(r in [0, 1, 2, 3] {
             if (r as u32) < m {
-                let (q, dx) = staged_block(smem, r as u32, b, groups);
+                let (q, dx) = staged_block(smem, r as u32, b, groups, EXPDEC_ENTRIES);
                 crate::unroll!(j in [0, 1] {
                     if j < R {
                         ag[j][r] += contribution_words(&gw[j], &q, dx, pow2);
@@ -96,7 +96,7 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
             sync::sync_lds(); // the previous pass's readers are done with the stage and H
         }
         let m = (count - pass).min(EXPDEC_ENTRIES);
-        stage::<THREADS>(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups);
+        stage::<THREADS>(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups, EXPDEC_ENTRIES);
         sync::sync_lds();
         let mut j0 = 0;
         while first < mine * MOE_GU_ROWS && j0 < rows_per_warp {

@@ -7,23 +7,24 @@
 //! `strata_gpu_shared::order` exactly: partial `p` = groups `p (mod 32)`, left to right. With
 //! `accumulate` the sums are added to what `y` holds (the residual add, fused).
 use super::blocks::{self, Block};
-use crate::arch::{convert, index, int, mem, warp};
+use super::expdec_stage::{stage, staged_block};
+use crate::arch::mem::Smem;
+use crate::arch::{convert, index, int, mem, sync, warp};
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::{MMVQ1_AHEAD, MMVQ_MAX_ROWS, MMVQ_WARPS};
+use strata_gpu_shared::launch::{MMVQ1_AHEAD, MMVQS_WARPS, MMVQ_MAX_ROWS, MMVQ_WARPS};
 
 // The unrolled row loop below lists the slots 0..8.
 const _: () = assert!(MMVQ_MAX_ROWS == 8);
 
-/// `c_b = (dw * dx) * (S * 2^-k)` of one decoded weight group and one q8_1 block `xb`:
-/// `S = f[0] * dot(values 0..16) + f[1] * dot(values 16..32)`, exact.
+/// The q8_1 block at `xb` in global memory: its 8 quant words and its scale widened to f32.
 ///
 /// # Safety
 /// `xb` points at one q8_1 block in device memory, 4-byte aligned.
 #[inline(always)]
-unsafe fn contribution(g: &blocks::Group, xb: *const u8, pow2: f32) -> f32 {
+unsafe fn global_block(xb: *const u8) -> ([u32; 8], f32) {
     let dx = convert::f16_to_f32(mem::ld_nc_u16(xb.add(q8_1::OFF_D)));
     let q: [u32; 8] = core::array::from_fn(|i| mem::ld_nc_u32(xb.add(q8_1::OFF_Q + 4 * i)));
-    contribution_words(g, &q, dx, pow2)
+    (q, dx)
 }
 
 /// [`contribution`] with the activation block already loaded: its 8 quant words and its scale
@@ -47,6 +48,16 @@ pub fn contribution_words(g: &blocks::Group, q: &[u32; 8], dx: f32, pow2: f32) -
 /// blocks, 4-byte aligned; `rows <= MMVQ_MAX_ROWS`.
 #[inline(always)]
 pub unsafe fn row_partials<F: Block, const AHEAD: usize>(wrow: *const u8, groups: u32, rows: u32, act: impl Fn(usize) -> *const u8) -> [f32; MMVQ_MAX_ROWS] {
+    row_partials_from::<F, AHEAD>(wrow, groups, rows, |r, b| global_block(act(r).add(b as usize * q8_1::BYTES)))
+}
+
+/// [`row_partials`] with activation block `b` of row `r` given by `xb(r, b)` (its quant words
+/// and scale): from global memory, or from rows staged in shared memory ([`mmvqs`]).
+///
+/// # Safety
+/// As [`row_partials`]; `xb(r, b)` is safe to call for `r < rows`, `b < groups`.
+#[inline(always)]
+pub unsafe fn row_partials_from<F: Block, const AHEAD: usize>(wrow: *const u8, groups: u32, rows: u32, xb: impl Fn(usize, u32) -> ([u32; 8], f32)) -> [f32; MMVQ_MAX_ROWS] {
     const { assert!(1 <= AHEAD && AHEAD <= 4) };
     // 2^-k, exact: the group's integer dot times it is the exact rational S / 2^k.
     let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
@@ -66,7 +77,8 @@ pub unsafe fn row_partials<F: Block, const AHEAD: usize>(wrow: *const u8, groups
                 // One unrolled copy per row slot so `acc` stays in registers; slots past `rows` skip.
                 crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
                     if (r as u32) < rows {
-                        acc[r] += contribution(&g[i], act(r).add(at(i) as usize * q8_1::BYTES), pow2);
+                        let (q, dx) = xb(r, at(i));
+                        acc[r] += contribution_words(&g[i], &q, dx, pow2);
                     }
                 });
             }
@@ -76,11 +88,11 @@ pub unsafe fn row_partials<F: Block, const AHEAD: usize>(wrow: *const u8, groups
     acc
 }
 
-/// The warp's weight row (`mmvq`'s geometry), brought towards L2 before the grid waits for the
-/// one before it: weights are constant, so this may overlap that grid.
+/// The warp's weight row (`WARPS` rows a block, one a warp), brought towards L2 before the grid
+/// waits for the one before it: weights are constant, so this may overlap that grid.
 #[inline(always)]
-pub fn prefetch_row<F: Block>(w: *const u8, m: u32, groups: u32) {
-    let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
+pub fn prefetch_row<F: Block, const WARPS: u32>(w: *const u8, m: u32, groups: u32) {
+    let row = index::block_idx() * WARPS + index::warp_in_block();
     if row < m {
         let bytes = (groups / F::GROUPS) as usize * F::BYTES;
         mem::prefetch_l2_warp(w.wrapping_add(row as usize * bytes), bytes);
@@ -105,11 +117,34 @@ unsafe fn mmvq<F: Block, const AHEAD: usize>(w: *const u8, x: *const u8, y: *mut
     warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
 }
 
-/// Declares, per format, the `extern "ptx-kernel"` entry for 1..8 activation rows and the one
+/// The body of the `mmvqs_*` entries: `mmvq` of 2..8 activation rows with the rows staged in
+/// shared memory first (`expdec_stage`'s layout, `rows` rows), so a lane reads a group's
+/// activation with two 16-byte shared loads a row instead of nine 4-byte global loads at a
+/// 36-byte stride; `MMVQS_WARPS` weight rows a block share the staged rows. Same partials, same
+/// order, same bits as `mmvq`.
+///
+/// # Safety
+/// As `mmvq`; the launch gave `launch::mmvqs_smem(rows, groups)` bytes of shared memory.
+#[inline(always)]
+unsafe fn mmvqs<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
+    let smem = Smem::dynamic();
+    stage::<{ 32 * MMVQS_WARPS }>(smem, |r| x.add(r as usize * groups as usize * q8_1::BYTES), rows, groups, rows);
+    sync::sync_lds();
+    let row = index::block_idx() * MMVQS_WARPS + index::warp_in_block();
+    if row >= m {
+        return; // whole warp, after the block's only barrier
+    }
+    let wrow = w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES);
+    let acc = row_partials_from::<F, 1>(wrow, groups, rows, |r, b| staged_block(smem, r as u32, b, groups, rows));
+    warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
+}
+
+/// Declares, per format, the `extern "ptx-kernel"` entry for 1..8 activation rows, the one
 /// for a single row (`mmvq1_*`: the row count a constant, which frees the registers of seven
-/// row slots for `MMVQ1_AHEAD` weight groups in flight) over the shared body.
+/// row slots for `MMVQ1_AHEAD` weight groups in flight) and the staged one for 2..8 rows
+/// (`mmvqs_*`) over the shared bodies.
 macro_rules! mmvq_entries {
-    ($($name:ident, $one:ident => $block:ty),* $(,)?) => {$(
+    ($($name:ident, $one:ident, $staged:ident => $block:ty),* $(,)?) => {$(
         /// `mmvq` for one weight format. Launch: `ceil(m / MMVQ_WARPS)` blocks of
         /// `32 * MMVQ_WARPS` threads.
         ///
@@ -117,7 +152,7 @@ macro_rules! mmvq_entries {
         /// As `mmvq`: buffers of the documented sizes, `1 <= rows <= 8`, `accumulate` 0 or 1.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
-            prefetch_row::<$block>(w, m, groups);
+            prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
             crate::arch::sync::chain_grids();
             mmvq::<$block, 1>(w, x, y, m, groups, rows, accumulate)
         }
@@ -129,23 +164,36 @@ macro_rules! mmvq_entries {
         /// As `mmvq` with `rows == 1`.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $one(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, _rows: u32, accumulate: u32) {
-            prefetch_row::<$block>(w, m, groups);
+            prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
             crate::arch::sync::chain_grids();
             mmvq::<$block, { MMVQ1_AHEAD as usize }>(w, x, y, m, groups, 1, accumulate)
+        }
+
+        /// `mmvq` of 2..8 activation rows staged in shared memory. Launch: `ceil(m /
+        /// MMVQS_WARPS)` blocks of `32 * MMVQS_WARPS` threads, `launch::mmvqs_smem(rows, groups)`
+        /// bytes of shared memory.
+        ///
+        /// # Safety
+        /// As `mmvq`, and the shared memory above.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $staged(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
+            prefetch_row::<$block, MMVQS_WARPS>(w, m, groups);
+            crate::arch::sync::chain_grids();
+            mmvqs::<$block>(w, x, y, m, groups, rows, accumulate)
         }
     )*};
 }
 
 mmvq_entries! {
-    mmvq_q8_0, mmvq1_q8_0 => blocks::Q8_0,
-    mmvq_q8_0t, mmvq1_q8_0t => blocks::Q8_0T,
-    mmvq_q6_k, mmvq1_q6_k => blocks::Q6K,
-    mmvq_iq2_xxs, mmvq1_iq2_xxs => blocks::Iq2Xxs,
-    mmvq_iq2_xs, mmvq1_iq2_xs => blocks::Iq2Xs,
-    mmvq_iq2_s, mmvq1_iq2_s => blocks::Iq2S,
-    mmvq_iq3_xxs, mmvq1_iq3_xxs => blocks::Iq3Xxs,
-    mmvq_iq3_s, mmvq1_iq3_s => blocks::Iq3S,
-    mmvq_iq4_nl, mmvq1_iq4_nl => blocks::Iq4Nl,
-    mmvq_iq4_xs, mmvq1_iq4_xs => blocks::Iq4Xs,
-    mmvq_q2_0, mmvq1_q2_0 => blocks::Q2_0,
+    mmvq_q8_0, mmvq1_q8_0, mmvqs_q8_0 => blocks::Q8_0,
+    mmvq_q8_0t, mmvq1_q8_0t, mmvqs_q8_0t => blocks::Q8_0T,
+    mmvq_q6_k, mmvq1_q6_k, mmvqs_q6_k => blocks::Q6K,
+    mmvq_iq2_xxs, mmvq1_iq2_xxs, mmvqs_iq2_xxs => blocks::Iq2Xxs,
+    mmvq_iq2_xs, mmvq1_iq2_xs, mmvqs_iq2_xs => blocks::Iq2Xs,
+    mmvq_iq2_s, mmvq1_iq2_s, mmvqs_iq2_s => blocks::Iq2S,
+    mmvq_iq3_xxs, mmvq1_iq3_xxs, mmvqs_iq3_xxs => blocks::Iq3Xxs,
+    mmvq_iq3_s, mmvq1_iq3_s, mmvqs_iq3_s => blocks::Iq3S,
+    mmvq_iq4_nl, mmvq1_iq4_nl, mmvqs_iq4_nl => blocks::Iq4Nl,
+    mmvq_iq4_xs, mmvq1_iq4_xs, mmvqs_iq4_xs => blocks::Iq4Xs,
+    mmvq_q2_0, mmvq1_q2_0, mmvqs_q2_0 => blocks::Q2_0,
 }

@@ -118,6 +118,34 @@ pub const COPY_SEGMENT_WORDS: usize = 4;
 /// flight: each `32 * MATVEC_AHEAD` elements of a row cost one memory latency (the 2,048-wide
 /// F32 router row four; at 4 it was sixteen, 14 us a launch under ncu on the H200, 6.8 us at 8).
 pub const MATVEC_AHEAD: u32 = 16;
+/// Warps (one weight row each) per staged `mmvqs_*` block: the blocks share the activation rows
+/// they stage, so more rows a block stage less often; 8 still gives a 2,048-row matrix 256
+/// blocks.
+pub const MMVQS_WARPS: u32 = 8;
+/// The most shared memory an `mmvqs_*` launch stages (48 KiB, what a launch gets without
+/// opting in); a launch of more rows x groups runs `mmvq_*`.
+pub const MMVQS_SMEM_MAX: u32 = 48 * 1024;
+
+/// One `mmvq` launch: its entry, the weight rows a block takes and its dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmvqLaunch {
+    pub kernel: &'static str,
+    pub rows_per_block: u32,
+    pub smem: u32,
+}
+
+/// The `mmvq` launch for `rows` (1..=8) activation rows of `groups` q8_1 blocks: `mmvq1_*` for
+/// one row, `mmvqs_*` (the rows staged in shared memory) for 2..8 whose blocks fit
+/// [`MMVQS_SMEM_MAX`], else `mmvq_*`.
+pub fn mmvq_launch(format: WeightFormat, rows: usize, groups: usize) -> MmvqLaunch {
+    let bytes = rows.saturating_mul(groups).saturating_mul(crate::formats::q8_1::BYTES);
+    if rows >= 2 && bytes <= MMVQS_SMEM_MAX as usize {
+        MmvqLaunch { kernel: format.mmvqs_kernel(), rows_per_block: MMVQS_WARPS, smem: bytes as u32 }
+    } else {
+        MmvqLaunch { kernel: format.mmvq_entry(rows), rows_per_block: MMVQ_WARPS, smem: 0 }
+    }
+}
+
 /// Activation rows one `mmvq` launch multiplies.
 pub const MMVQ_MAX_ROWS: usize = 8;
 /// Weight groups a lane of the one-row `mmvq1_*` entries loads before using the first: a row of
@@ -130,13 +158,19 @@ const fn mmvq(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8, smem_bytes: 0 }
 }
 
+/// The staged `mmvqs_*` entries: [`MMVQS_WARPS`] warps at 4 blocks per SM (64 registers, as
+/// `mmvq_*`); shared memory given at launch ([`mmvq_launch`]: 9 words a staged q8_1 block).
+const fn mmvqs(kernel: &'static str) -> Bounds {
+    Bounds { kernel, threads: 32 * MMVQS_WARPS, min_blocks: 4, smem_bytes: 0 }
+}
+
 /// The one-row `mmvq1_*` entries: the matvec geometry at 6 blocks per SM (80 registers), room
 /// for [`MMVQ1_AHEAD`] decoded groups (Q6_K spilled at 64).
 const fn mmvq1(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 6, smem_bytes: 0 }
 }
 
-const BASE: [Bounds; 58] = [
+const BASE: [Bounds; 69] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q8_0t"),
@@ -160,6 +194,17 @@ const BASE: [Bounds; 58] = [
     mmvq1("mmvq1_iq4_nl"),
     mmvq1("mmvq1_iq4_xs"),
     mmvq1("mmvq1_q2_0"),
+    mmvqs("mmvqs_q8_0"),
+    mmvqs("mmvqs_q8_0t"),
+    mmvqs("mmvqs_q6_k"),
+    mmvqs("mmvqs_iq2_xxs"),
+    mmvqs("mmvqs_iq2_xs"),
+    mmvqs("mmvqs_iq2_s"),
+    mmvqs("mmvqs_iq3_xxs"),
+    mmvqs("mmvqs_iq3_s"),
+    mmvqs("mmvqs_iq4_nl"),
+    mmvqs("mmvqs_iq4_xs"),
+    mmvqs("mmvqs_q2_0"),
     mmvq("matvec_f32"),
     mmvq("matvec_bf16"),
     mmvq("matvec_f16"),
@@ -398,6 +443,12 @@ mod tests {
         for f in crate::formats::WeightFormat::MATVEC {
             assert!(bounds(f.mmvq_kernel()).is_some(), "{}", f.mmvq_kernel());
             assert!(bounds(f.mmvq1_kernel()).is_some(), "{}", f.mmvq1_kernel());
+            assert!(bounds(f.mmvqs_kernel()).is_some(), "{}", f.mmvqs_kernel());
+            // 2..8 rows staged up to 48 KiB: 8 rows of 170 groups (48,960 bytes), not 171.
+            assert_eq!(mmvq_launch(f, 8, 170), MmvqLaunch { kernel: f.mmvqs_kernel(), rows_per_block: MMVQS_WARPS, smem: 48_960 });
+            assert_eq!(mmvq_launch(f, 8, 171), MmvqLaunch { kernel: f.mmvq_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
+            assert_eq!(mmvq_launch(f, 1, 64).kernel, f.mmvq1_kernel());
+            assert_eq!(mmvq_launch(f, 2, 64).smem, 2 * 64 * 36);
             assert_eq!((f.mmvq_entry(1), f.mmvq_entry(2), f.mmvq_entry(8)), (f.mmvq1_kernel(), f.mmvq_kernel(), f.mmvq_kernel()));
         }
     }
