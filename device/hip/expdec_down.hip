@@ -7,7 +7,7 @@
 #include "blocks.hip"
 #include "mmvq.hip"
 #include "moe.hip"
-#include "expdec_stage.hip"
+#include "stage.hip"
 
 STRATA_FN uint32_t expdec_down_step_rows(uint32_t ff_groups, uint32_t dr) { return STRATA_EXPDEC_THREADS / ff_groups * dr; }
 
@@ -26,7 +26,7 @@ static __device__ __forceinline__ void expdec_down(const uint8_t* w, uint64_t ex
   w += expert * expert_bytes;
   uint64_t row_bytes = (uint64_t)(G / F::GROUPS) * F::BYTES;
   const uint32_t* entries = table + MOE_ENTRIES(n) + start;
-  uint32_t p_base = expdec_stage_words(G);
+  uint32_t p_base = stage_expdec_words(G);
   uint32_t slots = STRATA_EXPDEC_THREADS / G, step_rows = expdec_down_step_rows(G, DR);
   uint32_t slot = thread_idx() / G, g = thread_idx() % G;
   uint32_t warp = warp_in_block(), ln = lane();
@@ -47,7 +47,7 @@ static __device__ __forceinline__ void expdec_down(const uint8_t* w, uint64_t ex
       }
       if (step == first_row) {
         if (pass > 0) sync_lds();  // the previous pass's readers are done with the stage and P
-        expdec_stage<STRATA_EXPDEC_THREADS>([&](uint32_t r) { return hq + (uint64_t)ld_u32w(entries, pass + r) * G * STRATA_Q8_1_BYTES; }, m, G, STRATA_EXPDEC_ENTRIES);
+        stage_rows<STRATA_EXPDEC_THREADS>([&](uint32_t r) { return hq + (uint64_t)ld_u32w(entries, pass + r) * G * STRATA_Q8_1_BYTES; }, m, G, STRATA_EXPDEC_ENTRIES);
       }
       sync_lds();  // after the first step: the previous step's partials have been summed
       if (slot < slots) {
@@ -55,7 +55,7 @@ static __device__ __forceinline__ void expdec_down(const uint8_t* w, uint64_t ex
         for (int r = 0; r < 4; r++) {
           if ((uint32_t)r < m) {
             uint32_t q[8];
-            float dx = expdec_staged_block(r, g, G, STRATA_EXPDEC_ENTRIES, q);
+            float dx = staged_block(r, g, G, STRATA_EXPDEC_ENTRIES, q);
 #pragma unroll
             for (int j = 0; j < DR; j++) {
               uint32_t row = step + j * slots + slot;

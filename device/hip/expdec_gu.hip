@@ -8,7 +8,7 @@
 #include "mmvq.hip"
 #include "quantize_q8_1.hip"
 #include "moe.hip"
-#include "expdec_stage.hip"
+#include "stage.hip"
 
 template <typename F, int R, uint32_t THREADS>
 static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint8_t* up, uint64_t expert_bytes,
@@ -26,14 +26,14 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
   gate += expert * expert_bytes;
   up += expert * expert_bytes;
   const uint32_t* entries = table + MOE_ENTRIES(n) + start;
-  uint32_t h_base = expdec_stage_words(groups);
-  StagedGrid grid = expdec_stage_grid<F, THREADS>(h_base + STRATA_EXPDEC_ENTRIES * rb);  // ordered by the first pass's barrier
+  uint32_t h_base = stage_expdec_words(groups);
+  StagedGrid grid = stage_grid<F, THREADS>(h_base + STRATA_EXPDEC_ENTRIES * rb);  // ordered by the first pass's barrier
   uint32_t warp = warp_in_block(), rows_per_warp = rb / warps, first = warp * rows_per_warp;
   float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
   for (uint32_t pass = 0; pass < count; pass += STRATA_EXPDEC_ENTRIES) {
     if (pass > 0) sync_lds();
     uint32_t m = count - pass < STRATA_EXPDEC_ENTRIES ? count - pass : STRATA_EXPDEC_ENTRIES;
-    expdec_stage<THREADS>([&](uint32_t r) { return xq + (uint64_t)(ld_u32w(entries, pass + r) / k) * groups * STRATA_Q8_1_BYTES; }, m, groups, STRATA_EXPDEC_ENTRIES);
+    stage_rows<THREADS>([&](uint32_t r) { return xq + (uint64_t)(ld_u32w(entries, pass + r) / k) * groups * STRATA_Q8_1_BYTES; }, m, groups, STRATA_EXPDEC_ENTRIES);
     sync_lds();
     for (uint32_t j0 = 0; first < mine * STRATA_MOE_GU_ROWS && j0 < rows_per_warp; j0 += R) {
       uint32_t local = first + j0;
@@ -54,7 +54,7 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
         for (int r = 0; r < 4; r++) {
           if ((uint32_t)r < m) {
             uint32_t q[8];
-            float dx = expdec_staged_block(r, b, groups, STRATA_EXPDEC_ENTRIES, q);
+            float dx = staged_block(r, b, groups, STRATA_EXPDEC_ENTRIES, q);
 #pragma unroll
             for (int j = 0; j < R; j++) {
               ag[j][r] = ag[j][r] + contribution_words(gw[j], q, dx, pow2);

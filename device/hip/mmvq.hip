@@ -4,7 +4,7 @@
 // accumulate the sums are added to what y holds.
 #include "strata_hip.h"
 #include "blocks.hip"
-#include "expdec_stage.hip"
+#include "stage.hip"
 
 // contribution with the activation block already loaded (its 8 quant words, its scale as f32).
 STRATA_FN float contribution_words(const Group& g, const uint32_t* q, float dx, float pow2) {
@@ -73,18 +73,18 @@ static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, 
   store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 
-// mmvqs: 2..8 activation rows staged in shared memory first (expdec_stage's layout, `rows`
+// mmvqs: 2..8 activation rows staged in shared memory first (stage.hip's layout, `rows`
 // rows), STRATA_MMVQS_WARPS weight rows a block (device/src/kernels/mmvq.rs mmvqs).
 template <typename F>
 static __device__ __forceinline__ void mmvqs(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups,
                                              uint32_t rows, uint32_t accumulate) {
-  expdec_stage<32 * STRATA_MMVQS_WARPS>([&](uint32_t r) { return x + (uint64_t)r * groups * STRATA_Q8_1_BYTES; }, rows, groups, rows);
+  stage_rows<32 * STRATA_MMVQS_WARPS>([&](uint32_t r) { return x + (uint64_t)r * groups * STRATA_Q8_1_BYTES; }, rows, groups, rows);
   sync_lds();
   uint32_t row = block_idx() * STRATA_MMVQS_WARPS + warp_in_block();
   if (row >= m) return;  // whole warp, after the block's only barrier
   const uint8_t* wrow = w + (uint64_t)row * (groups / F::GROUPS) * F::BYTES;
   float acc[STRATA_MMVQ_MAX_ROWS];
-  row_partials_from<F, 1>(wrow, groups, rows, [&](int r, uint32_t b, uint32_t* q) { return expdec_staged_block(r, b, groups, rows, q); }, acc);
+  row_partials_from<F, 1>(wrow, groups, rows, [&](int r, uint32_t b, uint32_t* q) { return staged_block(r, b, groups, rows, q); }, acc);
   store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 

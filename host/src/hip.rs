@@ -25,7 +25,7 @@ const HEADER: &str = include_str!("../../device/hip/strata_hip.h");
 pub const SOURCES: &[(&str, &str)] = &[
     ("quantize_q8_1.hip", include_str!("../../device/hip/quantize_q8_1.hip")),
     ("blocks.hip", include_str!("../../device/hip/blocks.hip")),
-    ("expdec_stage.hip", include_str!("../../device/hip/expdec_stage.hip")),
+    ("stage.hip", include_str!("../../device/hip/stage.hip")),
     ("mmvq.hip", include_str!("../../device/hip/mmvq.hip")),
     ("matvec.hip", include_str!("../../device/hip/matvec.hip")),
     ("head.hip", include_str!("../../device/hip/head.hip")),

@@ -3,7 +3,7 @@
 //! group's expert. `moe_down` gives each row a warp, so 8 or 12 of its 32 lanes have no group;
 //! here the block's threads form `EXPDEC_THREADS / G` row slots of `G` threads, thread `g` of a
 //! slot taking group `g` of `DR` rows (1, 2 or 4), against the group's q8_1 rows staged in
-//! shared memory (`expdec_stage`), whose words it loads once per entry for all `DR` rows.
+//! shared memory (`stage`), whose words it loads once per entry for all `DR` rows.
 //!
 //! The order is the mmvq spec's: with `G <= 32` lane `p`'s partial is `+0.0 + c_p` (and `+0.0`
 //! for `p >= G`), then the butterfly. Threads write their partials to shared memory; then one
@@ -12,7 +12,7 @@
 //! Shared words: the stage (`36 G`), then one step's partials `P[4][step_rows][G]`:
 //! `launch::expdec_down_smem`, given at launch.
 use super::blocks::{self, Block};
-use super::expdec_stage::{stage, stage_words, staged_block};
+use super::stage;
 use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
 use crate::arch::mem::Smem;
@@ -45,7 +45,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
     let row_bytes = (g_count / F::GROUPS) as usize * F::BYTES;
     let entries = table.add(moe::entries(n as usize) + start as usize);
     let smem = Smem::dynamic();
-    let p_base = stage_words(g_count);
+    let p_base = stage::expdec_words(g_count);
     let slots = EXPDEC_THREADS / g_count;
     let step_rows = expdec_down_step_rows(g_count, DR as u32);
     let t = index::thread_idx();
@@ -71,7 +71,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
                 if pass > 0 {
                     sync::sync_lds(); // the previous pass's readers are done with the stage and P
                 }
-                stage::<EXPDEC_THREADS>(smem, |r| hq.add(ld(entries, (pass + r) as usize) as usize * g_count as usize * q8_1::BYTES), m, g_count, EXPDEC_ENTRIES);
+                stage::rows::<EXPDEC_THREADS>(smem, |r| hq.add(ld(entries, (pass + r) as usize) as usize * g_count as usize * q8_1::BYTES), m, g_count, EXPDEC_ENTRIES);
             }
             // After the first step: the previous step's partials have been summed.
             sync::sync_lds();
@@ -81,7 +81,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
                 // unrolled copies spilled).
                 let mut r = 0;
                 while r < m {
-                    let (q, dx) = staged_block(smem, r, g, g_count, EXPDEC_ENTRIES);
+                    let (q, dx) = stage::block(smem, r, g, g_count, EXPDEC_ENTRIES);
                     crate::unroll!(j in [0, 1, 2, 3] {
                         if j < DR && row(j) < end_row {
                             let p = 0.0f32 + contribution_words(&wg[j], &q, dx, pow2);

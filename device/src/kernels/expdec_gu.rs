@@ -1,14 +1,14 @@
 //! `expdec_gu_*`: the EXPDEC variant of `moe_gu_*`, same bits. A block takes `rb` gate/up rows
 //! (`rb / 32` q8_1 groups of the SwiGLU output) of one group's expert. The group's q8_1
 //! activation rows are staged in shared memory `EXPDEC_ENTRIES` entries at a time
-//! (`expdec_stage`), and the format's codebook once per block. A lane computes `R` weight rows
+//! (`stage`), and the format's codebook once per block. A lane computes `R` weight rows
 //! (1 or 2) of gate and of up against the staged words, which it loads once per group and entry
 //! for all `2R` rows. The first pass skips its pre-staging barrier.
 //!
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
 //! codebook: `launch::expdec_gu_smem`, given at launch.
 use super::blocks::{self, Block};
-use super::expdec_stage::{stage, stage_grid, stage_words, staged_block};
+use super::stage;
 use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
 use super::quantize_q8_1::quantize_group;
@@ -41,7 +41,7 @@ unsafe fn staged_partials<F: Block, const R: usize>(
         let uw: [blocks::Group; R] = core::array::from_fn(|j| F::load_with(at(up, j), b % F::GROUPS, grid));
         crate::unroll!(r in [0, 1, 2, 3] {
             if (r as u32) < m {
-                let (q, dx) = staged_block(smem, r as u32, b, groups, EXPDEC_ENTRIES);
+                let (q, dx) = stage::block(smem, r as u32, b, groups, EXPDEC_ENTRIES);
                 crate::unroll!(j in [0, 1] {
                     if j < R {
                         ag[j][r] += contribution_words(&gw[j], &q, dx, pow2);
@@ -83,9 +83,9 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
     let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
     let entries = table.add(moe::entries(n as usize) + start as usize);
     let smem = Smem::dynamic();
-    let h_base = stage_words(groups);
+    let h_base = stage::expdec_words(groups);
     // Staged before the first pass; that pass's post-staging barrier orders it.
-    let grid = stage_grid::<F, THREADS>(smem, h_base + EXPDEC_ENTRIES * rb);
+    let grid = stage::grid::<F, THREADS>(smem, h_base + EXPDEC_ENTRIES * rb);
     let warp = index::warp_in_block();
     let warps = THREADS / 32;
     let rows_per_warp = rb / warps;
@@ -96,7 +96,7 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
             sync::sync_lds(); // the previous pass's readers are done with the stage and H
         }
         let m = (count - pass).min(EXPDEC_ENTRIES);
-        stage::<THREADS>(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups, EXPDEC_ENTRIES);
+        stage::rows::<THREADS>(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups, EXPDEC_ENTRIES);
         sync::sync_lds();
         let mut j0 = 0;
         while first < mine * MOE_GU_ROWS && j0 < rows_per_warp {

@@ -7,7 +7,7 @@
 //! `strata_gpu_shared::order` exactly: partial `p` = groups `p (mod 32)`, left to right. With
 //! `accumulate` the sums are added to what `y` holds (the residual add, fused).
 use super::blocks::{self, Block};
-use super::expdec_stage::{stage, staged_block};
+use super::stage;
 use crate::arch::mem::Smem;
 use crate::arch::{convert, index, int, mem, sync, warp};
 use strata_gpu_shared::formats::q8_1;
@@ -118,7 +118,7 @@ unsafe fn mmvq<F: Block, const AHEAD: usize>(w: *const u8, x: *const u8, y: *mut
 }
 
 /// The body of the `mmvqs_*` entries: `mmvq` of 2..8 activation rows with the rows staged in
-/// shared memory first (`expdec_stage`'s layout, `rows` rows), so a lane reads a group's
+/// shared memory first (`stage`'s layout, `rows` rows), so a lane reads a group's
 /// activation with two 16-byte shared loads a row instead of nine 4-byte global loads at a
 /// 36-byte stride; `MMVQS_WARPS` weight rows a block share the staged rows. Same partials, same
 /// order, same bits as `mmvq`.
@@ -128,14 +128,14 @@ unsafe fn mmvq<F: Block, const AHEAD: usize>(w: *const u8, x: *const u8, y: *mut
 #[inline(always)]
 unsafe fn mmvqs<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
     let smem = Smem::dynamic();
-    stage::<{ 32 * MMVQS_WARPS }>(smem, |r| x.add(r as usize * groups as usize * q8_1::BYTES), rows, groups, rows);
+    stage::rows::<{ 32 * MMVQS_WARPS }>(smem, |r| x.add(r as usize * groups as usize * q8_1::BYTES), rows, groups, rows);
     sync::sync_lds();
     let row = index::block_idx() * MMVQS_WARPS + index::warp_in_block();
     if row >= m {
         return; // whole warp, after the block's only barrier
     }
     let wrow = w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES);
-    let acc = row_partials_from::<F, 1>(wrow, groups, rows, |r, b| staged_block(smem, r as u32, b, groups, rows));
+    let acc = row_partials_from::<F, 1>(wrow, groups, rows, |r, b| stage::block(smem, r as u32, b, groups, rows));
     warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
 }
 

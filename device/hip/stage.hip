@@ -1,16 +1,16 @@
 // Staging q8_1 rows and codebooks in shared memory, for the EXPDEC kernels and mmvqs. Twin of
-// device/src/kernels/expdec_stage.rs: a pass holds up to `cap` rows (EXPDEC_ENTRIES, or an
+// device/src/kernels/stage.rs: a pass holds up to `cap` rows (EXPDEC_ENTRIES, or an
 // mmvqs launch's rows) of `groups` q8_1 blocks at word 0 as LO[cap][groups][4],
 // HI[cap][groups][4] (the two 16-byte halves: a warp's 16-byte loads of consecutive groups are
 // conflict-free) and D[cap][groups] (scales as f32); thread pairs stage one block each.
 #include "strata_hip.h"
 #include "blocks.hip"
 
-STRATA_FN uint32_t expdec_stage_words(uint32_t groups) { return 9 * STRATA_EXPDEC_ENTRIES * groups; }
+STRATA_FN uint32_t stage_expdec_words(uint32_t groups) { return 9 * STRATA_EXPDEC_ENTRIES * groups; }
 
 // Stages rows row(0) .. row(m - 1). Every thread of the block, of THREADS, calls it.
 template <uint32_t THREADS, typename Row>
-STRATA_FN void expdec_stage(Row row, uint32_t m, uint32_t groups, uint32_t cap) {
+STRATA_FN void stage_rows(Row row, uint32_t m, uint32_t groups, uint32_t cap) {
   uint32_t items = 2 * m * groups;
   for (uint32_t i = thread_idx(); i < items; i += THREADS) {
     uint32_t item = i / 2, h = i % 2, r = item / groups, b = item % groups;
@@ -24,7 +24,7 @@ STRATA_FN void expdec_stage(Row row, uint32_t m, uint32_t groups, uint32_t cap) 
 
 // Staged block b of row r (of a stage sized for cap rows): its 8 quant words into q, its scale
 // returned.
-STRATA_FN float expdec_staged_block(uint32_t r, uint32_t b, uint32_t groups, uint32_t cap, uint32_t* q) {
+STRATA_FN float staged_block(uint32_t r, uint32_t b, uint32_t groups, uint32_t cap, uint32_t* q) {
   uint32_t slot = r * groups + b;
   for (int w = 0; w < 4; w++) {
     q[w] = strata_smem[4 * slot + w];
@@ -36,7 +36,7 @@ STRATA_FN float expdec_staged_block(uint32_t r, uint32_t b, uint32_t groups, uin
 // Copies F's codebook (none for formats without one) to words base.. with the block's THREADS
 // threads; a barrier must pass before the returned grid is read.
 template <typename F, uint32_t THREADS>
-STRATA_FN StagedGrid expdec_stage_grid(uint32_t base) {
+STRATA_FN StagedGrid stage_grid(uint32_t base) {
   const uint32_t* grid = F::grid();
   for (uint32_t i = thread_idx(); i < F::GRID_WORDS; i += THREADS) strata_smem[base + i] = ld_nc_u32((const uint8_t*)(grid + i));
   return StagedGrid{base};

@@ -6,7 +6,7 @@
 //! each block's 32 quant bytes as two 16-byte halves in two arrays, `LO[cap][groups][4]` and
 //! `HI[cap][groups][4]` (so a warp's 16-byte loads of consecutive groups hit consecutive banks:
 //! conflict-free), and its fp16 scale already widened to f32 in `D[cap][groups]`: `9 * cap *
-//! groups` words. Each thread pair stages one block (thread `2i + h` writes half `h`): no
+//! groups` words ([`expdec_words`] for the EXPDEC kernels' `cap`). Each thread pair stages one block (thread `2i + h` writes half `h`): no
 //! division by 9, no divergent branch.
 use super::blocks::{self, Block};
 use crate::arch::mem::Smem;
@@ -16,7 +16,7 @@ use strata_gpu_shared::launch::EXPDEC_ENTRIES;
 
 /// Shared words of one EXPDEC staged pass (`EXPDEC_ENTRIES` rows) of rows of `groups` q8_1 blocks.
 #[inline(always)]
-pub fn stage_words(groups: u32) -> u32 {
+pub fn expdec_words(groups: u32) -> u32 {
     9 * EXPDEC_ENTRIES * groups
 }
 
@@ -27,7 +27,7 @@ pub fn stage_words(groups: u32) -> u32 {
 /// Every thread of the block calls it, a block of `THREADS`; each `row(r)` holds `groups` q8_1
 /// blocks, 4-byte aligned; the launch gave at least `9 * cap * groups` words; `m <= cap`.
 #[inline(always)]
-pub unsafe fn stage<const THREADS: u32>(smem: Smem, row: impl Fn(u32) -> *const u8, m: u32, groups: u32, cap: u32) {
+pub unsafe fn rows<const THREADS: u32>(smem: Smem, row: impl Fn(u32) -> *const u8, m: u32, groups: u32, cap: u32) {
     let items = 2 * m * groups;
     let mut i = index::thread_idx();
     while i < items {
@@ -48,10 +48,10 @@ pub unsafe fn stage<const THREADS: u32>(smem: Smem, row: impl Fn(u32) -> *const 
 /// The staged block `b` of row `r`: its 8 quant words and its scale.
 ///
 /// # Safety
-/// `r < m` and `b < groups` of the last [`stage`] (of the same `cap`), which a barrier separates
+/// `r < m` and `b < groups` of the last [`rows`] (of the same `cap`), which a barrier separates
 /// from this read.
 #[inline(always)]
-pub unsafe fn staged_block(smem: Smem, r: u32, b: u32, groups: u32, cap: u32) -> ([u32; 8], f32) {
+pub unsafe fn block(smem: Smem, r: u32, b: u32, groups: u32, cap: u32) -> ([u32; 8], f32) {
     let slot = r * groups + b;
     let lo = smem.ld_v4(4 * slot);
     let hi = smem.ld_v4(4 * cap * groups + 4 * slot);
@@ -67,7 +67,7 @@ pub unsafe fn staged_block(smem: Smem, r: u32, b: u32, groups: u32, cap: u32) ->
 /// Every thread of the block calls it, a block of `THREADS`; the launch gave
 /// `base + F::grid().len()` words.
 #[inline(always)]
-pub unsafe fn stage_grid<F: Block, const THREADS: u32>(smem: Smem, base: u32) -> blocks::Staged {
+pub unsafe fn grid<F: Block, const THREADS: u32>(smem: Smem, base: u32) -> blocks::Staged {
     let grid = F::grid();
     let mut i = index::thread_idx() as usize;
     while i < grid.len() {
