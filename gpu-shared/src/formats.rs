@@ -371,15 +371,6 @@ impl WeightFormat {
         }
     }
 
-    /// The `mmvq` entry a launch of `rows` activation rows runs.
-    pub const fn mmvq_entry(self, rows: usize) -> &'static str {
-        if rows == 1 {
-            self.mmvq1_kernel()
-        } else {
-            self.mmvq_kernel()
-        }
-    }
-
     /// Byte offset of the fp16 scale `d` in a block (Q8_0T: of its first group; it holds one
     /// a group, see [`q8_0t`]).
     pub const fn off_d(self) -> usize {

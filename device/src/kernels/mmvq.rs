@@ -124,7 +124,8 @@ unsafe fn mmvq<F: Block, const AHEAD: usize>(w: *const u8, x: *const u8, y: *mut
 /// order, same bits as `mmvq`.
 ///
 /// # Safety
-/// As `mmvq`; the launch gave `launch::mmvqs_smem(rows, groups)` bytes of shared memory.
+/// As `mmvq`; the launch gave `launch::mmvq_launch`'s shared memory for `rows` and `groups`
+/// (36 bytes a staged q8_1 block).
 #[inline(always)]
 unsafe fn mmvqs<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
     let smem = Smem::dynamic();
@@ -170,8 +171,8 @@ macro_rules! mmvq_entries {
         }
 
         /// `mmvq` of 2..8 activation rows staged in shared memory. Launch: `ceil(m /
-        /// MMVQS_WARPS)` blocks of `32 * MMVQS_WARPS` threads, `launch::mmvqs_smem(rows, groups)`
-        /// bytes of shared memory.
+        /// MMVQS_WARPS)` blocks of `32 * MMVQS_WARPS` threads and `launch::mmvq_launch`'s shared
+        /// memory.
         ///
         /// # Safety
         /// As `mmvq`, and the shared memory above.

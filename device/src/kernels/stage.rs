@@ -6,8 +6,8 @@
 //! each block's 32 quant bytes as two 16-byte halves in two arrays, `LO[cap][groups][4]` and
 //! `HI[cap][groups][4]` (so a warp's 16-byte loads of consecutive groups hit consecutive banks:
 //! conflict-free), and its fp16 scale already widened to f32 in `D[cap][groups]`: `9 * cap *
-//! groups` words ([`expdec_words`] for the EXPDEC kernels' `cap`). Each thread pair stages one block (thread `2i + h` writes half `h`): no
-//! division by 9, no divergent branch.
+//! groups` words ([`expdec_words`] for the EXPDEC kernels' `cap`). Each thread pair stages one
+//! block (thread `2i + h` writes half `h`): no division by 9, no divergent branch.
 use super::blocks::{self, Block};
 use crate::arch::mem::Smem;
 use crate::arch::{convert, index, mem};

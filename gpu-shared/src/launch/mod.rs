@@ -139,10 +139,11 @@ pub struct MmvqLaunch {
 /// [`MMVQS_SMEM_MAX`], else `mmvq_*`.
 pub fn mmvq_launch(format: WeightFormat, rows: usize, groups: usize) -> MmvqLaunch {
     let bytes = rows.saturating_mul(groups).saturating_mul(crate::formats::q8_1::BYTES);
-    if rows >= 2 && bytes <= MMVQS_SMEM_MAX as usize {
-        MmvqLaunch { kernel: format.mmvqs_kernel(), rows_per_block: MMVQS_WARPS, smem: bytes as u32 }
-    } else {
-        MmvqLaunch { kernel: format.mmvq_entry(rows), rows_per_block: MMVQ_WARPS, smem: 0 }
+    let plain = |kernel| MmvqLaunch { kernel, rows_per_block: MMVQ_WARPS, smem: 0 };
+    match rows {
+        1 => plain(format.mmvq1_kernel()),
+        _ if bytes <= MMVQS_SMEM_MAX as usize => MmvqLaunch { kernel: format.mmvqs_kernel(), rows_per_block: MMVQS_WARPS, smem: bytes as u32 },
+        _ => plain(format.mmvq_kernel()),
     }
 }
 
@@ -447,9 +448,9 @@ mod tests {
             // 2..8 rows staged up to 48 KiB: 8 rows of 170 groups (48,960 bytes), not 171.
             assert_eq!(mmvq_launch(f, 8, 170), MmvqLaunch { kernel: f.mmvqs_kernel(), rows_per_block: MMVQS_WARPS, smem: 48_960 });
             assert_eq!(mmvq_launch(f, 8, 171), MmvqLaunch { kernel: f.mmvq_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
-            assert_eq!(mmvq_launch(f, 1, 64).kernel, f.mmvq1_kernel());
+            assert_eq!(mmvq_launch(f, 1, 64), MmvqLaunch { kernel: f.mmvq1_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
+            assert_eq!(mmvq_launch(f, 1, 1 << 20).kernel, f.mmvq1_kernel());
             assert_eq!(mmvq_launch(f, 2, 64).smem, 2 * 64 * 36);
-            assert_eq!((f.mmvq_entry(1), f.mmvq_entry(2), f.mmvq_entry(8)), (f.mmvq1_kernel(), f.mmvq_kernel(), f.mmvq_kernel()));
         }
     }
 

@@ -171,8 +171,9 @@ impl GpuExecutor {
             let dev = match &weight.data {
                 Data::F32(v) => DevWeight::F32(gpu.upload(&weight.name, v)?),
                 Data::File { .. } | Data::Rows(_) if tiled.contains(&id) => {
-                    let mut tiles = vec![0u8; w.data(id).len()];
-                    q8_0t::tile(w.data(id), &mut tiles);
+                    let blocks = w.data(id);
+                    let mut tiles = vec![0u8; blocks.len()];
+                    q8_0t::tile(blocks, &mut tiles);
                     DevWeight::Bytes(gpu.upload(&weight.name, &tiles)?)
                 }
                 Data::File { .. } | Data::Rows(_) => DevWeight::Bytes(gpu.upload(&weight.name, w.data(id))?),
