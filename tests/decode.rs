@@ -25,17 +25,17 @@ use strata_gpu_shared::launch::norm::NQ_MAX_N;
 
 /// A small model of the given shape, random weights from `seed`.
 fn model(seed: u64, heads: (usize, usize), head_dim: usize, experts: (usize, usize), formats: (WeightFormat, WeightFormat)) -> Arc<Model> {
-    model_of_width(seed, 256, heads, head_dim, experts, formats)
+    model_of_width(seed, 256, heads, head_dim, experts, 64, formats)
 }
 
 /// [`model`] with `n_embd` values a row.
-fn model_of_width(seed: u64, n_embd: usize, heads: (usize, usize), head_dim: usize, experts: (usize, usize), formats: (WeightFormat, WeightFormat)) -> Arc<Model> {
+fn model_of_width(seed: u64, n_embd: usize, heads: (usize, usize), head_dim: usize, experts: (usize, usize), n_ff: usize, formats: (WeightFormat, WeightFormat)) -> Arc<Model> {
     let mut spec = SynthSpec::tiny();
     spec.seed = seed;
     spec.vocab = false;
     let c = &mut spec.config;
     (c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim) = (2, n_embd, heads.0, heads.1, head_dim);
-    (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_vocab) = (experts.0, experts.1, 64, 512);
+    (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_vocab) = (experts.0, experts.1, n_ff, 512);
     spec.formats.gu = GgmlType::Quant(formats.0);
     spec.formats.down = GgmlType::Quant(formats.1);
     load(build_in_memory(&spec), &format!("<synthetic seed {seed}>"))
@@ -70,9 +70,11 @@ fn models(seed: u64) -> Vec<Arc<Model>> {
 }
 
 /// A model whose q/k/v matrices and head have rows of 1,024 values, which the GPU holds tiled
-/// (`Q8_0T`), and whose output projection (512 values a row) it does not.
+/// (`Q8_0T`), and whose output projection (512 values a row) it does not; whose IQ4_NL expert
+/// down rows (256 values) it holds tiled (`IQ4_NLT`), and its IQ3_S gate/up (no tiled layout)
+/// not.
 fn wide(seed: u64) -> Arc<Model> {
-    let m = model_of_width(seed, 1024, (8, 2), 64, (8, 2), (WeightFormat::Iq3S, WeightFormat::Iq4Nl));
+    let m = model_of_width(seed, 1024, (8, 2), 64, (8, 2), 256, (WeightFormat::Iq3S, WeightFormat::Iq4Nl));
     let tiled = strata::host::step::gpu::tiled_weights(&m);
     let mut names: Vec<&str> = tiled.iter().map(|&id| m.weights.get(id).name.as_str()).collect();
     names.sort();
@@ -81,8 +83,9 @@ fn wide(seed: u64) -> Arc<Model> {
         let Mixer::Attention(a) = &l.mixer else { panic!("a qwen3moe layer attends") };
         let QkvProj::Fused { qkv, .. } = &a.proj else { panic!("q, k and v of one type are one matrix") };
         assert!(tiled.contains(qkv) && !tiled.contains(&a.o), "q/k/v tiled, the output projection (512 values a row) not: {names:?}");
+        assert!(tiled.contains(&l.down) && !tiled.contains(&l.gate) && !tiled.contains(&l.up), "IQ4_NL down tiled, IQ3_S gate/up not: {names:?}");
     }
-    assert_eq!(tiled.len(), 1 + m.weights.layers.len(), "{names:?}");
+    assert_eq!(tiled.len(), 1 + 2 * m.weights.layers.len(), "{names:?}");
     drop(names);
     m
 }

@@ -100,8 +100,9 @@ macro_rules! parity_pair {
                 let (Some(a), Some(b)) = (open($reference), open($other)) else { return };
                 let seed = common::seed(concat!(stringify!($pair), "::moe"));
                 let mut rng = SmallRng::seed_from_u64(seed);
-                let gu = [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S, WeightFormat::Q8_0];
-                let dn = [WeightFormat::Iq4Nl, WeightFormat::Q2_0, WeightFormat::Iq3S, WeightFormat::Q8_0];
+                let gu = [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S, WeightFormat::Q8_0, WeightFormat::Iq4NlT];
+                // IQ4_NLT: the tiles the step holds IQ4_NL experts as (rows of 256 values and more).
+                let dn = [WeightFormat::Iq4Nl, WeightFormat::Q2_0, WeightFormat::Iq3S, WeightFormat::Q8_0, WeightFormat::Iq4NlT];
                 for (i, &g) in gu.iter().enumerate() {
                     for (j, &d) in dn.iter().enumerate() {
                         // The model shapes for some pairs, smaller ones for the rest.
@@ -199,8 +200,8 @@ fn moe_window_invariance() {
 /// Every value of every expert knob gives the CPU replica's bytes on both GPU backends (hq, y
 /// and the combined rows, all written): gate/up knobs (EXPDEC, R, MINB, WARPS, RB including the
 /// rule)
-/// per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0 and
-/// IQ4_NL, over windows whose groups hold 0 to 11 entries, at the model shapes and an odd one
+/// per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0,
+/// IQ4_NL and its tiles (IQ4_NLT, at n_ff 768 only), over windows whose groups hold 0 to 11 entries, at the model shapes and an odd one
 /// (n_ff 448: 14 q8_1 chunks, so 128 rows per block leave a partial block; 14 groups per down
 /// row, so 18 row slots per block).
 #[test]
@@ -241,8 +242,9 @@ fn expert_knobs_every_value() {
         }
         let mut runs = 0;
         for (i, &gf) in EXPDEC_GU_FORMATS.iter().enumerate() {
-            let df = [WeightFormat::Q2_0, WeightFormat::Iq4Nl][i % 2];
-            for (n_embd, n_ff) in [(2560, 640), (2048, 768), (512, 448)] {
+            let df = [WeightFormat::Q2_0, WeightFormat::Iq4Nl, WeightFormat::Iq4NlT][i % 3];
+            // IQ4_NLT down rows are whole tiles of 256 values: 768 of the three.
+            for (n_embd, n_ff) in [(2560, 640), (2048, 768), (512, 448)].into_iter().filter(|s| s.1 % df.block_values() == 0) {
                 let case = parity::MoeCase::crowded(&mut rng, (gf, df), n_embd, n_ff);
                 let xq = parity::moe_xq(&cpu, &case).unwrap();
                 let (want, _) = parity::moe_words(&cpu, &case, &xq).unwrap();

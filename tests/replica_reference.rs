@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use strata::host::cpu::CpuBackend;
 use strata::host::parity::{self, NMSE_MAX};
 use strata::host::{Backend, Error, Weights};
-use strata_gpu_shared::formats::{q8_0, q8_0t, q8_1, FloatFormat, WeightFormat, GROUP};
+use strata_gpu_shared::formats::{iq4_nl, iq4_nlt, q8_0, q8_0t, q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::replica;
 
 /// Random shapes (rows 1..8, K 32..8192 in steps of 32, M up to 4096): the replica's NMSE
@@ -110,27 +110,51 @@ fn cpu_backend_split_matches_single_thread_replica() {
     }
 }
 
-/// `q8_0t::tile` moves every byte of 32 Q8_0 blocks to its place in the tile: group g of a tile
-/// decodes to block g's values and scale, for random blocks (every scale and byte drawn), and
-/// each tile holds its blocks' bytes, none lost or repeated.
+/// Every tiled layout moves every byte of its blocks to its place in the tile: group g of a tile
+/// decodes to its block's values and scale, for random blocks (every scale and byte drawn);
+/// each tile holds its blocks' bytes, none lost or repeated; and the bytes sit where the
+/// kernels' loaders read them (the layout constants, read here byte by byte: Q8_0T's quant
+/// halves and scale, IQ4_NLT's nibbles and scale), 16-byte aligned within a tile.
 #[test]
-fn q8_0t_tiles_decode_to_their_q8_0_blocks() {
-    let seed = common::seed("q8_0t_tiles_decode_to_their_q8_0_blocks");
+fn tiles_decode_to_their_blocks() {
+    let seed = common::seed("tiles_decode_to_their_blocks");
     let mut rng = SmallRng::seed_from_u64(seed);
-    let tiles = 5;
-    let mut blocks = vec![0u8; tiles * q8_0t::BYTES];
-    rng.fill(&mut blocks[..]);
-    let mut tiled = vec![0xa5u8; blocks.len()];
-    q8_0t::tile(&blocks, &mut tiled);
-    for (t, (tile, src)) in tiled.chunks_exact(q8_0t::BYTES).zip(blocks.chunks_exact(q8_0t::BYTES)).enumerate() {
-        for (g, block) in src.chunks_exact(q8_0::BYTES).enumerate() {
-            let want = replica::decode_group(WeightFormat::Q8_0, block, 0);
-            assert_eq!(replica::decode_group(WeightFormat::Q8_0T, tile, g), want, "seed {seed}: tile {t}, group {g}");
+    for format in WeightFormat::TILED {
+        let t = format.tiling().unwrap();
+        let (base, bb) = (t.base, t.base.block_bytes());
+        assert_eq!(format.base(), base);
+        assert_eq!(base.tiled(), Some(format));
+        assert_eq!((format.block_bytes(), format.block_values()), (t.blocks * bb, t.blocks * base.block_values()));
+        assert_eq!(t.fields.iter().map(|f| f.1).sum::<usize>(), bb, "{}: the fields cover a block", format.name());
+        assert_eq!(format.block_bytes() % 16, 0, "{}: rows of whole tiles keep tiles 16-byte aligned", format.name());
+        let tiles = 5;
+        let mut blocks = vec![0u8; tiles * format.block_bytes()];
+        rng.fill(&mut blocks[..]);
+        let mut tiled = vec![0xa5u8; blocks.len()];
+        t.tile(&blocks, &mut tiled);
+        for (n, (tile, src)) in tiled.chunks_exact(format.block_bytes()).zip(blocks.chunks_exact(format.block_bytes())).enumerate() {
+            for (b, block) in src.chunks_exact(bb).enumerate() {
+                let gpb = base.groups_per_block();
+                for g in 0..gpb {
+                    let want = replica::decode_group(base, block, g);
+                    assert_eq!(replica::decode_group(format, tile, b * gpb + g), want, "seed {seed}: {} tile {n}, block {b}, group {g}", format.name());
+                }
+                // Where the kernels read block b: (offset in the tile, offset in the block, bytes).
+                let reads: Vec<(usize, usize, usize)> = match format {
+                    WeightFormat::Q8_0T => vec![(q8_0t::OFF_LO + 16 * b, q8_0::OFF_Q, 16), (q8_0t::OFF_HI + 16 * b, q8_0::OFF_Q + 16, 16), (q8_0t::OFF_D + 2 * b, q8_0::OFF_D, 2)],
+                    WeightFormat::Iq4NlT => vec![(iq4_nlt::OFF_QS + 16 * b, iq4_nl::OFF_QS, 16), (iq4_nlt::OFF_D + 2 * b, iq4_nl::OFF_D, 2)],
+                    f => panic!("{} has no loader offsets listed here", f.name()),
+                };
+                for (at, from, len) in reads {
+                    assert!(len != 16 || at % 16 == 0, "{}: a 16-byte field at {at}", format.name());
+                    assert_eq!(&tile[at..at + len], &block[from..from + len], "seed {seed}: {} tile {n}, block {b}, tile offset {at}", format.name());
+                }
+            }
+            let (mut a, mut b) = (tile.to_vec(), src.to_vec());
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "seed {seed}: {} tile {n} is not a permutation of its blocks' bytes", format.name());
         }
-        let (mut a, mut b) = (tile.to_vec(), src.to_vec());
-        a.sort_unstable();
-        b.sort_unstable();
-        assert_eq!(a, b, "seed {seed}: tile {t} is not a permutation of its blocks' bytes");
     }
 }
 

@@ -45,12 +45,18 @@ STRATA_FN uint32_t iq4_levels(uint32_t codes) {
   return (high & upper) | (low & ~upper);
 }
 
-STRATA_FN void iq4_words(const uint8_t* qs, uint32_t* w) {
+// The 16 nibble bytes as four words to the 8 words of IQ4 levels (low nibbles first, then high).
+STRATA_FN void iq4_words_of(const uint32_t* nibbles, uint32_t* w) {
   for (int i = 0; i < 4; i++) {
-    uint32_t nib = ld_nc_u32_a2(qs + 4 * i);
-    w[i] = iq4_levels(nib & 0x0f0f0f0fu);
-    w[i + 4] = iq4_levels((nib >> 4) & 0x0f0f0f0fu);
+    w[i] = iq4_levels(nibbles[i] & 0x0f0f0f0fu);
+    w[i + 4] = iq4_levels((nibbles[i] >> 4) & 0x0f0f0f0fu);
   }
+}
+
+STRATA_FN void iq4_words(const uint8_t* qs, uint32_t* w) {
+  uint32_t nib[4];
+  for (int i = 0; i < 4; i++) nib[i] = ld_nc_u32_a2(qs + 4 * i);
+  iq4_words_of(nib, w);
 }
 
 // An 8-magnitude grid entry (two words) with its 8 sign bits.
@@ -124,6 +130,24 @@ struct Iq4Nl {
     Group g;
     iq4_words(p + STRATA_IQ4_NL_OFF_QS, g.w);
     g.d = block_scale(p + STRATA_IQ4_NL_OFF_D);
+    g.f[0] = g.f[1] = 1;
+    return g;
+  }
+};
+
+// IQ4_NL in tiles of 8 blocks (formats::iq4_nlt): group g is one 16-byte aligned load and its scale.
+struct Iq4NlT {
+  static constexpr uint32_t BYTES = STRATA_IQ4_NLT_BYTES, GROUPS = 8, SHIFT = 0;
+  static constexpr uint32_t GRID_WORDS = 0;
+  STRATA_FN const uint32_t* grid() { return nullptr; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G) {
+    Group g;
+    uint32_t nib[4];
+    ld_nc_v4(p + STRATA_IQ4_NLT_OFF_QS + 16 * gi, nib);
+    iq4_words_of(nib, g.w);
+    g.d = block_scale(p + STRATA_IQ4_NLT_OFF_D + 2 * gi);
     g.f[0] = g.f[1] = 1;
     return g;
   }

@@ -96,3 +96,4 @@ static __device__ __forceinline__ void expdec_down(const uint8_t* w, uint64_t ex
 
 EXPDEC_DOWN_FORMAT(q2_0, Q2_0)
 EXPDEC_DOWN_FORMAT(iq4_nl, Iq4Nl)
+EXPDEC_DOWN_FORMAT(iq4_nlt, Iq4NlT)

@@ -62,6 +62,25 @@ static __device__ __forceinline__ void row_partials(const uint8_t* wrow, uint32_
       acc);
 }
 
+// This lane's partials of N weight rows (row j at wrow(j)) against one q8_1 row at x: for each
+// row, row_partials' partial of one activation row, a group of every row loaded before the first
+// is used (device/src/kernels/mmvq.rs rows_partials).
+template <typename F, int N, typename Wrow>
+static __device__ __forceinline__ void rows_partials(Wrow wrow, uint32_t groups, const uint8_t* x, float* acc) {
+  float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
+#pragma unroll
+  for (int j = 0; j < N; j++) acc[j] = 0.0f;
+  for (uint32_t b = lane(); b < groups; b += 32) {
+    uint32_t q[8];
+    float dx = global_block(x + (uint64_t)b * STRATA_Q8_1_BYTES, q);
+    Group g[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) g[j] = F::load(wrow(j) + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS);
+#pragma unroll
+    for (int j = 0; j < N; j++) acc[j] = acc[j] + contribution_words(g[j], q, dx, pow2);
+  }
+}
+
 template <typename F, int AHEAD>
 static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, float* y, uint32_t m,
                                             uint32_t groups, uint32_t rows, uint32_t accumulate) {
@@ -113,5 +132,6 @@ MMVQ_ENTRY(mmvq_iq2_s, mmvq1_iq2_s, mmvqs_iq2_s, Iq2S)
 MMVQ_ENTRY(mmvq_iq3_xxs, mmvq1_iq3_xxs, mmvqs_iq3_xxs, Iq3Xxs)
 MMVQ_ENTRY(mmvq_iq3_s, mmvq1_iq3_s, mmvqs_iq3_s, Iq3S)
 MMVQ_ENTRY(mmvq_iq4_nl, mmvq1_iq4_nl, mmvqs_iq4_nl, Iq4Nl)
+MMVQ_ENTRY(mmvq_iq4_nlt, mmvq1_iq4_nlt, mmvqs_iq4_nlt, Iq4NlT)
 MMVQ_ENTRY(mmvq_iq4_xs, mmvq1_iq4_xs, mmvqs_iq4_xs, Iq4Xs)
 MMVQ_ENTRY(mmvq_q2_0, mmvq1_q2_0, mmvqs_q2_0, Q2_0)

@@ -145,22 +145,38 @@ static __device__ __forceinline__ void moe_gu(const uint8_t* gate, const uint8_t
   }
 }
 
+// Down of one expert for every entry of its group, STRATA_MOE_DOWN_ROWS consecutive rows a warp:
+// for a group of one entry every row's groups loaded before the first is used (rows_partials),
+// else row by row (device/src/kernels/moe.rs down).
 template <typename F>
 static __device__ __forceinline__ void moe_down(const uint8_t* w, uint64_t expert_bytes, const uint8_t* hq,
                                                 const uint32_t* table, uint32_t n, uint32_t ff_groups, uint32_t n_embd,
                                                 float* y) {
-  uint32_t row_blocks = (n_embd + STRATA_MMVQ_WARPS - 1) / STRATA_MMVQ_WARPS;
-  uint32_t b = block_idx(), g = b / row_blocks, row = (b % row_blocks) * STRATA_MMVQ_WARPS + warp_in_block();
+  const uint32_t ROWS = STRATA_MOE_DOWN_ROWS;
+  uint32_t row_blocks = (n_embd + STRATA_MMVQ_WARPS * ROWS - 1) / (STRATA_MMVQ_WARPS * ROWS);
+  uint32_t b = block_idx(), g = b / row_blocks, row0 = ((b % row_blocks) * STRATA_MMVQ_WARPS + warp_in_block()) * ROWS;
   uint32_t expert, start, count;
-  if (!moe_group_of(table, n, g, expert, start, count) || row >= n_embd) return;
-  const uint8_t* wrow = w + expert * expert_bytes + (uint64_t)row * (ff_groups / F::GROUPS) * F::BYTES;
+  if (!moe_group_of(table, n, g, expert, start, count) || row0 >= n_embd) return;
+  uint32_t rows = n_embd - row0 < ROWS ? n_embd - row0 : ROWS;
+  uint64_t row_bytes = (uint64_t)(ff_groups / F::GROUPS) * F::BYTES;
+  // Rows past the end read the last row, unused: one code path.
+  auto wrow = [&](int j) { return w + expert * expert_bytes + (uint64_t)(row0 + ((uint32_t)j < rows - 1 ? (uint32_t)j : rows - 1)) * row_bytes; };
   const uint32_t* entries = table + MOE_ENTRIES(n) + start;
-  for (uint32_t pass = 0; pass < count; pass += STRATA_MOE_ENTRY_PASS) {
-    uint32_t m = count - pass < STRATA_MOE_ENTRY_PASS ? count - pass : STRATA_MOE_ENTRY_PASS;
-    auto entry = [&](int r) { return (uint64_t)ld_u32w(entries, pass + r); };
-    float acc[STRATA_MMVQ_MAX_ROWS];
-    row_partials<F, 1>(wrow, ff_groups, m, [&](int r) { return hq + entry(r) * ff_groups * STRATA_Q8_1_BYTES; }, acc);
-    store_row_sums(acc, m, false, [&](int r) { return y + entry(r) * n_embd + row; });
+  auto entry = [&](uint32_t i) { return (uint64_t)ld_u32w(entries, i); };
+  if (count == 1) {
+    uint64_t e = entry(0);
+    float acc[STRATA_MOE_DOWN_ROWS];
+    rows_partials<F, STRATA_MOE_DOWN_ROWS>(wrow, ff_groups, hq + e * ff_groups * STRATA_Q8_1_BYTES, acc);
+    store_row_sums(acc, rows, false, [&](int j) { return y + e * n_embd + row0 + j; });
+    return;
+  }
+  for (uint32_t j = 0; j < rows; j++) {
+    for (uint32_t pass = 0; pass < count; pass += STRATA_MOE_ENTRY_PASS) {
+      uint32_t m = count - pass < STRATA_MOE_ENTRY_PASS ? count - pass : STRATA_MOE_ENTRY_PASS;
+      float acc[STRATA_MMVQ_MAX_ROWS];
+      row_partials<F, 1>(wrow(j), ff_groups, m, [&](int r) { return hq + entry(pass + r) * ff_groups * STRATA_Q8_1_BYTES; }, acc);
+      store_row_sums(acc, m, false, [&](int r) { return y + entry(pass + r) * n_embd + row0 + j; });
+    }
   }
 }
 
@@ -198,5 +214,6 @@ MOE_ENTRY(iq2_s, Iq2S)
 MOE_ENTRY(iq3_xxs, Iq3Xxs)
 MOE_ENTRY(iq3_s, Iq3S)
 MOE_ENTRY(iq4_nl, Iq4Nl)
+MOE_ENTRY(iq4_nlt, Iq4NlT)
 MOE_ENTRY(iq4_xs, Iq4Xs)
 MOE_ENTRY(q2_0, Q2_0)

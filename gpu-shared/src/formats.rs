@@ -36,36 +36,92 @@ pub mod q8_0 {
     pub const OFF_Q: usize = 2;
 }
 
-/// Q8_0T: a device layout of Q8_0, not a GGUF type. The same values in tiles of 32 Q8_0 blocks
-/// (1,024 values, 1,088 bytes, the bytes of 32 blocks): the 32 blocks' first 16 quant bytes,
-/// then their last 16, then their 32 fp16 scales. Group g of a tile (Q8_0 block g) reads
-/// `lo[16g..16g+16]`, `hi[16g..16g+16]` and `d[g]`, so lane g of a warp reading group g loads
-/// 16-byte aligned halves next to lane g+1's (every load one coalesced run), where Q8_0's
-/// 34-byte blocks cost each lane seventeen 2-byte loads. The host tiles the Q8_0 matrices the
-/// matvec reads ([`q8_0t::tile`]); the values, so every bit, are Q8_0's.
-pub mod q8_0t {
-    use super::q8_0;
+/// Tiled device layouts of GGUF formats (not GGUF types): a tile holds `blocks` consecutive
+/// blocks of the base format field by field (field 0 of every block, then field 1, ...), so
+/// that lane g of a warp reading group g of a tile finds each field next to lane g+1's, at
+/// offsets aligned to the field's size: one coalesced load a field where the base format's
+/// 2-byte-aligned blocks cost a lane many 2-byte loads. The bytes, so every value and bit, are
+/// the base format's; the host tiles what the kernels read that way ([`Tiling::tile`]).
+pub mod tiles {
+    use super::WeightFormat;
 
-    /// Q8_0 blocks per tile.
-    pub const BLOCKS: usize = 32;
-    pub const BYTES: usize = BLOCKS * q8_0::BYTES;
-    pub const OFF_LO: usize = 0;
-    pub const OFF_HI: usize = 16 * BLOCKS;
-    pub const OFF_D: usize = 32 * BLOCKS;
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Tiling {
+        pub base: WeightFormat,
+        /// Base blocks per tile.
+        pub blocks: usize,
+        /// The base block's fields in tile order: (byte offset in the block, length). Together
+        /// they cover the block once.
+        pub fields: &'static [(usize, usize)],
+    }
 
-    /// Q8_0 blocks (a whole number of tiles: rows of a multiple of 1,024 values) to tiles in
-    /// `out`, of the same length.
-    pub fn tile(q8_0_blocks: &[u8], out: &mut [u8]) {
-        assert!(q8_0_blocks.len() % BYTES == 0 && out.len() == q8_0_blocks.len(), "Q8_0T tiles 32 whole Q8_0 blocks");
-        for (tile, src) in out.chunks_exact_mut(BYTES).zip(q8_0_blocks.chunks_exact(BYTES)) {
-            for (g, block) in src.chunks_exact(q8_0::BYTES).enumerate() {
-                let q = &block[q8_0::OFF_Q..q8_0::OFF_Q + 32];
-                tile[OFF_LO + 16 * g..OFF_LO + 16 * g + 16].copy_from_slice(&q[..16]);
-                tile[OFF_HI + 16 * g..OFF_HI + 16 * g + 16].copy_from_slice(&q[16..]);
-                tile[OFF_D + 2 * g..OFF_D + 2 * g + 2].copy_from_slice(&block[q8_0::OFF_D..q8_0::OFF_D + 2]);
+    impl Tiling {
+        /// Bytes of a tile: those of its blocks (the fields cover a block).
+        pub const fn bytes(&self) -> usize {
+            self.field(self.fields.len())
+        }
+
+        /// Offset in the tile of field `i` of its block 0 (block b's is `+ b * len`).
+        pub const fn field(&self, i: usize) -> usize {
+            let mut off = 0;
+            let mut j = 0;
+            while j < i {
+                off += self.blocks * self.fields[j].1;
+                j += 1;
+            }
+            off
+        }
+
+        /// Base blocks (a whole number of tiles) to tiles in `out`, of the same length.
+        pub fn tile(&self, blocks: &[u8], out: &mut [u8]) {
+            let (bb, tb) = (self.base.block_bytes(), self.bytes());
+            assert!(tb == self.blocks * bb, "the fields of a tile cover its blocks");
+            assert!(blocks.len() % tb == 0 && out.len() == blocks.len(), "{} tiles {} whole {} blocks", self.base.name(), self.blocks, self.base.name());
+            for (tile, src) in out.chunks_exact_mut(tb).zip(blocks.chunks_exact(tb)) {
+                for (b, block) in src.chunks_exact(bb).enumerate() {
+                    for (i, &(off, len)) in self.fields.iter().enumerate() {
+                        let at = self.field(i) + b * len;
+                        tile[at..at + len].copy_from_slice(&block[off..off + len]);
+                    }
+                }
+            }
+        }
+
+        /// Block `b` of `tile` back in the base layout, into `out[..base block bytes]`.
+        pub fn untile_block(&self, tile: &[u8], b: usize, out: &mut [u8]) {
+            for (i, &(off, len)) in self.fields.iter().enumerate() {
+                let at = self.field(i) + b * len;
+                out[off..off + len].copy_from_slice(&tile[at..at + len]);
             }
         }
     }
+}
+
+/// Q8_0T: tiles of 32 Q8_0 blocks (1,024 values, 1,088 bytes): the blocks' first 16 quant
+/// bytes, then their last 16, then their fp16 scales. Group g of a tile (Q8_0 block g) is two
+/// 16-byte aligned loads and `d[g]`, where a Q8_0 block is seventeen 2-byte loads.
+pub mod q8_0t {
+    use super::{q8_0, tiles::Tiling, WeightFormat};
+
+    pub const TILING: Tiling = Tiling { base: WeightFormat::Q8_0, blocks: 32, fields: &[(q8_0::OFF_Q, 16), (q8_0::OFF_Q + 16, 16), (q8_0::OFF_D, 2)] };
+    pub const BLOCKS: usize = TILING.blocks;
+    pub const BYTES: usize = TILING.bytes();
+    pub const OFF_LO: usize = TILING.field(0);
+    pub const OFF_HI: usize = TILING.field(1);
+    pub const OFF_D: usize = TILING.field(2);
+}
+
+/// IQ4_NLT: tiles of 8 IQ4_NL blocks (256 values, 144 bytes: 16-byte aligned in rows of whole
+/// tiles): the blocks' 16 nibble bytes, then their fp16 scales. Group g of a tile (IQ4_NL block
+/// g) is one 16-byte load and `d[g]`, where an IQ4_NL block is nine 2-byte loads.
+pub mod iq4_nlt {
+    use super::{iq4_nl, tiles::Tiling, WeightFormat};
+
+    pub const TILING: Tiling = Tiling { base: WeightFormat::Iq4Nl, blocks: 8, fields: &[(iq4_nl::OFF_QS, 16), (iq4_nl::OFF_D, 2)] };
+    pub const BLOCKS: usize = TILING.blocks;
+    pub const BYTES: usize = TILING.bytes();
+    pub const OFF_QS: usize = TILING.field(0);
+    pub const OFF_D: usize = TILING.field(1);
 }
 
 /// Q2_0 (64 values): fp16 `d`, 16 bytes of 2-bit codes, four per byte, least significant
@@ -192,6 +248,8 @@ pub enum WeightFormat {
     Q2_0 = 42,
     /// Not a GGUF type: the device layout [`q8_0t`] of Q8_0 (its id is outside ggml's).
     Q8_0T = 0x1008,
+    /// Not a GGUF type: the device layout [`iq4_nlt`] of IQ4_NL.
+    Iq4NlT = 0x1014,
 }
 
 impl WeightFormat {
@@ -208,17 +266,46 @@ impl WeightFormat {
         WeightFormat::Q2_0,
     ];
 
-    /// Every format the matvec kernels take: the GGUF formats of [`Self::ALL`] and the device
-    /// layout [`WeightFormat::Q8_0T`].
-    pub const MATVEC: [WeightFormat; 11] = {
-        let mut all = [WeightFormat::Q8_0T; 11];
+    /// The tiled device layouts ([`tiles`]).
+    pub const TILED: [WeightFormat; 2] = [WeightFormat::Q8_0T, WeightFormat::Iq4NlT];
+
+    /// Every format the matvec kernels take: the GGUF formats of [`Self::ALL`] and the tiled
+    /// layouts of [`Self::TILED`].
+    pub const MATVEC: [WeightFormat; 12] = {
+        let mut all = [WeightFormat::Q8_0T; 12];
         let mut i = 0;
-        while i < Self::ALL.len() {
-            all[i] = Self::ALL[i];
+        while i < all.len() {
+            all[i] = if i < Self::ALL.len() { Self::ALL[i] } else { Self::TILED[i - Self::ALL.len()] };
             i += 1;
         }
         all
     };
+
+    /// The layout of a tiled format ([`Self::TILED`]), `None` for a GGUF format.
+    pub const fn tiling(self) -> Option<tiles::Tiling> {
+        match self {
+            WeightFormat::Q8_0T => Some(q8_0t::TILING),
+            WeightFormat::Iq4NlT => Some(iq4_nlt::TILING),
+            _ => None,
+        }
+    }
+
+    /// The tiled layout of a GGUF format that has one.
+    pub const fn tiled(self) -> Option<WeightFormat> {
+        match self {
+            WeightFormat::Q8_0 => Some(WeightFormat::Q8_0T),
+            WeightFormat::Iq4Nl => Some(WeightFormat::Iq4NlT),
+            _ => None,
+        }
+    }
+
+    /// The format whose blocks this one holds: the base of a tiled layout, else itself.
+    pub const fn base(self) -> WeightFormat {
+        match self.tiling() {
+            Some(t) => t.base,
+            None => self,
+        }
+    }
 
     /// The format with GGUF type id `id`, if it is a quantized weight format.
     pub fn from_gguf_id(id: u32) -> Option<WeightFormat> {
@@ -231,6 +318,7 @@ impl WeightFormat {
             WeightFormat::Q8_0 | WeightFormat::Iq4Nl => GROUP,
             WeightFormat::Q2_0 => q2_0::VALUES,
             WeightFormat::Q8_0T => q8_0t::BLOCKS * GROUP,
+            WeightFormat::Iq4NlT => iq4_nlt::BLOCKS * GROUP,
             _ => QK_K,
         }
     }
@@ -249,6 +337,7 @@ impl WeightFormat {
             WeightFormat::Iq4Xs => iq4_xs::BYTES,
             WeightFormat::Q2_0 => q2_0::BYTES,
             WeightFormat::Q8_0T => q8_0t::BYTES,
+            WeightFormat::Iq4NlT => iq4_nlt::BYTES,
         }
     }
 
@@ -299,6 +388,7 @@ impl WeightFormat {
             WeightFormat::Iq4Xs => "IQ4_XS",
             WeightFormat::Q2_0 => "Q2_0",
             WeightFormat::Q8_0T => "Q8_0T",
+            WeightFormat::Iq4NlT => "IQ4_NLT",
         }
     }
 
@@ -316,6 +406,7 @@ impl WeightFormat {
             WeightFormat::Iq4Xs => "iq4_xs",
             WeightFormat::Q2_0 => "q2_0",
             WeightFormat::Q8_0T => "q8_0t",
+            WeightFormat::Iq4NlT => "iq4_nlt",
         }
     }
 
@@ -333,6 +424,7 @@ impl WeightFormat {
             WeightFormat::Iq4Xs => "mmvq_iq4_xs",
             WeightFormat::Q2_0 => "mmvq_q2_0",
             WeightFormat::Q8_0T => "mmvq_q8_0t",
+            WeightFormat::Iq4NlT => "mmvq_iq4_nlt",
         }
     }
 
@@ -351,6 +443,7 @@ impl WeightFormat {
             WeightFormat::Iq4Xs => "mmvq1_iq4_xs",
             WeightFormat::Q2_0 => "mmvq1_q2_0",
             WeightFormat::Q8_0T => "mmvq1_q8_0t",
+            WeightFormat::Iq4NlT => "mmvq1_iq4_nlt",
         }
     }
 
@@ -368,15 +461,17 @@ impl WeightFormat {
             WeightFormat::Iq4Xs => "mmvqs_iq4_xs",
             WeightFormat::Q2_0 => "mmvqs_q2_0",
             WeightFormat::Q8_0T => "mmvqs_q8_0t",
+            WeightFormat::Iq4NlT => "mmvqs_iq4_nlt",
         }
     }
 
-    /// Byte offset of the fp16 scale `d` in a block (Q8_0T: of its first group; it holds one
-    /// a group, see [`q8_0t`]).
+    /// Byte offset of the fp16 scale `d` in a block (a tiled layout: of its first block's; it
+    /// holds one a block, see [`tiles`]).
     pub const fn off_d(self) -> usize {
         match self {
             WeightFormat::Q6K => q6_k::OFF_D,
             WeightFormat::Q8_0T => q8_0t::OFF_D,
+            WeightFormat::Iq4NlT => iq4_nlt::OFF_D,
             _ => 0,
         }
     }
@@ -397,6 +492,9 @@ pub const LAYOUT_CONSTANTS: &[(&str, usize)] = &[
     ("Q8_0T_OFF_LO", q8_0t::OFF_LO),
     ("Q8_0T_OFF_HI", q8_0t::OFF_HI),
     ("Q8_0T_OFF_D", q8_0t::OFF_D),
+    ("IQ4_NLT_BYTES", iq4_nlt::BYTES),
+    ("IQ4_NLT_OFF_QS", iq4_nlt::OFF_QS),
+    ("IQ4_NLT_OFF_D", iq4_nlt::OFF_D),
     ("Q2_0_BYTES", q2_0::BYTES),
     ("Q2_0_OFF_D", q2_0::OFF_D),
     ("Q2_0_OFF_QS", q2_0::OFF_QS),

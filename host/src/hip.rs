@@ -12,7 +12,7 @@ use crate::gpu::{open_device, GpuBackend};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::formats::{iq4_nl, LAYOUT_CONSTANTS};
 use strata_gpu_shared::launch::{
-    amd_waves_per_eu, BOUNDS, MATVEC_AHEAD, COPY_CHUNK, EXPDEC_ENTRIES, EXPDEC_THREADS, EXPDEC_W16_THREADS, COPY_SEGMENT_WORDS, HEAD_CHUNK, MMVQ1_AHEAD, MMVQS_WARPS, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_ENTRY_PASS,
+    amd_waves_per_eu, BOUNDS, MATVEC_AHEAD, COPY_CHUNK, EXPDEC_ENTRIES, EXPDEC_THREADS, EXPDEC_W16_THREADS, COPY_SEGMENT_WORDS, HEAD_CHUNK, MMVQ1_AHEAD, MMVQS_WARPS, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_ENTRY_PASS,
     MOE_GU_ROWS, MOE_GU_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS,
 };
 use strata_gpu_shared::order::HEAD_THREADS;
@@ -66,6 +66,7 @@ pub fn prelude() -> String {
         ("MOE_GU_WARPS", MOE_GU_WARPS as usize),
         ("MOE_GU_ROWS", MOE_GU_ROWS as usize),
         ("MOE_ENTRY_PASS", MOE_ENTRY_PASS as usize),
+        ("MOE_DOWN_ROWS", MOE_DOWN_ROWS as usize),
         ("MOE_MAX_SELECTIONS", MOE_MAX_SELECTIONS),
         ("EXPDEC_ENTRIES", EXPDEC_ENTRIES as usize),
         ("EXPDEC_THREADS", EXPDEC_THREADS as usize),

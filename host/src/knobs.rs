@@ -8,7 +8,7 @@ use strata_gpu_shared::formats::WeightFormat;
 use strata_gpu_shared::launch::{
     bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_smem, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
     EXPDEC_DOWN_MAX_GROUPS, EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R,
-    EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_GU_ROWS,
+    EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_GU_ROWS,
 };
 
 /// Dynamic shared memory the EXPDEC kernels may ask for without opting in to more (48 KiB):
@@ -24,7 +24,8 @@ pub struct ExpertKnobs {
     /// `STRATA_EXPDEC_RB`: gate/up rows per block, 32, 64 or 128; 0 picks by the minimum-blocks
     /// rule.
     pub rb: u32,
-    /// `STRATA_EXPDEC_DOWN`: EXPDEC down (`expdec_down_*`) for IQ4_NL down weights (opt-in).
+    /// `STRATA_EXPDEC_DOWN`: EXPDEC down (`expdec_down_*`) for IQ4_NL down weights, plain or
+    /// tiled (opt-in).
     pub down: bool,
     /// `STRATA_EXPDEC_D20`: EXPDEC down for Q2_0 down weights.
     pub d20: bool,
@@ -64,7 +65,7 @@ pub const KNOBS: [Knob; 11] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
     Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
-    Knob { name: "EXPDEC_DOWN", values: "0|1", what: "EXPDEC down for IQ4_NL" },
+    Knob { name: "EXPDEC_DOWN", values: "0|1", what: "EXPDEC down for IQ4_NL (and its tiles, IQ4_NLT)" },
     Knob { name: "EXPDEC_D20", values: "0|1", what: "EXPDEC down for Q2_0" },
     Knob { name: "EXPDEC_DR", values: "1|2|4", what: "down rows per lane" },
     Knob { name: "EXPDEC_DRB", values: "0|16|32|64|128|256", what: "down rows per block (0: minimum-blocks rule)" },
@@ -209,13 +210,13 @@ impl ExpertKnobs {
         let down_smem = expdec_down_smem(ff_groups.max(1), self.dr);
         let wanted = match df {
             WeightFormat::Q2_0 => self.d20,
-            WeightFormat::Iq4Nl => self.down,
+            WeightFormat::Iq4Nl | WeightFormat::Iq4NlT => self.down,
             _ => false,
         };
         let fits = EXPDEC_DOWN_FORMATS.contains(&df) && ff_groups <= EXPDEC_DOWN_MAX_GROUPS && down_smem <= EXPDEC_SMEM_MAX;
         let down = match (wanted && fits).then(|| expdec_down_kernel(df, self.dr, self.dminb)).flatten() {
             Some(kernel) => Launch { kernel, blocks: n * n_embd32.div_ceil(drb), smem: down_smem, rows_per_block: drb },
-            None => plain(&format!("moe_down_{}", df.tag()), n * n_embd32.div_ceil(MMVQ_WARPS), MMVQ_WARPS),
+            None => plain(&format!("moe_down_{}", df.tag()), n * n_embd32.div_ceil(MMVQ_WARPS * MOE_DOWN_ROWS), MMVQ_WARPS * MOE_DOWN_ROWS),
         };
         Ok(ExpertPlan { gu, down })
     }
@@ -301,7 +302,8 @@ mod tests {
         // Knobs off, formats without EXPDEC entries, rows too long: the default kernels.
         let off = ExpertKnobs { expdec: false, down: false, d20: false, ..on };
         let p = off.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS).unwrap();
-        assert_eq!((p.gu.kernel, p.gu.blocks, p.down.kernel, p.down.blocks), ("moe_gu_iq3_s", 40 * 20, "moe_down_q2_0", 40 * 640));
+        // moe_down: 4 warps of 4 rows a block.
+        assert_eq!((p.gu.kernel, p.gu.blocks, p.down.kernel, p.down.blocks, p.down.rows_per_block), ("moe_gu_iq3_s", 40 * 20, "moe_down_q2_0", 40 * 160, 16));
         assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8, H200_SMS).unwrap().gu.kernel, "moe_gu_iq4_xs");
         assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8, H200_SMS).unwrap().down.kernel, "moe_down_iq3_s");
         assert_eq!(on.plan((Iq2S, Q2_0), 2048, 2048, 8, H200_SMS).unwrap().down.kernel, "moe_down_q2_0");

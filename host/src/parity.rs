@@ -11,7 +11,7 @@ use crate::backend::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Var
 use crate::error::Result;
 use crate::reference::{float_matvec_f64, matvec_f64, nmse};
 use strata_gpu_shared::f16::f32_to_f16;
-use strata_gpu_shared::formats::{q8_0t, q8_1, FloatFormat, WeightFormat, GROUP};
+use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::replica;
 
 /// The NMSE bar against float64 (the one llama.cpp's backend tests use).
@@ -119,11 +119,11 @@ fn random_scale(rng: &mut SmallRng, lo: f32, hi: f32) -> u16 {
 
 /// Random weight blocks: random quant bytes (every pattern is valid) and finite scales.
 pub fn random_weights(rng: &mut SmallRng, format: WeightFormat, m: usize, k: usize) -> Vec<u8> {
-    if format == WeightFormat::Q8_0T {
-        // By definition tiled Q8_0: random Q8_0 blocks (a scale each), tiled.
-        let blocks = random_weights(rng, WeightFormat::Q8_0, m, k);
+    if let Some(t) = format.tiling() {
+        // By definition the base format's blocks (a scale each), tiled.
+        let blocks = random_weights(rng, t.base, m, k);
         let mut tiles = vec![0u8; blocks.len()];
-        q8_0t::tile(&blocks, &mut tiles);
+        t.tile(&blocks, &mut tiles);
         return tiles;
     }
     let bb = format.block_bytes();

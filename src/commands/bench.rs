@@ -110,7 +110,9 @@ pub struct DecodeArgs {
 
 #[derive(clap::Args)]
 pub struct ExpertsArgs {
-    /// Format pairs `GATEUP/DOWN`, comma-separated.
+    /// Format pairs `GATEUP/DOWN`, comma-separated: GGUF formats, or a tiled device layout
+    /// (`IQ4_NLT`: IQ4_NL in tiles of 8 blocks, what the decode step holds IQ4_NL experts as
+    /// where their rows are whole tiles).
     #[arg(long, default_value = "IQ3_XXS/IQ4_NL,IQ3_S/IQ4_NL,IQ2_S/IQ4_NL,IQ3_XXS/Q2_0,IQ3_S/Q2_0,IQ2_S/Q2_0,IQ2_XXS/IQ4_NL")]
     pub pairs: String,
     /// Layer shapes `N_EMBD/N_FF/EXPERTS/K`, comma-separated.
@@ -488,7 +490,7 @@ fn print_phases(set: &Setting, a: &DecodeArgs, phases: Option<&[bd::PhaseRow]>) 
 }
 
 fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
-    let fmt = |s: &str| WeightFormat::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s));
+    let fmt = |s: &str| WeightFormat::MATVEC.into_iter().find(|w| w.name().eq_ignore_ascii_case(s));
     let pairs = list(&a.pairs, "format pair (GATEUP/DOWN)", |p| p.split_once('/').and_then(|(g, d)| Some((fmt(g)?, fmt(d)?))))?;
     let shapes = list(&a.shapes, "shape (N_EMBD/N_FF/EXPERTS/K)", |s| {
         let v: Vec<usize> = s.split('/').map(|x| x.parse().ok().filter(|&x| x > 0)).collect::<Option<_>>()?;
@@ -509,6 +511,16 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
     );
     for &(gf, df) in &pairs {
         for &(n_embd, n_ff, n_expert, k) in &shapes {
+            if n_embd % gf.block_values() != 0 || n_ff % df.block_values() != 0 {
+                eprintln!(
+                    "bench experts: skipping {}/{} at {n_embd}/{n_ff}: gate/up rows need a multiple of {} values, down rows of {}",
+                    gf.name(),
+                    df.name(),
+                    gf.block_values(),
+                    df.block_values()
+                );
+                continue;
+            }
             for &routing in &routings {
                 for (name, b) in [("cuda", &mut found.cuda), ("hip", &mut found.hip)] {
                     if !wanted.contains(&name) {

@@ -124,9 +124,14 @@ fn iq4_levels(codes: u32) -> u32 {
 /// 16 nibble bytes at `qs` to the 8 words of IQ4 levels (low nibbles first, then high).
 #[inline(always)]
 unsafe fn iq4_words(qs: *const u8) -> [u32; 8] {
+    iq4_words_of(core::array::from_fn(|i| mem::ld_nc_u32_a2(qs.add(4 * i))))
+}
+
+/// The 16 nibble bytes as four words to the 8 words of IQ4 levels.
+#[inline(always)]
+fn iq4_words_of(nibbles: [u32; 4]) -> [u32; 8] {
     let mut w = [0u32; 8];
-    for i in 0..4 {
-        let nib = mem::ld_nc_u32_a2(qs.add(4 * i));
+    for (i, nib) in nibbles.into_iter().enumerate() {
         w[i] = iq4_levels(nib & 0x0f0f_0f0f);
         w[i + 4] = iq4_levels((nib >> 4) & 0x0f0f_0f0f);
     }
@@ -196,6 +201,21 @@ impl Block for Iq4Nl {
     #[inline(always)]
     unsafe fn load_with<G: Grid>(p: *const u8, _g: u32, _grid: G) -> Group {
         Group { d: scale(p.add(iq4_nl::OFF_D)), w: iq4_words(p.add(iq4_nl::OFF_QS)), f: [1, 1] }
+    }
+}
+
+/// IQ4_NL in tiles of 8 blocks (`formats::iq4_nlt`): group g of a tile is one 16-byte aligned
+/// load and its scale, where an IQ4_NL block is nine 2-byte loads.
+pub struct Iq4NlT;
+impl Block for Iq4NlT {
+    const BYTES: usize = iq4_nlt::BYTES;
+    const GROUPS: u32 = iq4_nlt::BLOCKS as u32;
+    const SHIFT: u32 = 0;
+    #[inline(always)]
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
+        // Tiles are 144 bytes (9 x 16) in rows of whole tiles from a 16-byte aligned allocation.
+        let w = iq4_words_of(mem::ld_nc_v4(p.add(iq4_nlt::OFF_QS + 16 * g as usize)));
+        Group { d: scale(p.add(iq4_nlt::OFF_D + 2 * g as usize)), w, f: [1, 1] }
     }
 }
 

@@ -136,6 +136,9 @@ expdec_down_entries! {
     expdec_down_iq4_nl_d1_m2 => blocks::Iq4Nl, 1; expdec_down_iq4_nl_d1_m4 => blocks::Iq4Nl, 1;
     expdec_down_iq4_nl_d2_m2 => blocks::Iq4Nl, 2; expdec_down_iq4_nl_d2_m4 => blocks::Iq4Nl, 2;
     expdec_down_iq4_nl_d4_m2 => blocks::Iq4Nl, 4;
+    expdec_down_iq4_nlt_d1_m2 => blocks::Iq4NlT, 1; expdec_down_iq4_nlt_d1_m4 => blocks::Iq4NlT, 1;
+    expdec_down_iq4_nlt_d2_m2 => blocks::Iq4NlT, 2; expdec_down_iq4_nlt_d2_m4 => blocks::Iq4NlT, 2;
+    expdec_down_iq4_nlt_d4_m2 => blocks::Iq4NlT, 4;
 }
 
 // DR <= 4: the unrolled loop lists the rows.

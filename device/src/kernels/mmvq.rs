@@ -88,6 +88,39 @@ pub unsafe fn row_partials_from<F: Block, const AHEAD: usize>(wrow: *const u8, g
     acc
 }
 
+/// This lane's partials of `N` weight rows (row `j` at `wrow(j)`, `groups` groups of `F`) against
+/// one q8_1 activation row at `x`: for each row, [`row_partials`]'s partial of one activation row
+/// (groups `lane, lane + 32, ...`, left to right from +0.0), with a group of every row loaded
+/// before the first is used.
+///
+/// # Safety
+/// Each `wrow(j)` holds a row's whole blocks; `x` holds `groups` q8_1 blocks, 4-byte aligned.
+#[inline(always)]
+pub unsafe fn rows_partials<F: Block, const N: usize>(wrow: impl Fn(usize) -> *const u8, groups: u32, x: *const u8) -> [f32; N] {
+    const { assert!(N <= 8) };
+    let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
+    let mut acc = [0.0f32; N];
+    let mut b = index::lane();
+    while b < groups {
+        // The activation first: every row waits on it. Unrolled (`N <= 8`) so the groups and
+        // partials stay in registers.
+        let (q, dx) = global_block(x.add(b as usize * q8_1::BYTES));
+        let mut g = [blocks::Group::ZERO; N];
+        crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if j < N {
+                g[j] = F::load(wrow(j).add((b / F::GROUPS) as usize * F::BYTES), b % F::GROUPS);
+            }
+        });
+        crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if j < N {
+                acc[j] += contribution_words(&g[j], &q, dx, pow2);
+            }
+        });
+        b += 32;
+    }
+    acc
+}
+
 /// The warp's weight row (`WARPS` rows a block, one a warp), brought towards L2 before the grid
 /// waits for the one before it: weights are constant, so this may overlap that grid.
 #[inline(always)]
@@ -188,6 +221,7 @@ macro_rules! mmvq_entries {
 mmvq_entries! {
     mmvq_q8_0, mmvq1_q8_0, mmvqs_q8_0 => blocks::Q8_0,
     mmvq_q8_0t, mmvq1_q8_0t, mmvqs_q8_0t => blocks::Q8_0T,
+    mmvq_iq4_nlt, mmvq1_iq4_nlt, mmvqs_iq4_nlt => blocks::Iq4NlT,
     mmvq_q6_k, mmvq1_q6_k, mmvqs_q6_k => blocks::Q6K,
     mmvq_iq2_xxs, mmvq1_iq2_xxs, mmvqs_iq2_xxs => blocks::Iq2Xxs,
     mmvq_iq2_xs, mmvq1_iq2_xs, mmvqs_iq2_xs => blocks::Iq2Xs,

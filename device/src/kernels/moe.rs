@@ -6,12 +6,12 @@
 //! every value is a function of its own token's inputs alone, so a token's output is the same in
 //! any window.
 use super::blocks::{self, Block};
-use super::mmvq::row_partials;
+use super::mmvq::{row_partials, rows_partials};
 use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
 use crate::arch::{index, mem, sync, warp};
 use strata_gpu_shared::formats::{q8_1, GROUP};
-use strata_gpu_shared::launch::{MMVQ_WARPS, MOE_ENTRY_PASS, MOE_GU_ROWS, MOE_GU_WARPS, MOE_MAX_SELECTIONS};
+use strata_gpu_shared::launch::{MMVQ_WARPS, MOE_DOWN_ROWS, MOE_ENTRY_PASS, MOE_GU_ROWS, MOE_GU_WARPS, MOE_MAX_SELECTIONS};
 use strata_gpu_shared::moe;
 
 #[inline(always)]
@@ -171,29 +171,47 @@ unsafe fn gu<F: Block>(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *c
 }
 
 /// Down of one expert for every entry of its group: `y[e][row]`. Block `b`: group
-/// `b / ceil(n_embd / MMVQ_WARPS)`, one row per warp.
+/// `b / ceil(n_embd / (MMVQ_WARPS * MOE_DOWN_ROWS))`, `MOE_DOWN_ROWS` consecutive rows per warp:
+/// for a group of one entry, every row's groups loaded before the first is used
+/// (`rows_partials`); else row by row, `MOE_ENTRY_PASS` entries a pass. The same partials and
+/// butterflies, so the same bits, either way.
 ///
 /// # Safety
 /// `down`: `n_expert` matrices of `n_embd` rows x `ff_groups` groups of `F`, `expert_bytes`
 /// each; `hq` from `moe_gu_*`; `table` from `moe_group`; `y`: `n` rows of `n_embd` f32.
 #[inline(always)]
 unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, y: *mut f32) {
-    let row_blocks = n_embd.div_ceil(MMVQ_WARPS);
+    const ROWS: usize = MOE_DOWN_ROWS as usize;
+    let row_blocks = n_embd.div_ceil(MMVQ_WARPS * MOE_DOWN_ROWS);
     let b = index::block_idx();
-    let row = (b % row_blocks) * MMVQ_WARPS + index::warp_in_block();
+    let row0 = ((b % row_blocks) * MMVQ_WARPS + index::warp_in_block()) * MOE_DOWN_ROWS;
     let Some((expert, start, count)) = group_of(table, n, b / row_blocks) else { return }; // whole block
-    if row >= n_embd {
+    if row0 >= n_embd {
         return; // whole warp
     }
-    let wrow = w.add(expert as usize * expert_bytes as usize + row as usize * (ff_groups / F::GROUPS) as usize * F::BYTES);
+    let rows = (n_embd - row0).min(MOE_DOWN_ROWS);
+    let row_bytes = (ff_groups / F::GROUPS) as usize * F::BYTES;
+    // Rows past the end read the last row, unused: one code path.
+    let wrow = |j: usize| w.add(expert as usize * expert_bytes as usize + (row0 + (j as u32).min(rows - 1)) as usize * row_bytes);
     let entries = table.add(moe::entries(n as usize) + start as usize);
-    let mut pass = 0;
-    while pass < count {
-        let m = (count - pass).min(MOE_ENTRY_PASS);
-        let entry = |r: usize| ld(entries, pass as usize + r) as usize;
-        let acc = row_partials::<F, 1>(wrow, ff_groups, m, |r| hq.add(entry(r) * ff_groups as usize * q8_1::BYTES));
-        warp::store_row_sums(&acc, m, false, |r| y.add(entry(r) * n_embd as usize + row as usize));
-        pass += MOE_ENTRY_PASS;
+    let entry = |i: u32| ld(entries, i as usize) as usize;
+    let out = |e: usize, j: usize| y.add(e * n_embd as usize + row0 as usize + j);
+    if count == 1 {
+        let e = entry(0);
+        let acc = rows_partials::<F, ROWS>(wrow, ff_groups, hq.add(e * ff_groups as usize * q8_1::BYTES));
+        warp::store_row_sums(&acc, rows, false, |j| out(e, j));
+        return;
+    }
+    let mut j = 0;
+    while j < rows {
+        let mut pass = 0;
+        while pass < count {
+            let m = (count - pass).min(MOE_ENTRY_PASS);
+            let acc = row_partials::<F, 1>(wrow(j as usize), ff_groups, m, |r| hq.add(entry(pass + r as u32) * ff_groups as usize * q8_1::BYTES));
+            warp::store_row_sums(&acc, m, false, |r| out(entry(pass + r as u32), j as usize));
+            pass += MOE_ENTRY_PASS;
+        }
+        j += 1;
     }
 }
 
@@ -235,8 +253,8 @@ macro_rules! moe_entries {
             gu::<$block>(gate, up, expert_bytes, xq, table, n, k, embd_groups, n_ff, hq)
         }
 
-        /// Down for one weight format. Launch: `n * ceil(n_embd / MMVQ_WARPS)` blocks of
-        /// `32 * MMVQ_WARPS` threads.
+        /// Down for one weight format. Launch: `n * ceil(n_embd / (MMVQ_WARPS * MOE_DOWN_ROWS))`
+        /// blocks of `32 * MMVQ_WARPS` threads.
         ///
         /// # Safety
         /// As `down`.
@@ -257,6 +275,7 @@ moe_entries! {
     moe_gu_iq3_xxs, moe_down_iq3_xxs => blocks::Iq3Xxs,
     moe_gu_iq3_s, moe_down_iq3_s => blocks::Iq3S,
     moe_gu_iq4_nl, moe_down_iq4_nl => blocks::Iq4Nl,
+    moe_gu_iq4_nlt, moe_down_iq4_nlt => blocks::Iq4NlT,
     moe_gu_iq4_xs, moe_down_iq4_xs => blocks::Iq4Xs,
     moe_gu_q2_0, moe_down_q2_0 => blocks::Q2_0,
 }

@@ -33,6 +33,11 @@ pub const MOE_GU_ROWS: u32 = 32;
 /// The most (token, slot) selections of one routed-expert window (8 tokens x up to 32 slots):
 /// `moe_group`'s warp keeps 8 a lane.
 pub const MOE_MAX_SELECTIONS: usize = 256;
+/// Consecutive down rows a `moe_down_*` warp takes (`MMVQ_WARPS` warps a block). A group of one
+/// entry (every group of a one-token window, most under uniform routing) has each lane load its
+/// groups of all the warp's rows before it uses the first, so a warp waits on one memory latency
+/// for them where one row a warp waited once a row; larger groups take the rows one by one.
+pub const MOE_DOWN_ROWS: u32 = 4;
 /// Entries of a group one pass of the expert kernels takes (its activation rows per weight
 /// decode); larger groups take several passes.
 pub const MOE_ENTRY_PASS: u32 = MMVQ_MAX_ROWS as u32;
@@ -171,7 +176,7 @@ const fn mmvq1(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 6, smem_bytes: 0 }
 }
 
-const BASE: [Bounds; 69] = [
+const BASE: [Bounds; 74] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q8_0t"),
@@ -182,6 +187,7 @@ const BASE: [Bounds; 69] = [
     mmvq("mmvq_iq3_xxs"),
     mmvq("mmvq_iq3_s"),
     mmvq("mmvq_iq4_nl"),
+    mmvq("mmvq_iq4_nlt"),
     mmvq("mmvq_iq4_xs"),
     mmvq("mmvq_q2_0"),
     mmvq1("mmvq1_q8_0"),
@@ -193,6 +199,7 @@ const BASE: [Bounds; 69] = [
     mmvq1("mmvq1_iq3_xxs"),
     mmvq1("mmvq1_iq3_s"),
     mmvq1("mmvq1_iq4_nl"),
+    mmvq1("mmvq1_iq4_nlt"),
     mmvq1("mmvq1_iq4_xs"),
     mmvq1("mmvq1_q2_0"),
     mmvqs("mmvqs_q8_0"),
@@ -204,6 +211,7 @@ const BASE: [Bounds; 69] = [
     mmvqs("mmvqs_iq3_xxs"),
     mmvqs("mmvqs_iq3_s"),
     mmvqs("mmvqs_iq4_nl"),
+    mmvqs("mmvqs_iq4_nlt"),
     mmvqs("mmvqs_iq4_xs"),
     mmvqs("mmvqs_q2_0"),
     mmvq("matvec_f32"),
@@ -227,21 +235,29 @@ const BASE: [Bounds; 69] = [
     moe_gu("moe_gu_iq3_xxs"),
     moe_gu("moe_gu_iq3_s"),
     moe_gu("moe_gu_iq4_nl"),
+    moe_gu("moe_gu_iq4_nlt"),
     moe_gu("moe_gu_iq4_xs"),
     moe_gu("moe_gu_q2_0"),
-    mmvq("moe_down_q8_0"),
-    mmvq("moe_down_q6_k"),
-    mmvq("moe_down_iq2_xxs"),
-    mmvq("moe_down_iq2_xs"),
-    mmvq("moe_down_iq2_s"),
-    mmvq("moe_down_iq3_xxs"),
-    mmvq("moe_down_iq3_s"),
-    mmvq("moe_down_iq4_nl"),
-    mmvq("moe_down_iq4_xs"),
-    mmvq("moe_down_q2_0"),
+    moe_down("moe_down_q8_0"),
+    moe_down("moe_down_q6_k"),
+    moe_down("moe_down_iq2_xxs"),
+    moe_down("moe_down_iq2_xs"),
+    moe_down("moe_down_iq2_s"),
+    moe_down("moe_down_iq3_xxs"),
+    moe_down("moe_down_iq3_s"),
+    moe_down("moe_down_iq4_nl"),
+    moe_down("moe_down_iq4_nlt"),
+    moe_down("moe_down_iq4_xs"),
+    moe_down("moe_down_q2_0"),
     Bounds { kernel: "quantize_q8_0_scaled", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     Bounds { kernel: "quantize_q8_0_scaled_ref", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
 ];
+
+/// The down geometry: `MMVQ_WARPS` warps of [`MOE_DOWN_ROWS`] rows at 5 blocks per SM (up to 102
+/// registers: room for a group of each row; at 64 most formats spilled, at 80 IQ4_XS and Q6_K).
+const fn moe_down(kernel: &'static str) -> Bounds {
+    Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 5, smem_bytes: 0 }
+}
 
 /// The gate/up geometry: `MOE_GU_WARPS` warps, shared words for one pass's SwiGLU outputs.
 const fn moe_gu(kernel: &'static str) -> Bounds {
@@ -280,9 +296,9 @@ macro_rules! expdec_bounds {
 /// The formats with EXPDEC entries: gate/up, then down.
 pub const EXPDEC_GU_FORMATS: [WeightFormat; 6] =
     [WeightFormat::Q8_0, WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S];
-pub const EXPDEC_DOWN_FORMATS: [WeightFormat; 2] = [WeightFormat::Q2_0, WeightFormat::Iq4Nl];
+pub const EXPDEC_DOWN_FORMATS: [WeightFormat; 3] = [WeightFormat::Q2_0, WeightFormat::Iq4Nl, WeightFormat::Iq4NlT];
 
-const EXPDEC_BOUNDS: [Bounds; 32] = expdec_bounds!(gu_m2: "q8_0"; gu: "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"; down: "q2_0", "iq4_nl");
+const EXPDEC_BOUNDS: [Bounds; 37] = expdec_bounds!(gu_m2: "q8_0"; gu: "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"; down: "q2_0", "iq4_nl", "iq4_nlt");
 
 /// `a` then `b`, in a const context.
 const fn join<const A: usize, const B: usize, const N: usize>(a: [Bounds; A], b: [Bounds; B]) -> [Bounds; N] {

@@ -56,23 +56,34 @@ fn put4(v: &mut [i8; GROUP], l: usize, grid: &[u32], entry: usize, signs: u8) {
     }
 }
 
-/// Decodes group `g` (0..`groups_per_block`) of one block of `format`.
+/// The largest block of a GGUF weight format (the base of every tiled layout is one).
+const MAX_BLOCK_BYTES: usize = {
+    let mut max = 0;
+    let mut i = 0;
+    while i < WeightFormat::ALL.len() {
+        let b = WeightFormat::ALL[i].block_bytes();
+        max = if b > max { b } else { max };
+        i += 1;
+    }
+    max
+};
+
+/// Decodes group `g` (0..`groups_per_block`) of one block of `format` (of a tiled layout: one
+/// tile, whose block `g / base groups` is decoded in the base layout).
 pub fn decode_group(format: WeightFormat, block: &[u8], g: usize) -> IntGroup {
+    if let Some(t) = format.tiling() {
+        let gpb = t.base.groups_per_block();
+        let mut one = [0u8; MAX_BLOCK_BYTES];
+        t.untile_block(block, g / gpb, &mut one);
+        return decode_group(t.base, &one[..t.base.block_bytes()], g % gpb);
+    }
     let mut v = [0i8; GROUP];
-    // Q8_0T holds a scale a group, the other formats one a block.
-    let d = le16(block, if format == WeightFormat::Q8_0T { q8_0t::OFF_D + 2 * g } else { format.off_d() });
+    let d = le16(block, format.off_d());
     let one = |s: i32| [s, s];
     let f = match format {
         WeightFormat::Q8_0 => {
             for (j, x) in v.iter_mut().enumerate() {
                 *x = block[q8_0::OFF_Q + j] as i8;
-            }
-            one(1)
-        }
-        WeightFormat::Q8_0T => {
-            for j in 0..16 {
-                v[j] = block[q8_0t::OFF_LO + 16 * g + j] as i8;
-                v[j + 16] = block[q8_0t::OFF_HI + 16 * g + j] as i8;
             }
             one(1)
         }
@@ -158,6 +169,7 @@ pub fn decode_group(format: WeightFormat, block: &[u8], g: usize) -> IntGroup {
             let s = (block[iq3_s::OFF_SCALES + g / 2] >> (4 * (g % 2))) & 15;
             one(1 + 2 * s as i32)
         }
+        WeightFormat::Q8_0T | WeightFormat::Iq4NlT => unreachable!("a tiled layout decodes through its base format above"),
     };
     IntGroup { d, v, f }
 }

@@ -9,6 +9,7 @@
 //! next window, so a one-token step can follow another without the host writing anything;
 //! each step's emitted tokens are copied into a slot of pinned host memory that the host reads
 //! when it wants them, while the next step already runs.
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
@@ -25,8 +26,9 @@ use crate::model::{float_format, Data, WeightId};
 use crate::model::Model;
 use crate::ops::attention::{attn_part_len, rope_table, AttnShape};
 use crate::ops::route::ArgmaxScratch;
-use strata_gpu_shared::formats::{q8_0t, q8_1, WeightFormat};
+use strata_gpu_shared::formats::{q8_1, WeightFormat};
 use strata_gpu_shared::launch::attention::attn_split;
+use strata_gpu_shared::launch::bounds;
 use strata_gpu_shared::moe;
 
 /// A weight on the device: a matrix as the file stores it, or a prepared f32 vector.
@@ -42,7 +44,7 @@ pub struct GpuExecutor {
     weights: HashMap<WeightId, DevWeight>,
     /// Expert tensors, keyed by the layer's gate weight.
     experts: HashMap<WeightId, MoeLayer>,
-    /// The Q8_0 matrices held tiled ([`tiled_weights`]), which the matvec reads as `Q8_0T`.
+    /// The weights held tiled ([`tiled_weights`]), which the kernels read in their tiled format.
     tiled: HashSet<WeightId>,
     act: HashMap<Act, CudaSlice<f32>>,
     /// The q8_1 buffers but `Qx::X`, which is the experts' input, `moe.xq`.
@@ -107,20 +109,36 @@ pub fn device_bytes(model: &Model, n_ctx: usize) -> usize {
     model.weights.total_bytes() + state + acts + rope + part + moe
 }
 
-/// The Q8_0 matrices the device holds tiled (`formats::q8_0t`: the same values, 16-byte loads in
-/// the matvec): those only [`Op::Linear`] reads (an embedding table keeps the file's blocks, which
-/// `embed_rows` reads), in rows of a multiple of the tile's 1,024 values.
+/// The weights the device holds in a tiled layout (`formats::tiles`: the same values, aligned
+/// 16-byte loads): the matrices only [`Op::Linear`] reads (an embedding table keeps the file's
+/// blocks, which `embed_rows` reads) and the routed experts whose tiled format has expert kernels
+/// (in the launch table), where the format has a tiled layout and a row holds whole tiles.
 pub fn tiled_weights(model: &Model) -> HashSet<WeightId> {
     let ops: Vec<Op> = model.step_ops(Op::Pick(Pick::Greedy)).into_iter().chain(model.mtp_ops().into_iter().flatten()).collect();
     let embedded: HashSet<WeightId> = ops.iter().filter_map(|o| if let Op::Embed { table, .. } = o { Some(*table) } else { None }).collect();
-    ops.iter()
-        .filter_map(|o| if let Op::Linear { w, .. } = o { Some(*w) } else { None })
-        .filter(|w| !embedded.contains(w))
-        .filter(|&w| {
-            let e = model.weights.get(w);
-            e.ty == GgmlType::Quant(WeightFormat::Q8_0) && e.cols % WeightFormat::Q8_0T.block_values() == 0
-        })
-        .collect()
+    let w = &model.weights;
+    let linear = ops.iter().filter_map(|o| if let Op::Linear { w, .. } = o { Some(*w) } else { None }).filter(|w| !embedded.contains(w));
+    let experts = w.all_layers().flat_map(|l| [l.gate, l.up, l.down]).filter(|&id| {
+        let tiled = tiled_format(w.get(id).ty);
+        tiled.is_some_and(|t| bounds(&format!("moe_gu_{}", t.tag())).is_some() && bounds(&format!("moe_down_{}", t.tag())).is_some())
+    });
+    linear.chain(experts).filter(|&id| tiled_format(w.get(id).ty).is_some_and(|t| w.get(id).cols % t.block_values() == 0)).collect()
+}
+
+/// The tiled layout of a weight type, if it has one.
+fn tiled_format(ty: GgmlType) -> Option<WeightFormat> {
+    match ty {
+        GgmlType::Quant(f) => f.tiled(),
+        _ => None,
+    }
+}
+
+/// A tiled weight's blocks in its tiled layout, and that format.
+fn tile(ty: GgmlType, blocks: &[u8]) -> (WeightFormat, Vec<u8>) {
+    let format = tiled_format(ty).expect("tiled_weights holds weights with a tiled layout only");
+    let mut tiles = vec![0u8; blocks.len()];
+    format.tiling().expect("a tiled format").tile(blocks, &mut tiles);
+    (format, tiles)
 }
 
 fn attn_shape(model: &Model, tokens: usize, n_ctx: usize) -> AttnShape {
@@ -155,12 +173,23 @@ impl GpuExecutor {
         let tiled = tiled_weights(&model);
         let expert_ids: Vec<WeightId> = w.all_layers().flat_map(|l| [l.gate, l.up, l.down]).collect();
         for l in w.all_layers() {
-            let tensor = |id: WeightId| {
+            let held: Vec<(WeightFormat, Cow<[u8]>)> = [l.gate, l.up, l.down]
+                .into_iter()
+                .map(|id| {
+                    let GgmlType::Quant(format) = w.get(id).ty else { unreachable!("the loader admits quantized experts only") };
+                    if tiled.contains(&id) {
+                        let (format, tiles) = tile(w.get(id).ty, w.data(id));
+                        (format, Cow::Owned(tiles))
+                    } else {
+                        (format, Cow::Borrowed(w.data(id)))
+                    }
+                })
+                .collect();
+            let tensor = |i: usize, id: WeightId| {
                 let e = w.get(id);
-                let GgmlType::Quant(format) = e.ty else { unreachable!("the loader admits quantized experts only") };
-                ExpertTensor { format, n_expert: e.n_expert, rows: e.rows, cols: e.cols, data: w.data(id) }
+                ExpertTensor { format: held[i].0, n_expert: e.n_expert, rows: e.rows, cols: e.cols, data: &held[i].1 }
             };
-            experts.insert(l.gate, gpu.upload_layer(tensor(l.gate), tensor(l.up), tensor(l.down))?);
+            experts.insert(l.gate, gpu.upload_layer(tensor(0, l.gate), tensor(1, l.up), tensor(2, l.down))?);
             bar.inc([l.gate, l.up, l.down].iter().map(|&id| w.get(id).bytes() as u64).sum());
         }
         for (i, weight) in w.list.iter().enumerate() {
@@ -170,12 +199,7 @@ impl GpuExecutor {
             }
             let dev = match &weight.data {
                 Data::F32(v) => DevWeight::F32(gpu.upload(&weight.name, v)?),
-                Data::File { .. } | Data::Rows(_) if tiled.contains(&id) => {
-                    let blocks = w.data(id);
-                    let mut tiles = vec![0u8; blocks.len()];
-                    q8_0t::tile(blocks, &mut tiles);
-                    DevWeight::Bytes(gpu.upload(&weight.name, &tiles)?)
-                }
+                Data::File { .. } | Data::Rows(_) if tiled.contains(&id) => DevWeight::Bytes(gpu.upload(&weight.name, &tile(weight.ty, w.data(id)).1)?),
                 Data::File { .. } | Data::Rows(_) => DevWeight::Bytes(gpu.upload(&weight.name, w.data(id))?),
             };
             weights.insert(id, dev);
@@ -464,7 +488,7 @@ impl Executor for GpuExecutor {
                 let mut o = self.take(out);
                 let r = match lw.ty {
                     GgmlType::Quant(format) => {
-                        let format = if self.tiled.contains(&id) { WeightFormat::Q8_0T } else { format };
+                        let format = if self.tiled.contains(&id) { format.tiled().expect("tiled_weights holds formats with a tiled layout") } else { format };
                         let q = match xq {
                             Qx::X => &self.moe.xq,
                             q => &self.qx[&q],
