@@ -76,14 +76,17 @@ fn models(seed: u64) -> Vec<Arc<Model>> {
 fn wide(seed: u64) -> Arc<Model> {
     let m = model_of_width(seed, 1024, (8, 2), 64, (8, 2), 256, (WeightFormat::Iq3S, WeightFormat::Iq4Nl));
     let tiled = strata::host::step::gpu::tiled_weights(&m);
-    let mut names: Vec<&str> = tiled.iter().map(|&id| m.weights.get(id).name.as_str()).collect();
+    let mut names: Vec<&str> = tiled.keys().map(|&id| m.weights.get(id).name.as_str()).collect();
     names.sort();
-    assert!(tiled.contains(&m.weights.output), "the head is not tiled: {names:?}");
+    assert_eq!(tiled.get(&m.weights.output), Some(&WeightFormat::Q8_0T), "the head is not tiled: {names:?}");
     for l in &m.weights.layers {
         let Mixer::Attention(a) = &l.mixer else { panic!("a qwen3moe layer attends") };
         let QkvProj::Fused { qkv, .. } = &a.proj else { panic!("q, k and v of one type are one matrix") };
-        assert!(tiled.contains(qkv) && !tiled.contains(&a.o), "q/k/v tiled, the output projection (512 values a row) not: {names:?}");
-        assert!(tiled.contains(&l.down) && !tiled.contains(&l.gate) && !tiled.contains(&l.up), "IQ4_NL down tiled, IQ3_S gate/up not: {names:?}");
+        assert!(tiled.get(qkv) == Some(&WeightFormat::Q8_0T) && !tiled.contains_key(&a.o), "q/k/v tiled, the output projection (512 values a row) not: {names:?}");
+        assert!(
+            tiled.get(&l.down) == Some(&WeightFormat::Iq4NlT) && !tiled.contains_key(&l.gate) && !tiled.contains_key(&l.up),
+            "IQ4_NL down tiled, IQ3_S gate/up not: {names:?}"
+        );
     }
     assert_eq!(tiled.len(), 1 + 2 * m.weights.layers.len(), "{names:?}");
     drop(names);

@@ -27,8 +27,9 @@ unsafe fn global_block(xb: *const u8) -> ([u32; 8], f32) {
     (q, dx)
 }
 
-/// [`contribution`] with the activation block already loaded: its 8 quant words and its scale
-/// widened to f32 (the shared-memory staged kernels hand these in).
+/// `c_b = (dw * dx) * (S * 2^-k)` of one decoded weight group and one q8_1 block given as its 8
+/// quant words and its scale widened to f32 (from global memory, [`global_block`], or staged in
+/// shared memory): `S = f[0] * dot(values 0..16) + f[1] * dot(values 16..32)`, exact.
 #[inline(always)]
 pub fn contribution_words(g: &blocks::Group, q: &[u32; 8], dx: f32, pow2: f32) -> f32 {
     let half = |h: usize| (4 * h..4 * h + 4).fold(0, |s, i| int::dp4a(g.w[i], q[i], s));

@@ -44,8 +44,8 @@ pub struct GpuExecutor {
     weights: HashMap<WeightId, DevWeight>,
     /// Expert tensors, keyed by the layer's gate weight.
     experts: HashMap<WeightId, MoeLayer>,
-    /// The weights held tiled ([`tiled_weights`]), which the kernels read in their tiled format.
-    tiled: HashSet<WeightId>,
+    /// The weights held tiled, with the format the kernels read them as ([`tiled_weights`]).
+    tiled: HashMap<WeightId, WeightFormat>,
     act: HashMap<Act, CudaSlice<f32>>,
     /// The q8_1 buffers but `Qx::X`, which is the experts' input, `moe.xq`.
     qx: HashMap<Qx, CudaSlice<u8>>,
@@ -110,35 +110,29 @@ pub fn device_bytes(model: &Model, n_ctx: usize) -> usize {
 }
 
 /// The weights the device holds in a tiled layout (`formats::tiles`: the same values, aligned
-/// 16-byte loads): the matrices only [`Op::Linear`] reads (an embedding table keeps the file's
-/// blocks, which `embed_rows` reads) and the routed experts whose tiled format has expert kernels
-/// (in the launch table), where the format has a tiled layout and a row holds whole tiles.
-pub fn tiled_weights(model: &Model) -> HashSet<WeightId> {
+/// 16-byte loads), each with the tiled format the kernels read it as: the matrices only
+/// [`Op::Linear`] reads (an embedding table keeps the file's blocks, which `embed_rows` reads) and
+/// the routed experts whose tiled format has expert kernels (in the launch table), where the
+/// format has a tiled layout and a row holds whole tiles.
+pub fn tiled_weights(model: &Model) -> HashMap<WeightId, WeightFormat> {
     let ops: Vec<Op> = model.step_ops(Op::Pick(Pick::Greedy)).into_iter().chain(model.mtp_ops().into_iter().flatten()).collect();
     let embedded: HashSet<WeightId> = ops.iter().filter_map(|o| if let Op::Embed { table, .. } = o { Some(*table) } else { None }).collect();
     let w = &model.weights;
-    let linear = ops.iter().filter_map(|o| if let Op::Linear { w, .. } = o { Some(*w) } else { None }).filter(|w| !embedded.contains(w));
-    let experts = w.all_layers().flat_map(|l| [l.gate, l.up, l.down]).filter(|&id| {
-        let tiled = tiled_format(w.get(id).ty);
-        tiled.is_some_and(|t| bounds(&format!("moe_gu_{}", t.tag())).is_some() && bounds(&format!("moe_down_{}", t.tag())).is_some())
-    });
-    linear.chain(experts).filter(|&id| tiled_format(w.get(id).ty).is_some_and(|t| w.get(id).cols % t.block_values() == 0)).collect()
-}
-
-/// The tiled layout of a weight type, if it has one.
-fn tiled_format(ty: GgmlType) -> Option<WeightFormat> {
-    match ty {
-        GgmlType::Quant(f) => f.tiled(),
+    let tiled = |id: WeightId| match w.get(id).ty {
+        GgmlType::Quant(f) => f.tiled().filter(|t| w.get(id).cols % t.block_values() == 0).map(|t| (id, t)),
         _ => None,
-    }
+    };
+    let linear = ops.iter().filter_map(|o| if let Op::Linear { w, .. } = o { Some(*w) } else { None }).filter(|w| !embedded.contains(w)).filter_map(tiled);
+    let has_moe = |t: WeightFormat| bounds(&format!("moe_gu_{}", t.tag())).is_some() && bounds(&format!("moe_down_{}", t.tag())).is_some();
+    let experts = w.all_layers().flat_map(|l| [l.gate, l.up, l.down]).filter_map(tiled).filter(|&(_, t)| has_moe(t));
+    linear.chain(experts).collect()
 }
 
-/// A tiled weight's blocks in its tiled layout, and that format.
-fn tile(ty: GgmlType, blocks: &[u8]) -> (WeightFormat, Vec<u8>) {
-    let format = tiled_format(ty).expect("tiled_weights holds weights with a tiled layout only");
+/// Blocks of a tiled format's base, tiled.
+fn tile(format: WeightFormat, blocks: &[u8]) -> Vec<u8> {
     let mut tiles = vec![0u8; blocks.len()];
-    format.tiling().expect("a tiled format").tile(blocks, &mut tiles);
-    (format, tiles)
+    format.tiling().expect("tiled_weights holds tiled formats only").tile(blocks, &mut tiles);
+    tiles
 }
 
 fn attn_shape(model: &Model, tokens: usize, n_ctx: usize) -> AttnShape {
@@ -173,23 +167,19 @@ impl GpuExecutor {
         let tiled = tiled_weights(&model);
         let expert_ids: Vec<WeightId> = w.all_layers().flat_map(|l| [l.gate, l.up, l.down]).collect();
         for l in w.all_layers() {
-            let held: Vec<(WeightFormat, Cow<[u8]>)> = [l.gate, l.up, l.down]
-                .into_iter()
-                .map(|id| {
-                    let GgmlType::Quant(format) = w.get(id).ty else { unreachable!("the loader admits quantized experts only") };
-                    if tiled.contains(&id) {
-                        let (format, tiles) = tile(w.get(id).ty, w.data(id));
-                        (format, Cow::Owned(tiles))
-                    } else {
-                        (format, Cow::Borrowed(w.data(id)))
-                    }
-                })
-                .collect();
-            let tensor = |i: usize, id: WeightId| {
-                let e = w.get(id);
-                ExpertTensor { format: held[i].0, n_expert: e.n_expert, rows: e.rows, cols: e.cols, data: &held[i].1 }
-            };
-            experts.insert(l.gate, gpu.upload_layer(tensor(0, l.gate), tensor(1, l.up), tensor(2, l.down))?);
+            // Each tensor's format and bytes as the device holds them.
+            let held = [l.gate, l.up, l.down].map(|id| {
+                let GgmlType::Quant(format) = w.get(id).ty else { unreachable!("the loader admits quantized experts only") };
+                match tiled.get(&id) {
+                    Some(&t) => (id, t, Cow::Owned(tile(t, w.data(id)))),
+                    None => (id, format, Cow::Borrowed(w.data(id))),
+                }
+            });
+            let [gate, up, down] = held.each_ref().map(|(id, format, data)| {
+                let e = w.get(*id);
+                ExpertTensor { format: *format, n_expert: e.n_expert, rows: e.rows, cols: e.cols, data }
+            });
+            experts.insert(l.gate, gpu.upload_layer(gate, up, down)?);
             bar.inc([l.gate, l.up, l.down].iter().map(|&id| w.get(id).bytes() as u64).sum());
         }
         for (i, weight) in w.list.iter().enumerate() {
@@ -199,8 +189,10 @@ impl GpuExecutor {
             }
             let dev = match &weight.data {
                 Data::F32(v) => DevWeight::F32(gpu.upload(&weight.name, v)?),
-                Data::File { .. } | Data::Rows(_) if tiled.contains(&id) => DevWeight::Bytes(gpu.upload(&weight.name, &tile(weight.ty, w.data(id)).1)?),
-                Data::File { .. } | Data::Rows(_) => DevWeight::Bytes(gpu.upload(&weight.name, w.data(id))?),
+                Data::File { .. } | Data::Rows(_) => match tiled.get(&id) {
+                    Some(&t) => DevWeight::Bytes(gpu.upload(&weight.name, &tile(t, w.data(id)))?),
+                    None => DevWeight::Bytes(gpu.upload(&weight.name, w.data(id))?),
+                },
             };
             weights.insert(id, dev);
             bar.inc(weight.bytes() as u64);
@@ -488,7 +480,7 @@ impl Executor for GpuExecutor {
                 let mut o = self.take(out);
                 let r = match lw.ty {
                     GgmlType::Quant(format) => {
-                        let format = if self.tiled.contains(&id) { format.tiled().expect("tiled_weights holds formats with a tiled layout") } else { format };
+                        let format = self.tiled.get(&id).copied().unwrap_or(format);
                         let q = match xq {
                             Qx::X => &self.moe.xq,
                             q => &self.qx[&q],
