@@ -107,8 +107,9 @@ fn add_launch_bounds(ptx: &str) -> Result<String, String> {
 }
 
 /// Architectures whose launches the host chains by programmatic dependent launch
-/// (`host/src/launch.rs`): every entry of their image must begin with `griddepcontrol.wait`
-/// (`device/src/arch/sync.rs` `chain_grids`).
+/// (`host/src/launch.rs`): every entry of their image must run `griddepcontrol.wait`
+/// (`device/src/arch/sync.rs` `chain_grids`) before it touches memory an earlier grid writes
+/// (only L2 prefetches of weights and the staging of module constants come before it).
 const CHAINED: [&str; 1] = ["sm_90"];
 
 /// Checks that every entry of `ptx` waits for the previous grid (its text up to the next entry
@@ -118,7 +119,7 @@ fn check_chained(ptx: &str) -> Result<(), String> {
         if !entry.contains("griddepcontrol.wait") {
             let name = entry.split('(').next().unwrap_or("").trim();
             return Err(format!(
-                "kernel `{name}` does not begin with `crate::arch::sync::chain_grids()`: its launches are chained, so it must wait for the previous grid"
+                "kernel `{name}` never calls `crate::arch::sync::chain_grids()`: its launches are chained, so it must wait for the previous grid"
             ));
         }
     }

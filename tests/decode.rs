@@ -69,12 +69,11 @@ fn models(seed: u64) -> Vec<Arc<Model>> {
     ]
 }
 
-/// A model whose q/k/v matrices and head have rows of 1,024 values, which the GPU holds tiled
+/// A model whose q/k/v matrices and head have rows of 2,048 values, which the GPU holds tiled
 /// (`Q8_0T`), and whose output projection (512 values a row) it does not; whose IQ4_NL expert
-/// down rows (256 values) it holds tiled (`IQ4_NLT`), and its IQ3_S gate/up (no tiled layout)
-/// not.
+/// down rows (256 values) and IQ3_S gate/up rows (2,048) it holds tiled (`IQ4_NLT`, `IQ3_ST`).
 fn wide(seed: u64) -> Arc<Model> {
-    let m = model_of_width(seed, 1024, (8, 2), 64, (8, 2), 256, (WeightFormat::Iq3S, WeightFormat::Iq4Nl));
+    let m = model_of_width(seed, 2048, (8, 2), 64, (8, 2), 256, (WeightFormat::Iq3S, WeightFormat::Iq4Nl));
     let tiled = strata::host::step::gpu::tiled_weights(&m);
     let mut names: Vec<&str> = tiled.keys().map(|&id| m.weights.get(id).name.as_str()).collect();
     names.sort();
@@ -84,11 +83,11 @@ fn wide(seed: u64) -> Arc<Model> {
         let QkvProj::Fused { qkv, .. } = &a.proj else { panic!("q, k and v of one type are one matrix") };
         assert!(tiled.get(qkv) == Some(&WeightFormat::Q8_0T) && !tiled.contains_key(&a.o), "q/k/v tiled, the output projection (512 values a row) not: {names:?}");
         assert!(
-            tiled.get(&l.down) == Some(&WeightFormat::Iq4NlT) && !tiled.contains_key(&l.gate) && !tiled.contains_key(&l.up),
-            "IQ4_NL down tiled, IQ3_S gate/up not: {names:?}"
+            tiled.get(&l.down) == Some(&WeightFormat::Iq4NlT) && tiled.get(&l.gate) == Some(&WeightFormat::Iq3ST) && tiled.get(&l.up) == Some(&WeightFormat::Iq3ST),
+            "IQ4_NL down and IQ3_S gate/up (2,048 values a row) tiled: {names:?}"
         );
     }
-    assert_eq!(tiled.len(), 1 + 2 * m.weights.layers.len(), "{names:?}");
+    assert_eq!(tiled.len(), 1 + 4 * m.weights.layers.len(), "{names:?}");
     drop(names);
     m
 }

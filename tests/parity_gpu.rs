@@ -100,13 +100,15 @@ macro_rules! parity_pair {
                 let (Some(a), Some(b)) = (open($reference), open($other)) else { return };
                 let seed = common::seed(concat!(stringify!($pair), "::moe"));
                 let mut rng = SmallRng::seed_from_u64(seed);
-                let gu = [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S, WeightFormat::Q8_0, WeightFormat::Iq4NlT];
-                // IQ4_NLT: the tiles the step holds IQ4_NL experts as (rows of 256 values and more).
+                let gu = [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S, WeightFormat::Q8_0, WeightFormat::Iq4NlT, WeightFormat::Iq3ST];
+                // IQ4_NLT, IQ3_ST: the tiles the step holds IQ4_NL and IQ3_S experts as (rows of
+                // 256 and 2,048 values and more).
                 let dn = [WeightFormat::Iq4Nl, WeightFormat::Q2_0, WeightFormat::Iq3S, WeightFormat::Q8_0, WeightFormat::Iq4NlT];
                 for (i, &g) in gu.iter().enumerate() {
                     for (j, &d) in dn.iter().enumerate() {
                         // The model shapes for some pairs, smaller ones for the rest.
                         let (n_embd, n_ff) = match (i + j) % 3 {
+                            _ if g == WeightFormat::Iq3ST => (2048, 768),
                             0 => (2560, 768),
                             1 => (2048, 768),
                             _ => (512, 512),
@@ -243,8 +245,9 @@ fn expert_knobs_every_value() {
         let mut runs = 0;
         for (i, &gf) in EXPDEC_GU_FORMATS.iter().enumerate() {
             let df = [WeightFormat::Q2_0, WeightFormat::Iq4Nl, WeightFormat::Iq4NlT][i % 3];
-            // IQ4_NLT down rows are whole tiles of 256 values: 768 of the three.
-            for (n_embd, n_ff) in [(2560, 640), (2048, 768), (512, 448)].into_iter().filter(|s| s.1 % df.block_values() == 0) {
+            // Rows of whole tiles: IQ4_NLT down rows of 256 values (768 of the three), IQ3_ST
+            // gate/up rows of 2,048.
+            for (n_embd, n_ff) in [(2560, 640), (2048, 768), (512, 448)].into_iter().filter(|s| s.0 % gf.block_values() == 0 && s.1 % df.block_values() == 0) {
                 let case = parity::MoeCase::crowded(&mut rng, (gf, df), n_embd, n_ff);
                 let xq = parity::moe_xq(&cpu, &case).unwrap();
                 let (want, _) = parity::moe_words(&cpu, &case, &xq).unwrap();

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use strata::host::cpu::CpuBackend;
 use strata::host::parity::{self, NMSE_MAX};
 use strata::host::{Backend, Error, Weights};
-use strata_gpu_shared::formats::{iq4_nl, iq4_nlt, q8_0, q8_0t, q8_1, FloatFormat, WeightFormat, GROUP};
+use strata_gpu_shared::formats::{iq3_s, iq3_st, iq4_nl, iq4_nlt, q8_0, q8_0t, q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::replica;
 
 /// Random shapes (rows 1..8, K 32..8192 in steps of 32, M up to 4096): the replica's NMSE
@@ -114,7 +114,9 @@ fn cpu_backend_split_matches_single_thread_replica() {
 /// decodes to its block's values and scale, for random blocks (every scale and byte drawn);
 /// each tile holds its blocks' bytes, none lost or repeated; and the bytes sit where the
 /// kernels' loaders read them (the layout constants, read here byte by byte: Q8_0T's quant
-/// halves and scale, IQ4_NLT's nibbles and scale), 16-byte aligned within a tile.
+/// halves and scale, IQ4_NLT's nibbles and scale, IQ3_ST's indices, signs, high bits, scales
+/// and scale), 16-byte fields 16-byte aligned within a tile (IQ3_ST's 8- and 4-byte loads: a
+/// const assertion in `formats::iq3_st`).
 #[test]
 fn tiles_decode_to_their_blocks() {
     let seed = common::seed("tiles_decode_to_their_blocks");
@@ -143,6 +145,13 @@ fn tiles_decode_to_their_blocks() {
                 let reads: Vec<(usize, usize, usize)> = match format {
                     WeightFormat::Q8_0T => vec![(q8_0t::OFF_LO + 16 * b, q8_0::OFF_Q, 16), (q8_0t::OFF_HI + 16 * b, q8_0::OFF_Q + 16, 16), (q8_0t::OFF_D + 2 * b, q8_0::OFF_D, 2)],
                     WeightFormat::Iq4NlT => vec![(iq4_nlt::OFF_QS + 16 * b, iq4_nl::OFF_QS, 16), (iq4_nlt::OFF_D + 2 * b, iq4_nl::OFF_D, 2)],
+                    WeightFormat::Iq3ST => vec![
+                        (iq3_st::OFF_QS + 64 * b, iq3_s::OFF_QS, 64),
+                        (iq3_st::OFF_SIGNS + 32 * b, iq3_s::OFF_SIGNS, 32),
+                        (iq3_st::OFF_QH + 8 * b, iq3_s::OFF_QH, 8),
+                        (iq3_st::OFF_SCALES + 4 * b, iq3_s::OFF_SCALES, 4),
+                        (iq3_st::OFF_D + 2 * b, iq3_s::OFF_D, 2),
+                    ],
                     f => panic!("{} has no loader offsets listed here", f.name()),
                 };
                 for (at, from, len) in reads {
@@ -176,4 +185,32 @@ fn shape_errors_name_the_kernel() {
     }
     let short = Weights { data: &data[..60], ..w };
     assert!(cpu.mmvq(&short, &xq, 1, false, &mut [0.0; 2]).unwrap_err().to_string().contains("need 68 bytes"));
+}
+
+/// The signed codebooks the EXPDEC gate/up kernels stage: for the formats that have one, word
+/// `w` with sign pattern `s` is the codebook's word `w` with byte `i` negated where bit `i` of
+/// `s` is set (read here as i8 values); the others stage their codebook as it is.
+#[test]
+fn signed_grids_negate_the_patterns_bytes() {
+    let mut signed = 0;
+    for format in WeightFormat::MATVEC {
+        let (grid, staged) = (format.grid(), format.staged_grid());
+        if !format.signed_grid() {
+            assert_eq!(staged, grid, "{}", format.name());
+            continue;
+        }
+        signed += 1;
+        assert!(!grid.is_empty() && staged.len() == 16 * grid.len(), "{}", format.name());
+        assert_eq!(staged.as_ptr() as usize % 16, 0, "{}: staged with 16-byte loads", format.name());
+        for (at, &word) in staged.iter().enumerate() {
+            let (s, w) = (at / grid.len(), at % grid.len());
+            for i in 0..4 {
+                let m = (grid[w] >> (8 * i)) as u8 as i8;
+                assert!(m > 0, "{} word {w}: magnitudes are positive", format.name());
+                let want = if s >> i & 1 == 1 { -m } else { m };
+                assert_eq!((word >> (8 * i)) as u8 as i8, want, "{} word {w} pattern {s:#x} byte {i}", format.name());
+            }
+        }
+    }
+    assert_eq!(signed, 1, "IQ3_ST stages a signed codebook");
 }

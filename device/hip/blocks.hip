@@ -3,26 +3,9 @@
 // (value j = d * f[j / 16] * byte j of w * 2^-SHIFT). Blocks are only 2-byte aligned, so 4-byte
 // fields are read as two 2-byte loads. Offsets and codebooks come from the generated prelude.
 // The IQ formats read their codebook through a grid: the global copy (GlobalGrid) by default,
-// or one the EXPDEC kernels staged in shared memory (StagedGrid).
+// or one the EXPDEC kernels staged in shared memory (StagedGrid), for IQ3_ST the
+// codebook expanded over its words' sign patterns (STRATA_IQ3_S_SIGNED).
 #include "strata_hip.h"
-
-struct GlobalGrid {
-  const uint32_t* words;
-  __device__ __forceinline__ uint32_t word(uint32_t i) const { return words[i]; }
-};
-
-struct StagedGrid {
-  uint32_t base;  // first word in the block's dynamic shared memory
-  __device__ __forceinline__ uint32_t word(uint32_t i) const { return strata_smem[base + i]; }
-};
-
-struct Group {
-  float d;
-  uint32_t w[8];
-  int32_t f[2];
-};
-
-STRATA_FN float block_scale(const uint8_t* p) { return f16_to_f32(ld_nc_u16(p)); }
 
 // 4-bit sign mask (bit i = byte i negative) to 0xff in the negative bytes.
 STRATA_FN uint32_t sign_bytes(uint32_t bits) { return (((bits & 15u) * 0x00204081u) & 0x01010101u) * 0xffu; }
@@ -32,6 +15,32 @@ STRATA_FN uint32_t apply_signs(uint32_t mags, uint32_t bits) {
   uint32_t mask = sign_bytes(bits);
   return (mags ^ mask) + (mask & 0x01010101u);
 }
+
+// signed_word(i, signs): word i with the sign bits signs & 15 applied.
+struct GlobalGrid {
+  const uint32_t* words;
+  __device__ __forceinline__ uint32_t word(uint32_t i) const { return words[i]; }
+  __device__ __forceinline__ uint32_t signed_word(uint32_t i, uint32_t signs) const { return apply_signs(word(i), signs); }
+};
+
+// A codebook staged in shared memory: the codebook itself (signed_len 0), or its signed
+// expansion, word i with sign pattern s at i + s * signed_len.
+struct StagedGrid {
+  uint32_t base;  // first word in the block's dynamic shared memory
+  uint32_t signed_len;
+  __device__ __forceinline__ uint32_t word(uint32_t i) const { return strata_smem[base + i]; }
+  __device__ __forceinline__ uint32_t signed_word(uint32_t i, uint32_t signs) const {
+    return signed_len == 0 ? apply_signs(word(i), signs) : strata_smem[base + i + (signs & 15u) * signed_len];
+  }
+};
+
+struct Group {
+  float d;
+  uint32_t w[8];
+  int32_t f[2];
+};
+
+STRATA_FN float block_scale(const uint8_t* p) { return f16_to_f32(ld_nc_u16(p)); }
 
 // 7-bit sign code to 8 signs, bit 7 making the count of negatives even.
 STRATA_FN uint32_t ksigns(uint32_t code) { return code | (popc(code) & 1u) << 7; }
@@ -62,8 +71,8 @@ STRATA_FN void iq4_words(const uint8_t* qs, uint32_t* w) {
 // An 8-magnitude grid entry (two words) with its 8 sign bits.
 template <typename G>
 STRATA_FN void grid8(G grid, uint32_t entry, uint32_t signs, uint32_t* w) {
-  w[0] = apply_signs(grid.word(2 * entry), signs);
-  w[1] = apply_signs(grid.word(2 * entry + 1), signs >> 4);
+  w[0] = grid.signed_word(2 * entry, signs);
+  w[1] = grid.signed_word(2 * entry + 1, signs >> 4);
 }
 
 struct Q8_0 {
@@ -271,7 +280,7 @@ struct Iq3Xxs {
       uint32_t signs = ksigns(aux >> (7 * l) & 127u);
       for (int half = 0; half < 2; half++) {
         int i = 2 * l + half;
-        g.w[i] = apply_signs(grid.word((idx[i / 4] >> (8 * (i % 4))) & 0xffu), signs >> (4 * half));
+        g.w[i] = grid.signed_word((idx[i / 4] >> (8 * (i % 4))) & 0xffu, signs >> (4 * half));
       }
     }
     g.d = block_scale(p + STRATA_IQ3_XXS_OFF_D);
@@ -280,6 +289,20 @@ struct Iq3Xxs {
   }
 };
 
+// An IQ3_S group from its fields: 8 index bytes, the indices' high bits, 32 sign bits (4 a
+// word), the 4-bit scale and the block's scale d.
+template <typename G>
+STRATA_FN Group iq3_s_group(const uint32_t* idx, uint32_t qh, uint32_t signs, uint32_t s, float d, G grid) {
+  Group g;
+  for (int i = 0; i < 8; i++) {
+    uint32_t entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xffu) | ((qh >> i) & 1u) << 8;
+    g.w[i] = grid.signed_word(entry, signs >> (4 * i));
+  }
+  g.d = d;
+  g.f[0] = g.f[1] = 1 + 2 * (int32_t)s;
+  return g;
+}
+
 struct Iq3S {
   static constexpr uint32_t BYTES = STRATA_IQ3_S_BYTES, GROUPS = 8, SHIFT = 0;
   static constexpr uint32_t GRID_WORDS = sizeof(STRATA_IQ3_S_GRID) / 4;
@@ -287,19 +310,30 @@ struct Iq3S {
   STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
   template <typename G>
   STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G grid) {
-    Group g;
     const uint8_t* q = p + STRATA_IQ3_S_OFF_QS + 8 * gi;
     uint32_t idx[2] = {ld_nc_u32_a2(q), ld_nc_u32_a2(q + 4)};
     uint32_t qh = ld_nc_u8(p + STRATA_IQ3_S_OFF_QH + gi);
     uint32_t signs = ld_nc_u32_a2(p + STRATA_IQ3_S_OFF_SIGNS + 4 * gi);
-    for (int i = 0; i < 8; i++) {
-      uint32_t entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xffu) | ((qh >> i) & 1u) << 8;
-      g.w[i] = apply_signs(grid.word(entry), signs >> (4 * i));
-    }
     uint32_t s = ((uint32_t)ld_nc_u8(p + STRATA_IQ3_S_OFF_SCALES + gi / 2) >> (4 * (gi % 2))) & 15u;
-    g.d = block_scale(p + STRATA_IQ3_S_OFF_D);
-    g.f[0] = g.f[1] = 1 + 2 * (int32_t)s;
-    return g;
+    return iq3_s_group(idx, qh, signs, s, block_scale(p + STRATA_IQ3_S_OFF_D), grid);
+  }
+};
+
+// IQ3_S in tiles of 8 blocks (formats::iq3_st): group g is an 8-byte load of indices, a 4-byte
+// load of signs, its high-bit and scale bytes and its block's scale, all aligned.
+struct Iq3ST {
+  static constexpr uint32_t BYTES = STRATA_IQ3_ST_BYTES, GROUPS = 64, SHIFT = 0;
+  static constexpr uint32_t GRID_WORDS = sizeof(STRATA_IQ3_S_GRID) / 4;
+  STRATA_FN const uint32_t* grid() { return STRATA_IQ3_S_GRID; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G grid) {
+    uint32_t idx[2];
+    ld_nc_v2(p + STRATA_IQ3_ST_OFF_QS + 8 * gi, idx);
+    uint32_t qh = ld_nc_u8(p + STRATA_IQ3_ST_OFF_QH + gi);
+    uint32_t signs = ld_nc_u32(p + STRATA_IQ3_ST_OFF_SIGNS + 4 * gi);
+    uint32_t s = ((uint32_t)ld_nc_u8(p + STRATA_IQ3_ST_OFF_SCALES + gi / 2) >> (4 * (gi % 2))) & 15u;
+    return iq3_s_group(idx, qh, signs, s, block_scale(p + STRATA_IQ3_ST_OFF_D + 2 * (gi / 8)), grid);
   }
 };
 

@@ -1,7 +1,8 @@
 // expdec_gu_*: the EXPDEC variant of moe_gu_*, same bits. Twin of
 // device/src/kernels/expdec_gu.rs: a block takes rb gate/up rows of one group's expert; the
-// group's q8_1 rows are staged EXPDEC_ENTRIES at a time and the codebook once per block; R
-// weight rows per lane share the staged words; the first pass skips its pre-staging barrier.
+// group's q8_1 rows are staged EXPDEC_ENTRIES at a time and the codebook (its signed expansion
+// where it has one) once per block, first; R weight rows per lane share the staged words; the
+// first pass skips its pre-staging barrier.
 // Shared words: the stage, H[4][rb], the codebook.
 #include "strata_hip.h"
 #include "blocks.hip"
@@ -15,6 +16,8 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
                                                  const uint8_t* xq, const uint32_t* table, uint32_t n, uint32_t k,
                                                  uint32_t groups, uint32_t n_ff, uint32_t rb, uint8_t* hq) {
   const uint32_t warps = THREADS / 32;
+  uint32_t h_base = stage_expdec_words(groups);
+  StagedGrid grid = stage_grid<F, THREADS>(h_base + STRATA_EXPDEC_ENTRIES * rb);  // ordered by the first pass's barrier
   uint32_t chunks = n_ff / STRATA_MOE_GU_ROWS, per_block = rb / STRATA_MOE_GU_ROWS;
   uint32_t blocks_per_group = (chunks + per_block - 1) / per_block;
   uint32_t b0 = block_idx();
@@ -26,8 +29,6 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
   gate += expert * expert_bytes;
   up += expert * expert_bytes;
   const uint32_t* entries = table + MOE_ENTRIES(n) + start;
-  uint32_t h_base = stage_expdec_words(groups);
-  StagedGrid grid = stage_grid<F, THREADS>(h_base + STRATA_EXPDEC_ENTRIES * rb);  // ordered by the first pass's barrier
   uint32_t warp = warp_in_block(), rows_per_warp = rb / warps, first = warp * rows_per_warp;
   float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
   for (uint32_t pass = 0; pass < count; pass += STRATA_EXPDEC_ENTRIES) {
@@ -105,3 +106,4 @@ EXPDEC_GU_FORMAT(iq2_xs, Iq2Xs)
 EXPDEC_GU_FORMAT(iq2_s, Iq2S)
 EXPDEC_GU_FORMAT(iq3_xxs, Iq3Xxs)
 EXPDEC_GU_FORMAT(iq3_s, Iq3S)
+EXPDEC_GU_FORMAT(iq3_st, Iq3ST)

@@ -33,11 +33,35 @@ STRATA_FN float staged_block(uint32_t r, uint32_t b, uint32_t groups, uint32_t c
   return __builtin_bit_cast(float, strata_smem[8 * cap * groups + slot]);
 }
 
-// Copies F's codebook (none for formats without one) to words base.. with the block's THREADS
-// threads; a barrier must pass before the returned grid is read.
+// What the EXPDEC kernels stage of F's codebook: the codebook, or for the formats of
+// WeightFormat::signed_grid its signed expansion (SIGNED_LEN its codebook's length).
+template <typename F>
+struct StagedCodebook {
+  static constexpr uint32_t WORDS = F::GRID_WORDS, SIGNED_LEN = 0;
+  STRATA_FN const uint32_t* words() { return F::grid(); }
+};
+template <>
+struct StagedCodebook<Iq3ST> {
+  static constexpr uint32_t WORDS = 16 * Iq3ST::GRID_WORDS, SIGNED_LEN = Iq3ST::GRID_WORDS;
+  STRATA_FN const uint32_t* words() { return STRATA_IQ3_S_SIGNED; }
+};
+
+// Copies what F stages of its codebook (none for formats without one) to words base.. with the
+// block's THREADS threads; a barrier must pass before the returned grid is read. Module
+// constants only: a kernel may stage before it would wait for the previous grid.
 template <typename F, uint32_t THREADS>
 STRATA_FN StagedGrid stage_grid(uint32_t base) {
-  const uint32_t* grid = F::grid();
-  for (uint32_t i = thread_idx(); i < F::GRID_WORDS; i += THREADS) strata_smem[base + i] = ld_nc_u32((const uint8_t*)(grid + i));
-  return StagedGrid{base};
+  using C = StagedCodebook<F>;
+  const uint32_t* words = C::words();
+  if (C::SIGNED_LEN != 0) {
+    // 16-byte aligned expansions of a whole number of 16-byte pieces; base a multiple of 4.
+    for (uint32_t i = thread_idx(); 4 * i < C::WORDS; i += THREADS) {
+      uint32_t v[4];
+      ld_nc_v4((const uint8_t*)(words + 4 * i), v);
+      smem_st_v4(base + 4 * i, v);
+    }
+  } else {
+    for (uint32_t i = thread_idx(); i < C::WORDS; i += THREADS) strata_smem[base + i] = ld_nc_u32((const uint8_t*)(words + i));
+  }
+  return StagedGrid{base, C::SIGNED_LEN};
 }

@@ -287,6 +287,15 @@ STRATA_FN void ld_nc_v4(const uint8_t* p, uint32_t* v) {
   ld_v4(p, v);
 #endif
 }
+// v = the two words at p (global memory, read-only through the kernel), p 8-byte aligned.
+STRATA_FN void ld_nc_v2(const uint8_t* p, uint32_t* v) {
+#if STRATA_NVIDIA
+  uint2 c = __ldg((const uint2*)p);
+  v[0] = c.x, v[1] = c.y;
+#else
+  v[0] = ld_nc_u32(p), v[1] = ld_nc_u32(p + 4);
+#endif
+}
 // Shared words word .. word + 3 = v, word a multiple of 4.
 STRATA_FN void smem_st_v4(uint32_t word, const uint32_t* v) {
   StrataU32x4 c;

@@ -124,6 +124,30 @@ pub mod iq4_nlt {
     pub const OFF_D: usize = TILING.field(1);
 }
 
+/// IQ3_ST: tiles of 8 IQ3_S blocks (2,048 values, 880 bytes: 16-byte aligned in rows of whole
+/// tiles): the blocks' 64 grid-index bytes, then their 32 sign bytes, 8 high-bit bytes, 4 scale
+/// bytes and fp16 scales. Group g of a tile (group g % 8 of block g / 8) is an 8-byte load of
+/// indices at `OFF_QS + 8 g`, a 4-byte load of signs at `OFF_SIGNS + 4 g`, its high-bit byte at
+/// `OFF_QH + g`, scale nibble in byte `OFF_SCALES + g / 2` and `d` at `OFF_D + 2 (g / 8)`:
+/// five aligned loads where an IQ3_S group is nine 1- and 2-byte loads.
+pub mod iq3_st {
+    use super::{iq3_s, tiles::Tiling, WeightFormat};
+
+    pub const TILING: Tiling = Tiling {
+        base: WeightFormat::Iq3S,
+        blocks: 8,
+        fields: &[(iq3_s::OFF_QS, 64), (iq3_s::OFF_SIGNS, 32), (iq3_s::OFF_QH, 8), (iq3_s::OFF_SCALES, 4), (iq3_s::OFF_D, 2)],
+    };
+    pub const BLOCKS: usize = TILING.blocks;
+    pub const BYTES: usize = TILING.bytes();
+    pub const OFF_QS: usize = TILING.field(0);
+    pub const OFF_SIGNS: usize = TILING.field(1);
+    pub const OFF_QH: usize = TILING.field(2);
+    pub const OFF_SCALES: usize = TILING.field(3);
+    pub const OFF_D: usize = TILING.field(4);
+    const _: () = assert!(BYTES % 16 == 0 && OFF_QS % 8 == 0 && OFF_SIGNS % 4 == 0 && OFF_D % 2 == 0);
+}
+
 /// Q2_0 (64 values): fp16 `d`, 16 bytes of 2-bit codes, four per byte, least significant
 /// first; value = d * (code - 1).
 pub mod q2_0 {
@@ -250,6 +274,8 @@ pub enum WeightFormat {
     Q8_0T = 0x1008,
     /// Not a GGUF type: the device layout [`iq4_nlt`] of IQ4_NL.
     Iq4NlT = 0x1014,
+    /// Not a GGUF type: the device layout [`iq3_st`] of IQ3_S.
+    Iq3ST = 0x1015,
 }
 
 impl WeightFormat {
@@ -267,12 +293,12 @@ impl WeightFormat {
     ];
 
     /// The tiled device layouts ([`tiles`]).
-    pub const TILED: [WeightFormat; 2] = [WeightFormat::Q8_0T, WeightFormat::Iq4NlT];
+    pub const TILED: [WeightFormat; 3] = [WeightFormat::Q8_0T, WeightFormat::Iq4NlT, WeightFormat::Iq3ST];
 
     /// Every format the matvec kernels take: the GGUF formats of [`Self::ALL`] and the tiled
     /// layouts of [`Self::TILED`].
-    pub const MATVEC: [WeightFormat; 12] = {
-        let mut all = [WeightFormat::Q8_0T; 12];
+    pub const MATVEC: [WeightFormat; 13] = {
+        let mut all = [WeightFormat::Q8_0T; 13];
         let mut i = 0;
         while i < all.len() {
             all[i] = if i < Self::ALL.len() { Self::ALL[i] } else { Self::TILED[i - Self::ALL.len()] };
@@ -286,6 +312,7 @@ impl WeightFormat {
         match self {
             WeightFormat::Q8_0T => Some(q8_0t::TILING),
             WeightFormat::Iq4NlT => Some(iq4_nlt::TILING),
+            WeightFormat::Iq3ST => Some(iq3_st::TILING),
             _ => None,
         }
     }
@@ -295,6 +322,7 @@ impl WeightFormat {
         match self {
             WeightFormat::Q8_0 => Some(WeightFormat::Q8_0T),
             WeightFormat::Iq4Nl => Some(WeightFormat::Iq4NlT),
+            WeightFormat::Iq3S => Some(WeightFormat::Iq3ST),
             _ => None,
         }
     }
@@ -319,6 +347,7 @@ impl WeightFormat {
             WeightFormat::Q2_0 => q2_0::VALUES,
             WeightFormat::Q8_0T => q8_0t::BLOCKS * GROUP,
             WeightFormat::Iq4NlT => iq4_nlt::BLOCKS * GROUP,
+            WeightFormat::Iq3ST => iq3_st::BLOCKS * QK_K,
             _ => QK_K,
         }
     }
@@ -338,6 +367,7 @@ impl WeightFormat {
             WeightFormat::Q2_0 => q2_0::BYTES,
             WeightFormat::Q8_0T => q8_0t::BYTES,
             WeightFormat::Iq4NlT => iq4_nlt::BYTES,
+            WeightFormat::Iq3ST => iq3_st::BYTES,
         }
     }
 
@@ -360,8 +390,7 @@ impl WeightFormat {
         }
     }
 
-    /// The format's codebook words (`codebooks`), empty for the formats without one: what the
-    /// EXPDEC kernels stage in shared memory.
+    /// The format's codebook words (`codebooks`), empty for the formats without one.
     pub fn grid(self) -> &'static [u32] {
         use crate::codebooks::*;
         match self {
@@ -369,8 +398,26 @@ impl WeightFormat {
             WeightFormat::Iq2Xs => &IQ2_XS_GRID,
             WeightFormat::Iq2S => &IQ2_S_GRID,
             WeightFormat::Iq3Xxs => &IQ3_XXS_GRID,
-            WeightFormat::Iq3S => &IQ3_S_GRID,
+            WeightFormat::Iq3S | WeightFormat::Iq3ST => &IQ3_S_GRID,
             _ => &[],
+        }
+    }
+
+    /// Whether the EXPDEC gate/up kernels stage this format's codebook expanded over its words'
+    /// sign patterns ([`crate::signed_grids`]): IQ3_ST only. IQ3_S and IQ3_XXS spilled with it in
+    /// their 64-register entries (their 2-byte-aligned fields take more registers than IQ3_ST's
+    /// aligned ones), and IQ2_XXS was slower with it in `strata bench experts` (docs/kernels/moe.md).
+    pub const fn signed_grid(self) -> bool {
+        matches!(self, WeightFormat::Iq3ST)
+    }
+
+    /// The codebook words the EXPDEC gate/up kernels stage in shared memory: the signed
+    /// expansion where [`Self::signed_grid`], else [`Self::grid`].
+    pub fn staged_grid(self) -> &'static [u32] {
+        use crate::signed_grids::*;
+        match self {
+            WeightFormat::Iq3ST => &IQ3_S_SIGNED.0,
+            f => f.grid(),
         }
     }
 
@@ -389,6 +436,7 @@ impl WeightFormat {
             WeightFormat::Q2_0 => "Q2_0",
             WeightFormat::Q8_0T => "Q8_0T",
             WeightFormat::Iq4NlT => "IQ4_NLT",
+            WeightFormat::Iq3ST => "IQ3_ST",
         }
     }
 
@@ -407,6 +455,7 @@ impl WeightFormat {
             WeightFormat::Q2_0 => "q2_0",
             WeightFormat::Q8_0T => "q8_0t",
             WeightFormat::Iq4NlT => "iq4_nlt",
+            WeightFormat::Iq3ST => "iq3_st",
         }
     }
 
@@ -425,6 +474,7 @@ impl WeightFormat {
             WeightFormat::Q2_0 => "mmvq_q2_0",
             WeightFormat::Q8_0T => "mmvq_q8_0t",
             WeightFormat::Iq4NlT => "mmvq_iq4_nlt",
+            WeightFormat::Iq3ST => "mmvq_iq3_st",
         }
     }
 
@@ -444,6 +494,7 @@ impl WeightFormat {
             WeightFormat::Q2_0 => "mmvq1_q2_0",
             WeightFormat::Q8_0T => "mmvq1_q8_0t",
             WeightFormat::Iq4NlT => "mmvq1_iq4_nlt",
+            WeightFormat::Iq3ST => "mmvq1_iq3_st",
         }
     }
 
@@ -462,6 +513,7 @@ impl WeightFormat {
             WeightFormat::Q2_0 => "mmvqs_q2_0",
             WeightFormat::Q8_0T => "mmvqs_q8_0t",
             WeightFormat::Iq4NlT => "mmvqs_iq4_nlt",
+            WeightFormat::Iq3ST => "mmvqs_iq3_st",
         }
     }
 
@@ -472,6 +524,7 @@ impl WeightFormat {
             WeightFormat::Q6K => q6_k::OFF_D,
             WeightFormat::Q8_0T => q8_0t::OFF_D,
             WeightFormat::Iq4NlT => iq4_nlt::OFF_D,
+            WeightFormat::Iq3ST => iq3_st::OFF_D,
             _ => 0,
         }
     }
@@ -495,6 +548,12 @@ pub const LAYOUT_CONSTANTS: &[(&str, usize)] = &[
     ("IQ4_NLT_BYTES", iq4_nlt::BYTES),
     ("IQ4_NLT_OFF_QS", iq4_nlt::OFF_QS),
     ("IQ4_NLT_OFF_D", iq4_nlt::OFF_D),
+    ("IQ3_ST_BYTES", iq3_st::BYTES),
+    ("IQ3_ST_OFF_QS", iq3_st::OFF_QS),
+    ("IQ3_ST_OFF_SIGNS", iq3_st::OFF_SIGNS),
+    ("IQ3_ST_OFF_QH", iq3_st::OFF_QH),
+    ("IQ3_ST_OFF_SCALES", iq3_st::OFF_SCALES),
+    ("IQ3_ST_OFF_D", iq3_st::OFF_D),
     ("Q2_0_BYTES", q2_0::BYTES),
     ("Q2_0_OFF_D", q2_0::OFF_D),
     ("Q2_0_OFF_QS", q2_0::OFF_QS),

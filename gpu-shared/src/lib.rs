@@ -11,6 +11,8 @@
 //! - [`moe`]: the routed-expert group table, grouping, SwiGLU.
 //! - [`order`]: the float reduction orders every kernel variant and backend must follow.
 //! - [`replica`]: the CPU replica of each kernel, which follows those orders exactly.
+//! - [`signed_grids`]: codebooks expanded over their words' sign patterns, which the EXPDEC
+//!   gate/up kernels stage.
 #![no_std]
 
 pub mod codebooks;
@@ -22,3 +24,4 @@ pub mod math;
 pub mod moe;
 pub mod order;
 pub mod replica;
+pub mod signed_grids;

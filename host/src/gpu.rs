@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    sys::CUdevice_attribute, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, PushKernelArg,
+    sys::{CUdevice_attribute, CUfunction_attribute}, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -16,9 +16,9 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::launch::KernelArgs;
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
-use crate::knobs::{ExpertKnobs, Launch};
+use crate::knobs::{ExpertKnobs, Launch, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{bounds, Bounds, BOUNDS, HEAD_CHUNK, mmvq_launch, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, expdec_entry, Bounds, BOUNDS, HEAD_CHUNK, mmvq_launch, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -242,6 +242,13 @@ impl GpuBackend {
                 what: format!("kernel {} missing from the module", b.kernel),
                 detail: e.to_string(),
             })?;
+            if expdec_entry(b.kernel) {
+                f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, EXPDEC_SMEM_MAX as i32).map_err(|e| Error::Setup {
+                    backend: name,
+                    what: format!("letting kernel {} take {EXPDEC_SMEM_MAX} bytes of shared memory on {}", b.kernel, info.name),
+                    detail: e.to_string(),
+                })?;
+            }
             functions.insert(b.kernel, (f, *b));
         }
         let arch = format!("sm_{}{}", info.compute_capability.0, info.compute_capability.1);

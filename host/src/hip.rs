@@ -10,6 +10,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 use crate::error::{Error, Result};
 use crate::gpu::{open_device, GpuBackend};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
+use strata_gpu_shared::signed_grids::IQ3_S_SIGNED;
 use strata_gpu_shared::formats::{iq4_nl, LAYOUT_CONSTANTS};
 use strata_gpu_shared::launch::{
     amd_waves_per_eu, BOUNDS, MATVEC_AHEAD, COPY_CHUNK, EXPDEC_ENTRIES, EXPDEC_THREADS, EXPDEC_W16_THREADS, COPY_SEGMENT_WORDS, HEAD_CHUNK, MMVQ1_AHEAD, MMVQS_WARPS, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_ENTRY_PASS,
@@ -83,7 +84,8 @@ pub fn prelude() -> String {
     s
 }
 
-/// The IQ grids as `__device__` arrays (after the header, which defines the types).
+/// The IQ grids and their signed expansions as `__device__` arrays (after the header, which
+/// defines the types).
 pub fn codebooks() -> String {
     let mut s = String::from("// generated from strata-gpu-shared's codebooks by strata-host/src/hip.rs\n");
     let grids: [(&str, &[u32]); 5] = [
@@ -93,9 +95,10 @@ pub fn codebooks() -> String {
         ("IQ3_XXS_GRID", &IQ3_XXS_GRID),
         ("IQ3_S_GRID", &IQ3_S_GRID),
     ];
-    for (name, words) in grids {
+    let signed: [(&str, &[u32]); 1] = [("IQ3_S_SIGNED", &IQ3_S_SIGNED.0)];
+    for ((name, words), align) in grids.into_iter().map(|g| (g, 4)).chain(signed.into_iter().map(|g| (g, 16))) {
         let body: Vec<String> = words.iter().map(|w| format!("{w:#x}u")).collect();
-        s += &format!("__device__ const uint32_t STRATA_{name}[{}] = {{{}}};\n", words.len(), body.join(","));
+        s += &format!("__device__ __attribute__((aligned({align}))) const uint32_t STRATA_{name}[{}] = {{{}}};\n", words.len(), body.join(","));
     }
     s
 }

@@ -11,9 +11,11 @@ use strata_gpu_shared::launch::{
     EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_GU_ROWS,
 };
 
-/// Dynamic shared memory the EXPDEC kernels may ask for without opting in to more (48 KiB):
-/// shapes that need more run the default kernels.
-pub const EXPDEC_SMEM_MAX: u32 = 48 * 1024;
+/// Dynamic shared memory an EXPDEC launch may ask for (96 KiB; the backends opt the EXPDEC
+/// entries in to it at load, which every device the PTX runs on allows: compute capability 8.0
+/// and up lets a block have at least 99 KiB): shapes that need more run the default kernels.
+/// IQ3_ST's signed codebook alone is 32 KiB of it.
+pub const EXPDEC_SMEM_MAX: u32 = 96 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExpertKnobs {
@@ -175,7 +177,7 @@ impl ExpertKnobs {
             0 => rows_per_block(&EXPDEC_RB, n, n_ff32, self.minblk),
             rb => rb,
         };
-        let gu_smem = expdec_gu_smem(n_embd, rb, gf.grid().len());
+        let gu_smem = expdec_gu_smem(n_embd, rb, gf.staged_grid().len());
         let blocks = n * n_ff32.div_ceil(rb);
         let expdec_gu = if self.expdec && gu_smem <= EXPDEC_SMEM_MAX && EXPDEC_GU_FORMATS.contains(&gf) {
             let minb4 = || EXPDEC_GU_MINB4_FORMATS.map(|f| f.name()).join(", ");
@@ -296,6 +298,9 @@ mod tests {
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.
         assert_eq!(p.down, Launch { kernel: "expdec_down_q2_0_d4_m2", blocks: 40 * 2560u32.div_ceil(96), smem: expdec_down_smem(20, 4), rows_per_block: 96 });
         assert_eq!(on.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS).unwrap().down.kernel, "expdec_down_iq4_nl_d4_m2");
+        // IQ3_ST stages its signed codebook (16 x 512 words).
+        let p = on.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS).unwrap();
+        assert_eq!((p.gu.kernel, p.gu.smem), ("expdec_gu_iq3_st_r1_m2", expdec_gu_smem(2048, 64, 16 * 512)));
         let m4 = ExpertKnobs { minb: 4, dminb: 4, dr: 2, ..on };
         assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS).unwrap().down.kernel, "expdec_down_iq4_nl_d2_m4");
         assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
@@ -307,9 +312,10 @@ mod tests {
         assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8, H200_SMS).unwrap().gu.kernel, "moe_gu_iq4_xs");
         assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8, H200_SMS).unwrap().down.kernel, "moe_down_iq3_s");
         assert_eq!(on.plan((Iq2S, Q2_0), 2048, 2048, 8, H200_SMS).unwrap().down.kernel, "moe_down_q2_0");
-        // Staged rows over 48 KiB: the default gate/up.
-        assert!(expdec_gu_smem(12288, 64, 2048) > EXPDEC_SMEM_MAX);
-        assert_eq!(on.plan((Iq2S, Q2_0), 12288, 640, 8, H200_SMS).unwrap().gu.kernel, "moe_gu_iq2_s");
+        // Staged rows over 96 KiB: the default gate/up; under it, EXPDEC.
+        assert!(expdec_gu_smem(24576, 64, 2048) > EXPDEC_SMEM_MAX && expdec_gu_smem(12288, 64, 2048) > 48 * 1024);
+        assert_eq!(on.plan((Iq2S, Q2_0), 24576, 640, 8, H200_SMS).unwrap().gu.kernel, "moe_gu_iq2_s");
+        assert_eq!(on.plan((Iq2S, Q2_0), 12288, 640, 8, H200_SMS).unwrap().gu.kernel, "expdec_gu_iq2_s_r1_m2");
         // Q8_0 gate/up has no entry at 4 blocks per SM: refused, naming it; at 2, or with
         // EXPDEC gate/up off, it plans.
         let e = m4.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS).unwrap_err();

@@ -111,8 +111,8 @@ pub struct DecodeArgs {
 #[derive(clap::Args)]
 pub struct ExpertsArgs {
     /// Format pairs `GATEUP/DOWN`, comma-separated: GGUF formats, or a tiled device layout
-    /// (`IQ4_NLT`: IQ4_NL in tiles of 8 blocks, what the decode step holds IQ4_NL experts as
-    /// where their rows are whole tiles).
+    /// (`IQ4_NLT`: IQ4_NL in tiles of 8 blocks, `IQ3_ST`: IQ3_S in tiles of 8 blocks, what the
+    /// decode step holds IQ4_NL and IQ3_S experts as where their rows are whole tiles).
     #[arg(long, default_value = "IQ3_XXS/IQ4_NL,IQ3_S/IQ4_NL,IQ2_S/IQ4_NL,IQ3_XXS/Q2_0,IQ3_S/Q2_0,IQ2_S/Q2_0,IQ2_XXS/IQ4_NL")]
     pub pairs: String,
     /// Layer shapes `N_EMBD/N_FF/EXPERTS/K`, comma-separated.

@@ -34,11 +34,12 @@ const MMVQ_SHAPES: [(usize, usize, usize); 6] =
 /// Built-in float `matvec` shapes (M, K, rows): the routers of 128 and 512 experts, an odd one.
 const MATVEC_SHAPES: [(usize, usize, usize); 3] = [(128, 2048, 1), (512, 2560, 4), (37, 33, 8)];
 /// Built-in MoE windows: (gate/up, down) formats, n_embd, n_ff, tokens, k (16 experts).
-/// (IQ4_NLT: the tiles the decode step holds IQ4_NL experts as.)
-const MOE_CASES: [((WeightFormat, WeightFormat), usize, usize, usize, usize); 3] = [
+/// (IQ4_NLT, IQ3_ST: the tiles the decode step holds IQ4_NL and IQ3_S experts as.)
+const MOE_CASES: [((WeightFormat, WeightFormat), usize, usize, usize, usize); 4] = [
     ((WeightFormat::Iq3Xxs, WeightFormat::Iq4Nl), 2560, 640, 4, 10),
     ((WeightFormat::Iq2S, WeightFormat::Q2_0), 2048, 768, 8, 8),
     ((WeightFormat::Iq3S, WeightFormat::Iq4NlT), 2048, 768, 1, 8),
+    ((WeightFormat::Iq3ST, WeightFormat::Iq4NlT), 2048, 768, 4, 8),
 ];
 /// Built-in head shapes (rows, vocabulary).
 const HEAD_SHAPES: [(usize, usize); 4] = [(1, 151_936), (4, 248_320), (5, 106_299), (8, 4097)];

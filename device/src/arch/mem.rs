@@ -33,6 +33,15 @@ pub unsafe fn ld_nc_u32(p: *const u8) -> u32 {
     r
 }
 
+/// 8-byte read-only global load; `p` 8-byte aligned, otherwise as [`ld_nc_u16`].
+#[inline(always)]
+pub unsafe fn ld_nc_v2(p: *const u8) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    asm!("ld.global.nc.v2.u32 {{{a}, {b}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, p = in(reg64) p,
+         options(nostack, readonly, pure));
+    [a, b]
+}
+
 /// 16-byte read-only global load; `p` 16-byte aligned, otherwise as [`ld_nc_u16`].
 #[inline(always)]
 pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {

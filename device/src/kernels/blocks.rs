@@ -6,11 +6,14 @@
 //! fields are read as two 2-byte loads.
 //!
 //! The IQ formats look their magnitudes up in a codebook ([`Grid`]): the module's global copy
-//! by default, or a copy the EXPDEC kernels staged in shared memory.
+//! by default, or a copy the EXPDEC kernels staged in shared memory, which for the formats of
+//! `WeightFormat::signed_grid` (IQ3_ST) is the codebook expanded over its words' sign
+//! patterns (`signed_grids`), so that a signed word is one shared load.
 use crate::arch::mem::Smem;
 use crate::arch::{convert, int, mem};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::formats::*;
+use strata_gpu_shared::signed_grids::IQ3_S_SIGNED;
 
 /// One decoded group: value j = `d * f[j / 16] * byte j of w * 2^-SHIFT`.
 pub struct Group {
@@ -31,6 +34,15 @@ pub trait Grid: Copy {
     /// # Safety
     /// `i` is below the codebook's length.
     unsafe fn word(self, i: usize) -> u32;
+    /// Word `i` of the codebook with the sign bits `signs & 15` applied (byte j negated where
+    /// bit j is set).
+    ///
+    /// # Safety
+    /// As [`Self::word`].
+    #[inline(always)]
+    unsafe fn signed_word(self, i: usize, signs: u32) -> u32 {
+        signed(self.word(i), signs)
+    }
 }
 
 /// The codebook's static copy in global memory.
@@ -45,17 +57,28 @@ impl Grid for Global {
     }
 }
 
-/// A codebook staged from word `base` of the block's dynamic shared memory.
+/// A codebook staged from word `base` of the block's dynamic shared memory: the codebook
+/// itself (`signed_len` 0), or its signed expansion, word `i` with sign pattern `s` at `i + s *
+/// signed_len` (`signed_len` the codebook's length).
 #[derive(Clone, Copy)]
 pub struct Staged {
     pub smem: Smem,
     pub base: u32,
+    pub signed_len: u32,
 }
 
 impl Grid for Staged {
     #[inline(always)]
     unsafe fn word(self, i: usize) -> u32 {
         self.smem.ld_u32(self.base + i as u32)
+    }
+    #[inline(always)]
+    unsafe fn signed_word(self, i: usize, signs: u32) -> u32 {
+        if self.signed_len == 0 {
+            signed(self.word(i), signs)
+        } else {
+            self.smem.ld_u32(self.base + i as u32 + (signs & 15) * self.signed_len)
+        }
     }
 }
 
@@ -69,6 +92,13 @@ pub trait Block {
     fn grid() -> &'static [u32] {
         &[]
     }
+    /// What the EXPDEC kernels stage ([`Staged`]): the signed expansion of the codebook where
+    /// `WeightFormat::signed_grid`, else the codebook.
+    fn staged_grid() -> &'static [u32] {
+        Self::grid()
+    }
+    /// Whether [`Self::staged_grid`] is the signed expansion.
+    const SIGNED_GRID: bool = false;
     /// Group `g` of the block at `p`, its codebook words read from `grid`.
     ///
     /// # Safety
@@ -263,7 +293,7 @@ impl Block for Q6K {
 /// `2 * entry + 1` is below the codebook's length.
 #[inline(always)]
 unsafe fn grid8<G: Grid>(grid: G, entry: usize, signs: u32) -> (u32, u32) {
-    (signed(grid.word(2 * entry), signs), signed(grid.word(2 * entry + 1), signs >> 4))
+    (grid.signed_word(2 * entry, signs), grid.signed_word(2 * entry + 1, signs >> 4))
 }
 
 pub struct Iq2Xxs;
@@ -349,7 +379,7 @@ impl Block for Iq3Xxs {
             for half in 0..2 {
                 let i = 2 * l + half;
                 let entry = (idx[i / 4] >> (8 * (i % 4))) & 0xff;
-                w[i] = signed(grid.word(entry as usize), signs >> (4 * half));
+                w[i] = grid.signed_word(entry as usize, signs >> (4 * half));
             }
         }
         let f = 2 * (aux >> 28) as i32 + 1;
@@ -371,13 +401,46 @@ impl Block for Iq3S {
         let idx = [mem::ld_nc_u32_a2(q), mem::ld_nc_u32_a2(q.add(4))];
         let qh = mem::ld_nc_u8(p.add(iq3_s::OFF_QH + g as usize)) as u32;
         let signs = mem::ld_nc_u32_a2(p.add(iq3_s::OFF_SIGNS + 4 * g as usize));
-        let mut w = [0u32; 8];
-        for i in 0..8 {
-            let entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xff) | ((qh >> i) & 1) << 8;
-            w[i] = signed(grid.word(entry as usize), signs >> (4 * i));
-        }
         let s = (mem::ld_nc_u8(p.add(iq3_s::OFF_SCALES + g as usize / 2)) as u32 >> (4 * (g % 2))) & 15;
-        let f = 1 + 2 * s as i32;
-        Group { d: scale(p.add(iq3_s::OFF_D)), w, f: [f, f] }
+        iq3_s_group(idx, qh, signs, s, scale(p.add(iq3_s::OFF_D)), grid)
     }
+}
+
+/// IQ3_S in tiles of 8 blocks (`formats::iq3_st`): group g of a tile is an 8-byte load of grid
+/// indices, a 4-byte load of signs, its high-bit and scale bytes and its block's scale, all
+/// aligned, where an IQ3_S group is nine 1- and 2-byte loads.
+pub struct Iq3ST;
+impl Block for Iq3ST {
+    const BYTES: usize = iq3_st::BYTES;
+    const GROUPS: u32 = 8 * iq3_st::BLOCKS as u32;
+    const SHIFT: u32 = 0;
+    fn grid() -> &'static [u32] {
+        &IQ3_S_GRID
+    }
+    fn staged_grid() -> &'static [u32] {
+        &IQ3_S_SIGNED.0
+    }
+    const SIGNED_GRID: bool = WeightFormat::Iq3ST.signed_grid();
+    #[inline(always)]
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
+        // Tiles are 880 bytes (55 x 16) in rows of whole tiles from a 16-byte aligned allocation.
+        let idx = mem::ld_nc_v2(p.add(iq3_st::OFF_QS + 8 * g as usize));
+        let qh = mem::ld_nc_u8(p.add(iq3_st::OFF_QH + g as usize)) as u32;
+        let signs = mem::ld_nc_u32(p.add(iq3_st::OFF_SIGNS + 4 * g as usize));
+        let s = (mem::ld_nc_u8(p.add(iq3_st::OFF_SCALES + g as usize / 2)) as u32 >> (4 * (g % 2))) & 15;
+        iq3_s_group(idx, qh, signs, s, scale(p.add(iq3_st::OFF_D + 2 * (g / 8) as usize)), grid)
+    }
+}
+
+/// An IQ3_S group from its fields: 8 index bytes, the high bits of the 8 indices, 32 sign bits
+/// (4 a word), the 4-bit scale and the block's scale `d`.
+#[inline(always)]
+unsafe fn iq3_s_group<G: Grid>(idx: [u32; 2], qh: u32, signs: u32, s: u32, d: f32, grid: G) -> Group {
+    let mut w = [0u32; 8];
+    for i in 0..8 {
+        let entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xff) | ((qh >> i) & 1) << 8;
+        w[i] = grid.signed_word(entry as usize, signs >> (4 * i));
+    }
+    let f = 1 + 2 * s as i32;
+    Group { d, w, f: [f, f] }
 }

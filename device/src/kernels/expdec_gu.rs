@@ -1,9 +1,10 @@
 //! `expdec_gu_*`: the EXPDEC variant of `moe_gu_*`, same bits. A block takes `rb` gate/up rows
 //! (`rb / 32` q8_1 groups of the SwiGLU output) of one group's expert. The group's q8_1
 //! activation rows are staged in shared memory `EXPDEC_ENTRIES` entries at a time
-//! (`stage`), and the format's codebook once per block. A lane computes `R` weight rows
-//! (1 or 2) of gate and of up against the staged words, which it loads once per group and entry
-//! for all `2R` rows. The first pass skips its pre-staging barrier.
+//! (`stage`), and the format's codebook (its signed expansion where it has one) once per block,
+//! before the block waits for the previous grid. A lane computes `R` weight rows (1 or 2) of gate
+//! and of up against the staged words, which it loads once per group and entry for all `2R`
+//! rows. The first pass skips its pre-staging barrier.
 //!
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
 //! codebook: `launch::expdec_gu_smem`, given at launch.
@@ -72,6 +73,12 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
     rb: u32,
     hq: *mut u8,
 ) {
+    let smem = Smem::dynamic();
+    let h_base = stage::expdec_words(groups);
+    // The codebook is a module constant: staged while the previous grid drains, before the
+    // wait; the first pass's post-staging barrier orders it before its readers.
+    let grid = stage::grid::<F, THREADS>(smem, h_base + EXPDEC_ENTRIES * rb);
+    sync::chain_grids();
     let chunks = n_ff / MOE_GU_ROWS;
     let per_block = rb / MOE_GU_ROWS;
     let blocks_per_group = chunks.div_ceil(per_block);
@@ -82,10 +89,6 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
     let row_bytes = (groups / F::GROUPS) as usize * F::BYTES;
     let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
     let entries = table.add(moe::entries(n as usize) + start as usize);
-    let smem = Smem::dynamic();
-    let h_base = stage::expdec_words(groups);
-    // Staged before the first pass; that pass's post-staging barrier orders it.
-    let grid = stage::grid::<F, THREADS>(smem, h_base + EXPDEC_ENTRIES * rb);
     let warp = index::warp_in_block();
     let warps = THREADS / 32;
     let rows_per_warp = rb / warps;
@@ -144,7 +147,6 @@ macro_rules! expdec_gu_entries {
         /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`; blocks of the entry's threads.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, hq: *mut u8) {
-            crate::arch::sync::chain_grids();
             expdec_gu::<$block, $r, { $threads }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq)
         }
     )*};
@@ -162,6 +164,8 @@ expdec_gu_entries! {
     expdec_gu_iq3_xxs_r2_m2 => blocks::Iq3Xxs, 2, EXPDEC_THREADS; expdec_gu_iq3_xxs_r1_w16 => blocks::Iq3Xxs, 1, EXPDEC_W16_THREADS;
     expdec_gu_iq3_s_r1_m2 => blocks::Iq3S, 1, EXPDEC_THREADS; expdec_gu_iq3_s_r1_m4 => blocks::Iq3S, 1, EXPDEC_THREADS;
     expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2, EXPDEC_THREADS; expdec_gu_iq3_s_r1_w16 => blocks::Iq3S, 1, EXPDEC_W16_THREADS;
+    expdec_gu_iq3_st_r1_m2 => blocks::Iq3ST, 1, EXPDEC_THREADS; expdec_gu_iq3_st_r1_m4 => blocks::Iq3ST, 1, EXPDEC_THREADS;
+    expdec_gu_iq3_st_r2_m2 => blocks::Iq3ST, 2, EXPDEC_THREADS; expdec_gu_iq3_st_r1_w16 => blocks::Iq3ST, 1, EXPDEC_W16_THREADS;
 }
 
 // Four staged entries and R <= 2 (the unrolled loops list them); every `rb` splits into whole

@@ -229,6 +229,7 @@ mmvq_entries! {
     mmvq_iq2_s, mmvq1_iq2_s, mmvqs_iq2_s => blocks::Iq2S,
     mmvq_iq3_xxs, mmvq1_iq3_xxs, mmvqs_iq3_xxs => blocks::Iq3Xxs,
     mmvq_iq3_s, mmvq1_iq3_s, mmvqs_iq3_s => blocks::Iq3S,
+    mmvq_iq3_st, mmvq1_iq3_st, mmvqs_iq3_st => blocks::Iq3ST,
     mmvq_iq4_nl, mmvq1_iq4_nl, mmvqs_iq4_nl => blocks::Iq4Nl,
     mmvq_iq4_xs, mmvq1_iq4_xs, mmvqs_iq4_xs => blocks::Iq4Xs,
     mmvq_q2_0, mmvq1_q2_0, mmvqs_q2_0 => blocks::Q2_0,

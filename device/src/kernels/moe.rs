@@ -274,6 +274,7 @@ moe_entries! {
     moe_gu_iq2_s, moe_down_iq2_s => blocks::Iq2S,
     moe_gu_iq3_xxs, moe_down_iq3_xxs => blocks::Iq3Xxs,
     moe_gu_iq3_s, moe_down_iq3_s => blocks::Iq3S,
+    moe_gu_iq3_st, moe_down_iq3_st => blocks::Iq3ST,
     moe_gu_iq4_nl, moe_down_iq4_nl => blocks::Iq4Nl,
     moe_gu_iq4_nlt, moe_down_iq4_nlt => blocks::Iq4NlT,
     moe_gu_iq4_xs, moe_down_iq4_xs => blocks::Iq4Xs,

@@ -59,20 +59,31 @@ pub unsafe fn block(smem: Smem, r: u32, b: u32, groups: u32, cap: u32) -> ([u32;
     ([lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]], dx)
 }
 
-/// Copies `F`'s codebook (none for formats without one) to words `base ..` of shared memory
-/// with the block's `THREADS` threads and returns it as the [`blocks::Grid`] the loaders read;
-/// a barrier must pass before use.
+/// Copies what `F` stages of its codebook ([`Block::staged_grid`]: none for formats without
+/// one) to words `base ..` of shared memory with the block's `THREADS` threads and returns it as
+/// the [`blocks::Grid`] the loaders read; a barrier must pass before use. It reads module
+/// constants only, so a kernel may stage before it waits for the previous grid.
 ///
 /// # Safety
 /// Every thread of the block calls it, a block of `THREADS`; the launch gave
-/// `base + F::grid().len()` words.
+/// `base + F::staged_grid().len()` words; `base` is a multiple of 4 where `F::SIGNED_GRID`.
 #[inline(always)]
 pub unsafe fn grid<F: Block, const THREADS: u32>(smem: Smem, base: u32) -> blocks::Staged {
-    let grid = F::grid();
+    let words = F::staged_grid();
     let mut i = index::thread_idx() as usize;
-    while i < grid.len() {
-        smem.st_u32(base + i as u32, mem::ld_nc_u32(grid.as_ptr().add(i) as *const u8));
-        i += THREADS as usize;
+    if F::SIGNED_GRID {
+        // The expansions are 16-byte aligned (`signed_grids::SignedGrid`), 16 x a codebook of
+        // an even number of words: whole 16-byte loads.
+        while 4 * i < words.len() {
+            smem.st_v4(base + 4 * i as u32, mem::ld_nc_v4(words.as_ptr().add(4 * i) as *const u8));
+            i += THREADS as usize;
+        }
+    } else {
+        while i < words.len() {
+            smem.st_u32(base + i as u32, mem::ld_nc_u32(words.as_ptr().add(i) as *const u8));
+            i += THREADS as usize;
+        }
     }
-    blocks::Staged { smem, base }
+    let signed_len = if F::SIGNED_GRID { F::grid().len() as u32 } else { 0 };
+    blocks::Staged { smem, base, signed_len }
 }

@@ -60,7 +60,8 @@ pub const EXPDEC_MINB: [u32; 2] = [2, 4];
 /// sm_90), so those entries exist for 2 blocks per SM only.
 pub const EXPDEC_MINB4_MAX_R: u32 = 1;
 pub const EXPDEC_MINB4_MAX_DR: u32 = 2;
-pub const EXPDEC_GU_MINB4_FORMATS: [WeightFormat; 5] = [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S];
+pub const EXPDEC_GU_MINB4_FORMATS: [WeightFormat; 6] =
+    [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S, WeightFormat::Iq3ST];
 /// Threads of the 16-warp gate/up entries (`expdec_gu_<format>_r1_w16`, `STRATA_EXPDEC_WARPS`):
 /// 2 blocks per SM (64 registers a thread, as 4 blocks of [`EXPDEC_THREADS`]), R = 1 and the
 /// formats of [`EXPDEC_GU_MINB4_FORMATS`]. A window of few selections launches few gate/up
@@ -176,7 +177,7 @@ const fn mmvq1(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 6, smem_bytes: 0 }
 }
 
-const BASE: [Bounds; 74] = [
+const BASE: [Bounds; 79] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q8_0t"),
@@ -186,6 +187,7 @@ const BASE: [Bounds; 74] = [
     mmvq("mmvq_iq2_s"),
     mmvq("mmvq_iq3_xxs"),
     mmvq("mmvq_iq3_s"),
+    mmvq("mmvq_iq3_st"),
     mmvq("mmvq_iq4_nl"),
     mmvq("mmvq_iq4_nlt"),
     mmvq("mmvq_iq4_xs"),
@@ -198,6 +200,7 @@ const BASE: [Bounds; 74] = [
     mmvq1("mmvq1_iq2_s"),
     mmvq1("mmvq1_iq3_xxs"),
     mmvq1("mmvq1_iq3_s"),
+    mmvq1("mmvq1_iq3_st"),
     mmvq1("mmvq1_iq4_nl"),
     mmvq1("mmvq1_iq4_nlt"),
     mmvq1("mmvq1_iq4_xs"),
@@ -210,6 +213,7 @@ const BASE: [Bounds; 74] = [
     mmvqs("mmvqs_iq2_s"),
     mmvqs("mmvqs_iq3_xxs"),
     mmvqs("mmvqs_iq3_s"),
+    mmvqs("mmvqs_iq3_st"),
     mmvqs("mmvqs_iq4_nl"),
     mmvqs("mmvqs_iq4_nlt"),
     mmvqs("mmvqs_iq4_xs"),
@@ -234,6 +238,7 @@ const BASE: [Bounds; 74] = [
     moe_gu("moe_gu_iq2_s"),
     moe_gu("moe_gu_iq3_xxs"),
     moe_gu("moe_gu_iq3_s"),
+    moe_gu("moe_gu_iq3_st"),
     moe_gu("moe_gu_iq4_nl"),
     moe_gu("moe_gu_iq4_nlt"),
     moe_gu("moe_gu_iq4_xs"),
@@ -245,6 +250,7 @@ const BASE: [Bounds; 74] = [
     moe_down("moe_down_iq2_s"),
     moe_down("moe_down_iq3_xxs"),
     moe_down("moe_down_iq3_s"),
+    moe_down("moe_down_iq3_st"),
     moe_down("moe_down_iq4_nl"),
     moe_down("moe_down_iq4_nlt"),
     moe_down("moe_down_iq4_xs"),
@@ -293,12 +299,18 @@ macro_rules! expdec_bounds {
     ]};
 }
 
+/// Whether `kernel` is an EXPDEC entry: its shared memory is sized at launch, and the backends
+/// let it take more than a launch gets without opting in.
+pub fn expdec_entry(kernel: &str) -> bool {
+    EXPDEC_BOUNDS.iter().any(|b| b.kernel == kernel)
+}
+
 /// The formats with EXPDEC entries: gate/up, then down.
-pub const EXPDEC_GU_FORMATS: [WeightFormat; 6] =
-    [WeightFormat::Q8_0, WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S];
+pub const EXPDEC_GU_FORMATS: [WeightFormat; 7] =
+    [WeightFormat::Q8_0, WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S, WeightFormat::Iq3ST];
 pub const EXPDEC_DOWN_FORMATS: [WeightFormat; 3] = [WeightFormat::Q2_0, WeightFormat::Iq4Nl, WeightFormat::Iq4NlT];
 
-const EXPDEC_BOUNDS: [Bounds; 37] = expdec_bounds!(gu_m2: "q8_0"; gu: "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"; down: "q2_0", "iq4_nl", "iq4_nlt");
+const EXPDEC_BOUNDS: [Bounds; 41] = expdec_bounds!(gu_m2: "q8_0"; gu: "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq3_st"; down: "q2_0", "iq4_nl", "iq4_nlt");
 
 /// `a` then `b`, in a const context.
 const fn join<const A: usize, const B: usize, const N: usize>(a: [Bounds; A], b: [Bounds; B]) -> [Bounds; N] {
