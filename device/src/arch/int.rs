@@ -15,7 +15,8 @@ pub fn dp4a(a: u32, b: u32, c: i32) -> i32 {
 }
 
 /// Byte permute (`prmt.b32`): result byte i is byte `(sel >> 4i) & 7` of the 8-byte value
-/// `hi:lo` (selector bit 3 of each nibble, the sign-replicate mode, is not used by Strata).
+/// `hi:lo`, or with bit 3 of that selector nibble set, that byte's bit 7 replicated (0x00 or
+/// 0xff).
 #[inline(always)]
 pub fn prmt(lo: u32, hi: u32, sel: u32) -> u32 {
     let r: u32;

@@ -205,6 +205,12 @@ impl Smem {
         [a, b, c, d]
     }
 
+    /// The same memory from `word` on: accessor indices count from there.
+    #[inline(always)]
+    pub fn from_word(self, word: u32) -> Smem {
+        Smem { base: self.base + 4 * word as u64 }
+    }
+
     /// The 32-bit shared-window address of `word`, for loops that step addresses themselves
     /// ([`Smem::ld_u16_at`] and friends): one 32-bit add an access instead of a widening and a
     /// 64-bit add (the window is below 4 GiB, so the address fits).

@@ -6,8 +6,11 @@
 //! and of up against the staged words, which it loads once per group and entry for all `2R`
 //! rows. The first pass skips its pre-staging barrier.
 //!
-//! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
-//! codebook: `launch::expdec_gu_smem`, given at launch.
+//! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]` and
+//! the codebook (`launch::expdec_gu_smem`, given at launch). A signed codebook comes first
+//! instead: at word 0 its words' addresses need no base added, one instruction less in a
+//! decode of three a word; other codebooks stay last (moved first, three of their 64-register
+//! entries spilled).
 use super::blocks::{self, Block};
 use super::stage;
 use super::mmvq::contribution_words;
@@ -73,11 +76,14 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
     rb: u32,
     hq: *mut u8,
 ) {
-    let smem = Smem::dynamic();
-    let h_base = stage::expdec_words(groups);
     // The codebook is a module constant: staged while the previous grid drains, before the
     // wait; the first pass's post-staging barrier orders it before its readers.
-    let grid = stage::grid::<F, THREADS>(smem, h_base + EXPDEC_ENTRIES * rb);
+    let h_base = stage::expdec_words(groups);
+    let (grid, smem) = if F::SIGNED_GRID {
+        (stage::grid::<F, THREADS>(Smem::dynamic(), 0), Smem::dynamic().from_word(stage::grid_words::<F>()))
+    } else {
+        (stage::grid::<F, THREADS>(Smem::dynamic(), h_base + EXPDEC_ENTRIES * rb), Smem::dynamic())
+    };
     sync::chain_grids();
     let chunks = n_ff / MOE_GU_ROWS;
     let per_block = rb / MOE_GU_ROWS;

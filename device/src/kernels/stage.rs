@@ -59,6 +59,14 @@ pub unsafe fn block(smem: Smem, r: u32, b: u32, groups: u32, cap: u32) -> ([u32;
     ([lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]], dx)
 }
 
+/// Words of what `F` stages of its codebook, a multiple of 4 (so what follows it keeps the
+/// 16-byte alignment of the stage's loads).
+#[inline(always)]
+pub fn grid_words<F: Block>() -> u32 {
+    let n = F::staged_grid().len() as u32;
+    n.next_multiple_of(4)
+}
+
 /// Copies what `F` stages of its codebook ([`Block::staged_grid`]: none for formats without
 /// one) to words `base ..` of shared memory with the block's `THREADS` threads and returns it as
 /// the [`blocks::Grid`] the loaders read; a barrier must pass before use. It reads module
