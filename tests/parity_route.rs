@@ -292,9 +292,9 @@ fn launchers_check_device_buffers() {
     let dl = gpu.upload("router_topk", &logits).unwrap();
     let (mut ids, mut w) = (gpu.upload("router_topk", &vec![0u32; tokens * k + 3]).unwrap(), gpu.upload("router_topk", &vec![0f32; tokens * k]).unwrap());
     let mut short = gpu.upload("router_topk", &vec![0f32; tokens * k - 1]).unwrap();
-    assert!(is_shape(gpu.router_topk_queue(&dl, tokens, n_expert, k, &mut ids, &mut short)));
-    assert!(is_shape(gpu.router_topk_queue(&dl, tokens + 1, n_expert, k, &mut ids, &mut w)));
-    gpu.router_topk_queue(&dl, tokens, n_expert, k, &mut ids, &mut w).unwrap();
+    assert!(is_shape(gpu.router_topk_queue(&dl, tokens, n_expert, k, &mut ids, &mut short, None)));
+    assert!(is_shape(gpu.router_topk_queue(&dl, tokens + 1, n_expert, k, &mut ids, &mut w, None)));
+    gpu.router_topk_queue(&dl, tokens, n_expert, k, &mut ids, &mut w, None).unwrap();
     let mut got = vec![0u32; tokens * k + 3];
     gpu.download("router_topk", &ids, &mut got).unwrap();
     let (mut want, mut want_w) = (vec![0u32; tokens * k], vec![0f32; tokens * k]);

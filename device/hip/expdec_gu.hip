@@ -3,7 +3,9 @@
 // group's q8_1 rows are staged EXPDEC_ENTRIES at a time and the codebook (its signed expansion
 // where it has one) once per block, first; R weight rows per lane share the staged words; the
 // first pass skips its pre-staging barrier.
-// Shared words: the stage, H[4][rb], the codebook.
+// Shared words: the stage, H[4][rb], the codebook. down and down_bytes carry the expert's down
+// rows, which the sm_90 image's entries ask L2 for (a hint, no value depends on it); these
+// entries issue no prefetch.
 #include "strata_hip.h"
 #include "blocks.hip"
 #include "mmvq.hip"
@@ -87,7 +89,8 @@ static __device__ __forceinline__ void expdec_gu(const uint8_t* gate, const uint
 #define EXPDEC_GU_ENTRY(name, F, R, THREADS)                                                               \
   STRATA_KERNEL(name)(const uint8_t* gate, const uint8_t* up, uint64_t expert_bytes, const uint8_t* xq,    \
                       const uint32_t* table, uint32_t n, uint32_t k, uint32_t groups, uint32_t n_ff,      \
-                      uint32_t rb, uint8_t* hq) {                                                          \
+                      uint32_t rb, const uint8_t* down, uint64_t down_bytes, uint8_t* hq) {                \
+    (void)down, (void)down_bytes;                                                                          \
     expdec_gu<F, R, THREADS>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq);                \
   }
 // 4 blocks per SM, and blocks of 16 warps, only with R=1 and an IQ format (launch/mod.rs:

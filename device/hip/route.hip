@@ -1,11 +1,13 @@
 // router_topk: the MoE router's softmax, top-k and renormalisation, one warp per token. Twin of
 // device/src/kernels/route.rs; spec in gpu-shared/src/replica/route.rs. Uses head.hip's
-// top_prob_term and ld_f32 (earlier in the translation unit).
+// top_prob_term and ld_f32 and moe.hip's table offsets (earlier in the translation unit).
 //
 // Lane l holds experts l, l + 32, ... as prob_keys (order::prob_key: the probability's bits above
 // the inverted id, whose integer order is argmax_better's) and keeps the best of them; each of
 // the k passes takes the warp's maximum key, the best expert not yet taken (the spec's pick), and
-// the lane that held it clears that slot and finds its next best.
+// the lane that held it clears that slot and finds its next best. With table not null (a
+// one-token window) it also writes the window's group table: k groups of one pick in increasing
+// id, lane r's group its pick's rank among the picks.
 #include "strata_hip.h"
 
 STRATA_FN uint64_t prob_key(float p, uint32_t i) {
@@ -35,7 +37,21 @@ STRATA_FN uint64_t lane_best(const uint64_t (&key)[STRATA_ROUTER_PER_LANE]) {
   return best;
 }
 
-STRATA_KERNEL(router_topk)(const float* logits, uint32_t tokens, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights) {
+// moe::group's table of one token's k picks (distinct ids below n_expert), lane r holding pick r.
+STRATA_FN void one_token_table(uint32_t id, uint32_t k, uint32_t* table) {
+  uint32_t ln = lane(), rank = 0;
+  for (uint32_t r = 0; r < k; r++) rank += shfl_u32(id, r) < id ? 1u : 0u;
+  if (ln < k) {
+    table[MOE_EXPERT(k) + rank] = id;
+    table[MOE_START(k) + rank] = rank;
+    table[MOE_COUNT(k) + rank] = 1;
+    table[MOE_ENTRIES(k) + rank] = ln;
+  }
+  if (ln == 0) table[0] = k, table[1] = 0;
+}
+
+STRATA_KERNEL(router_topk)(const float* logits, uint32_t tokens, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights,
+                           uint32_t* table) {
   uint32_t t = block_idx() * STRATA_ROUTER_WARPS + warp_in_block();
   if (t >= tokens) return;  // padded grid: the whole warp
   const float* row = logits + (uint64_t)t * n_expert;
@@ -77,4 +93,5 @@ STRATA_KERNEL(router_topk)(const float* logits, uint32_t tokens, uint32_t n_expe
     ids[at] = mine_id;
     weights[at] = sum == 0.0f ? 0.0f : mine_p / sum;
   }
+  if (table != nullptr) one_token_table(mine_id, k, table);
 }

@@ -98,6 +98,12 @@ STRATA_FN uint32_t shfl_xor_u32(uint32_t v, uint32_t m) {
   return (uint32_t)__builtin_amdgcn_ds_bpermute((int)((lane() ^ m) << 2), (int)v);
 }
 #endif
+// Value of v in lane src (the same lane for every lane).
+#if STRATA_NVIDIA
+STRATA_FN uint32_t shfl_u32(uint32_t v, uint32_t src) { return __shfl_sync(0xffffffffu, v, src); }
+#else
+STRATA_FN uint32_t shfl_u32(uint32_t v, uint32_t src) { return (uint32_t)__builtin_amdgcn_ds_bpermute((int)(src << 2), (int)v); }
+#endif
 STRATA_FN float shfl_xor_f32(float v, uint32_t m) {
   return __builtin_bit_cast(float, shfl_xor_u32(__builtin_bit_cast(uint32_t, v), m));
 }

@@ -354,6 +354,7 @@ pub fn experts(
                 weights: g.upload("bench", &weights)?,
                 xq: g.upload("bench", &xq)?,
                 table: s.alloc_zeros(strata_gpu_shared::moe::table_words(n)).map_err(drv(g, "scratch"))?,
+                grouped: false,
                 hq: s.alloc_zeros(q8_1::bytes_of(n * n_ff)).map_err(drv(g, "scratch"))?,
                 y: s.alloc_zeros(n * n_embd).map_err(drv(g, "scratch"))?,
             });

@@ -41,6 +41,9 @@ pub struct MoeBuffers {
     pub weights: CudaSlice<f32>,
     pub xq: CudaSlice<u8>,
     pub table: CudaSlice<u32>,
+    /// `table` already holds the group table of `ids` (`router_topk` writes it for one token):
+    /// [`GpuBackend::moe_queue`] then queues no `moe_group`, and clears this.
+    pub grouped: bool,
     pub hq: CudaSlice<u8>,
     pub y: CudaSlice<f32>,
 }
@@ -542,16 +545,17 @@ impl GpuBackend {
         // `check_moe` (or the bench's own equivalent shapes), with the shared memory the plan
         // computed for this shape; kernels return at once in blocks past the real groups, rows
         // or values, so padded and worst-case grids are covered.
-        if stages.group {
+        if stages.group && !w.grouped {
             self.moe_group_queue(&w.ids, sel, l.n_expert, &mut w.table)?;
         }
+        w.grouped = false;
         if stages.gate_up {
             let gu = plan.gu;
             self.log_first_launch(gu);
             let mut a = self.builder(gu.kernel);
             a.arg(&l.gate).arg(&l.up).arg(&gu_bytes).arg(&w.xq).arg(&w.table).arg(&n).arg(&k).arg(&embd_groups).arg(&n_ff);
             if gu.kernel.starts_with("expdec") {
-                a.arg(&gu.rows_per_block);
+                a.arg(&gu.rows_per_block).arg(&l.down).arg(&down_bytes);
             }
             a.arg(&mut w.hq);
             unsafe { self.launch_async_smem(gu.kernel, pad(gu.kernel, gu.blocks), gu.smem, a) }?;
@@ -721,6 +725,7 @@ impl Backend for GpuBackend {
             weights: self.upload("moe_combine", w.weights)?,
             xq: self.upload("moe_gu", w.xq)?,
             table: self.scratch::<u32>("moe_group", moe::table_words(n))?,
+            grouped: false,
             hq: self.upload_out("moe_gu", o.hq)?,
             y: self.upload_out("moe_down", o.y)?,
         };

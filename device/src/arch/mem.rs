@@ -75,6 +75,17 @@ pub fn prefetch_l2_warp(start: *const u8, bytes: usize) {
     }
 }
 
+/// [`prefetch_l2_warp`] over a block of `THREADS` threads (every thread calls it with the same
+/// range): thread `t` asks for the lines at `start + 128 (t + THREADS i)`.
+#[inline(always)]
+pub fn prefetch_l2_block<const THREADS: u32>(start: *const u8, bytes: usize) {
+    let mut off = 128 * crate::arch::index::thread_idx() as usize;
+    while off < bytes + 127 && bytes > 0 {
+        prefetch_l2(start.wrapping_add(off.min(bytes - 1)));
+        off += 128 * THREADS as usize;
+    }
+}
+
 /// Coherent global loads (memory the host may write between launches: device-mapped host
 /// memory), 1, 4 and 16 bytes, aligned to their size.
 #[inline(always)]

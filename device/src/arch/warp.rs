@@ -19,6 +19,20 @@ pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
     r
 }
 
+/// Value of `v` in lane `src` (every lane reads the same lane; `src < 32`).
+#[inline(always)]
+pub fn shfl_u32(v: u32, src: u32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only warp shuffle with the full member mask, as `shfl_xor_u32` (and not
+    // `pure`, for the same reason).
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, {full};",
+             r = out(reg32) r, v = in(reg32) v, s = in(reg32) src, full = in(reg32) FULL,
+             options(nostack, nomem))
+    };
+    r
+}
+
 #[inline(always)]
 pub fn shfl_xor_f32(v: f32, mask: u32) -> f32 {
     f32::from_bits(shfl_xor_u32(v.to_bits(), mask))

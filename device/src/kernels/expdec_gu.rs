@@ -6,6 +6,10 @@
 //! and of up against the staged words, which it loads once per group and entry for all `2R`
 //! rows. The first pass skips its pre-staging barrier.
 //!
+//! Once a block knows its expert it asks L2 for all its gate/up rows at once (a row's later
+//! groups then wait on L2, not DRAM) and for its share of the expert's down rows, which the
+//! next launch reads: hints, which change no value.
+//!
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]` and
 //! the codebook (`launch::expdec_gu_smem`, given at launch). A signed codebook comes first
 //! instead: at word 0 its words' addresses need no base added, one instruction less in a
@@ -17,7 +21,7 @@ use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
 use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
-use crate::arch::{index, sync, warp};
+use crate::arch::{index, mem, sync, warp};
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_RB, EXPDEC_THREADS, EXPDEC_W16_THREADS, MOE_GU_ROWS};
 use strata_gpu_shared::moe;
@@ -61,7 +65,8 @@ unsafe fn staged_partials<F: Block, const R: usize>(
 
 /// The body of every `expdec_gu_*` entry: `moe_gu`'s contract and output, with `rb` rows per
 /// block (a multiple of `MOE_GU_ROWS`, at most `4 * MOE_GU_ROWS`) and `THREADS` threads a
-/// block, each warp taking `rb / (THREADS / 32)` rows.
+/// block, each warp taking `rb / (THREADS / 32)` rows. `down`, `down_bytes`: the layer's down
+/// matrices and the bytes of one expert's (prefetched only).
 #[inline(always)]
 unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
     gate: *const u8,
@@ -74,6 +79,8 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
     groups: u32,
     n_ff: u32,
     rb: u32,
+    down: *const u8,
+    down_bytes: u64,
     hq: *mut u8,
 ) {
     // The codebook is a module constant: staged while the previous grid drains, before the
@@ -94,6 +101,16 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
     let mine = per_block.min(chunks - chunk0);
     let row_bytes = (groups / F::GROUPS) as usize * F::BYTES;
     let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
+    let rows = (chunk0 * MOE_GU_ROWS) as usize * row_bytes;
+    mem::prefetch_l2_block::<THREADS>(gate.wrapping_add(rows), (mine * MOE_GU_ROWS) as usize * row_bytes);
+    mem::prefetch_l2_block::<THREADS>(up.wrapping_add(rows), (mine * MOE_GU_ROWS) as usize * row_bytes);
+    // (In 32 bits: one expert's down rows are far below 4 GiB, and a 64-bit division is a
+    // subroutine whose registers made other entries spill.)
+    let down_bytes = down_bytes as u32;
+    let share = down_bytes.div_ceil(blocks_per_group);
+    let first_down = (b % blocks_per_group * share).min(down_bytes);
+    let down = down.wrapping_add(expert as usize * down_bytes as usize + first_down as usize);
+    mem::prefetch_l2_block::<THREADS>(down, share.min(down_bytes - first_down) as usize);
     let entries = table.add(moe::entries(n as usize) + start as usize);
     let warp = index::warp_in_block();
     let warps = THREADS / 32;
@@ -150,10 +167,11 @@ macro_rules! expdec_gu_entries {
         /// entry's threads and `launch::expdec_gu_smem` bytes of shared memory.
         ///
         /// # Safety
-        /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`; blocks of the entry's threads.
+        /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`; blocks of the entry's threads;
+        /// `down`: `n_expert` matrices of `down_bytes` each (only prefetched, never loaded).
         #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, hq: *mut u8) {
-            expdec_gu::<$block, $r, { $threads }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, hq)
+        pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
+            expdec_gu::<$block, $r, { $threads }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
         }
     )*};
 }

@@ -10,11 +10,17 @@
 //! against the previous pick, done per pass, kept one warp busy for ~2,600 dependent
 //! instructions: 10.8 us a launch on the H200.)
 //!
+//! A one-token window also gets its expert group table here (`table` not null): the `k` picks are
+//! distinct valid experts, so `moe::group` makes each its own group, in increasing id; lane `r`
+//! finds its pick's place among the others (`k` shuffles) and writes that group. The window's
+//! `moe_group` launch is then not needed.
+//!
 //! [`argmax_better`]: strata_gpu_shared::order::argmax_better
 use crate::arch::{index, warp};
 use crate::kernels::head::ld_f32;
 use crate::unroll;
 use strata_gpu_shared::launch::route::{ROUTER_PER_LANE, ROUTER_WARPS};
+use strata_gpu_shared::moe;
 use strata_gpu_shared::order::{prob_key, prob_key_parts, top_prob_term};
 
 // The `unroll!` lists below name every slot.
@@ -34,9 +40,10 @@ fn lane_best(key: &[u64; ROUTER_PER_LANE]) -> u64 {
 ///
 /// # Safety
 /// `logits`: `tokens * n_expert` f32 with `1 <= n_expert <= ROUTER_MAX_EXPERTS`;
-/// `ids`, `weights`: `tokens * k` with `1 <= k <= min(ROUTER_MAX_K, n_expert)`.
+/// `ids`, `weights`: `tokens * k` with `1 <= k <= min(ROUTER_MAX_K, n_expert)`; `table`: null,
+/// or for `tokens == 1` the `moe::table_words(k)` u32 of the window's group table.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32) {
+pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32, table: *mut u32) {
     crate::arch::sync::chain_grids();
     let t = index::block_idx() * ROUTER_WARPS + index::warp_in_block();
     if t >= tokens {
@@ -85,5 +92,33 @@ pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n
         let at = t as usize * k as usize + lane as usize;
         *ids.add(at) = mine.1;
         *weights.add(at) = if sum == 0.0 { 0.0 } else { mine.0 / sum };
+    }
+    if !table.is_null() {
+        one_token_table(mine.1, k, table);
+    }
+}
+
+/// The group table `moe::group` builds for one token's `k` picks, lane `r < k` holding pick `r`
+/// (distinct ids below `n_expert`): `k` groups of one entry in increasing id, no errors. Lane
+/// `r`'s group is its rank among the picks. The whole warp calls it, converged.
+#[inline(always)]
+unsafe fn one_token_table(id: u32, k: u32, table: *mut u32) {
+    let (lane, n) = (index::lane(), k as usize);
+    let mut rank = 0u32;
+    let mut r = 0;
+    while r < k {
+        rank += (warp::shfl_u32(id, r) < id) as u32;
+        r += 1;
+    }
+    if lane < k {
+        let g = rank as usize;
+        *table.add(moe::EXPERT + g) = id;
+        *table.add(moe::start(n) + g) = rank;
+        *table.add(moe::count(n) + g) = 1;
+        *table.add(moe::entries(n) + g) = lane;
+    }
+    if lane == 0 {
+        *table.add(moe::N_GROUPS) = k;
+        *table.add(moe::ERRORS) = 0;
     }
 }

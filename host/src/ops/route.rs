@@ -8,14 +8,14 @@ use rand::{Rng, SeedableRng};
 
 use crate::cpu::CpuBackend;
 use crate::backend::{exact_len, shape_err};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::holds;
 use crate::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, random_logits, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::launch::route::{ROUTER_MAX_EXPERTS, ROUTER_MAX_K, ROUTER_WARPS, SAMPLE_MAX_K};
 use strata_gpu_shared::launch::HEAD_CHUNK;
-use strata_gpu_shared::replica;
+use strata_gpu_shared::{moe, replica};
 
 /// The sampler's settings. Temperature 0 (greedy) is not among them: that is `argmax_rows`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -157,7 +157,10 @@ pub struct ArgmaxScratch {
 impl GpuBackend {
 
     /// Queues `router_topk` over `tokens` rows of `n_expert` logits into `k` ids and weights
-    /// per token (buffers may be longer than needed).
+    /// per token (buffers may be longer than needed). With `table` (one token only) the kernel
+    /// also writes the window's expert group table (`moe::group` of the ids), so the window's
+    /// experts need no `moe_group` launch.
+    #[allow(clippy::too_many_arguments)]
     pub fn router_topk_queue(
         &self,
         logits: &CudaSlice<f32>,
@@ -166,14 +169,25 @@ impl GpuBackend {
         k: usize,
         ids: &mut CudaSlice<u32>,
         weights: &mut CudaSlice<f32>,
+        table: Option<&mut CudaSlice<u32>>,
     ) -> Result<()> {
         check_router(tokens, n_expert, k)?;
         holds(ROUTER, "logits", logits.len(), tokens * n_expert)?;
         holds(ROUTER, "ids", ids.len(), tokens * k)?;
         holds(ROUTER, "weights", weights.len(), tokens * k)?;
-        let (t, e, k) = (tokens as u32, n_expert as u32, k as u32);
+        if let Some(table) = &table {
+            if tokens != 1 {
+                return Err(Error::Shape { kernel: ROUTER, detail: format!("a group table for {tokens} tokens (one token only)") });
+            }
+            holds(ROUTER, "table", table.len(), moe::table_words(k))?;
+        }
+        let (t, e, k, null) = (tokens as u32, n_expert as u32, k as u32, 0u64);
         let mut a = self.builder(ROUTER);
         a.arg(logits).arg(&t).arg(&e).arg(&k).arg(ids).arg(weights);
+        match table {
+            Some(table) => a.arg(table),
+            None => a.arg(&null),
+        };
         // SAFETY: the kernel's parameters in order, buffers checked above; warps past `tokens`
         // return at once, so a padded grid is covered.
         unsafe { self.launch_async(ROUTER, self.padded_grid(ROUTER, t.div_ceil(ROUTER_WARPS)), a) }
@@ -239,7 +253,7 @@ impl RouteOps for GpuBackend {
         let tokens = router_tokens(logits, n_expert, k, ids, weights)?;
         let dl = self.upload(ROUTER, logits)?;
         let (mut di, mut dw) = (self.upload_out(ROUTER, ids)?, self.upload_out(ROUTER, weights)?);
-        self.router_topk_queue(&dl, tokens, n_expert, k, &mut di, &mut dw)?;
+        self.router_topk_queue(&dl, tokens, n_expert, k, &mut di, &mut dw, None)?;
         self.synchronize(ROUTER)?;
         self.download_out(ROUTER, &di, ids)?;
         self.download_out(ROUTER, &dw, weights)

@@ -209,6 +209,7 @@ impl GpuExecutor {
             weights: gpu.scratch("moe", sel)?,
             xq: gpu.scratch("moe", q8_1::bytes_of(MAX_WINDOW * qx_len(&c, Qx::X)))?,
             table: gpu.scratch("moe", moe::table_words(sel))?,
+            grouped: false,
             hq: gpu.scratch("moe", q8_1::bytes_of(sel * c.n_ff_exp))?,
             y: gpu.scratch("moe", sel * c.n_embd)?,
         };
@@ -602,7 +603,13 @@ impl Executor for GpuExecutor {
                 let (mut first, last) = (first, rest.slice((t - 2) * n..(t - 1) * n));
                 self.gpu.stream().memcpy_dtod(&last, &mut first).map_err(self.gpu.driver_err("last row first", "copy"))
             }
-            Op::RouterTopK { k } => self.gpu.router_topk_queue(&self.act[&Act::Router], t, c.n_expert, k, &mut self.moe.ids, &mut self.moe.weights),
+            Op::RouterTopK { k } => {
+                // A one-token window's group table comes with its picks (no `moe_group` launch).
+                let table = (t == 1).then_some(&mut self.moe.table);
+                self.gpu.router_topk_queue(&self.act[&Act::Router], t, c.n_expert, k, &mut self.moe.ids, &mut self.moe.weights, table)?;
+                self.moe.grouped = t == 1;
+                Ok(())
+            }
             Op::Experts { gate, out, accumulate, .. } => {
                 self.moe.tokens = t;
                 let mut o = self.take(out);
