@@ -66,23 +66,25 @@ pub fn prefetch_l2(p: *const u8) {
 /// to bring them from DRAM while the grid before it still runs.
 #[inline(always)]
 pub fn prefetch_l2_warp(start: *const u8, bytes: usize) {
-    // Lane l asks for start + 128 (l + 32 i): every 128 bytes from `start` on lie in the next
-    // line, so these addresses reach every line of the range; the last is clamped into it.
-    let mut off = 128 * crate::arch::index::lane() as usize;
-    while off < bytes + 127 && bytes > 0 {
-        prefetch_l2(start.wrapping_add(off.min(bytes - 1)));
-        off += 128 * 32;
-    }
+    prefetch_l2_spread(start, bytes, crate::arch::index::lane(), 32);
 }
 
 /// [`prefetch_l2_warp`] over a block of `THREADS` threads (every thread calls it with the same
-/// range): thread `t` asks for the lines at `start + 128 (t + THREADS i)`.
+/// range).
 #[inline(always)]
 pub fn prefetch_l2_block<const THREADS: u32>(start: *const u8, bytes: usize) {
-    let mut off = 128 * crate::arch::index::thread_idx() as usize;
+    prefetch_l2_spread(start, bytes, crate::arch::index::thread_idx(), THREADS);
+}
+
+/// Thread `t` of `threads` asks for `start + 128 (t + threads i)`: every 128 bytes from `start`
+/// on lie in the next line, so these addresses reach every line of the range; the last is
+/// clamped into it.
+#[inline(always)]
+fn prefetch_l2_spread(start: *const u8, bytes: usize, t: u32, threads: u32) {
+    let mut off = 128 * t as usize;
     while off < bytes + 127 && bytes > 0 {
         prefetch_l2(start.wrapping_add(off.min(bytes - 1)));
-        off += 128 * THREADS as usize;
+        off += 128 * threads as usize;
     }
 }
 
