@@ -207,6 +207,7 @@ fn the_cli_refuses_clearly() {
         (vec!["bench", "decode", "--builtin", "--backend", "tpu"], "invalid value 'tpu' for '--backend"),
         (vec!["bench", "decode"], "strata synth --preset 30b-a3b --out F"),
         (vec!["bench", "decode", "/nonexistent/strata-bench.gguf"], "/nonexistent/strata-bench.gguf"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cpu", "-n", "16", "--depths", "0", "--profile-step"], "--profile-step brackets a step for a GPU profiler: it needs --backend cuda or hip"),
     ] {
         let (code, out, err) = strata(&args);
         assert_eq!(code, 2, "{args:?}:\n{out}\n{err}");
@@ -231,7 +232,13 @@ fn gpu_phases_and_copy_bandwidth() {
             assert_eq!(row.us_per_step.len(), 2, "{name}: {row:?}");
             assert!(row.us_per_step.iter().all(|&us| us > 0.0), "{name}: {row:?}");
         }
+        // One step between cuProfilerStart and cuProfilerStop (no profiler attached: both are
+        // no-ops that must succeed), and the executor's queue intact after it.
+        let profiled = exec.profiled(|e| bd::tg(e, &ops, bd::PATTERN[0], 0, 1, 1)).expect("a profiled step");
+        check_row(&profiled, 1, 1);
+        check_row(&bd::tg(&mut exec, &ops, bd::PATTERN[0], 0, 4, 2).unwrap(), 2, 4);
         let mut args = small(name);
+        args.push("--profile-step");
         args.push("--json");
         let (code, out, err) = strata(&args);
         assert_eq!(code, 0, "{out}\n{err}");

@@ -106,6 +106,12 @@ pub struct DecodeArgs {
     /// `eager` comparison row is added).
     #[arg(long)]
     pub no_graph: bool,
+    /// GPU: after the warm-up, run one more one-token step at depth 0 (as the tg rows run it)
+    /// between cuProfilerStart and cuProfilerStop, so a profiler started with collection off
+    /// sees exactly that step's launches: `ncu --profile-from-start off ... strata bench decode
+    /// FILE --profile-step` (docs/bench-decode.md). The rows then run as usual.
+    #[arg(long)]
+    pub profile_step: bool,
 }
 
 #[derive(clap::Args)]
@@ -264,8 +270,10 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     }
     let n_ctx = bd::context_for(&depths, a.n, a.prefill, c.n_ctx_train)?;
     let mut opened = super::decode::open(a.backend, a.device, model.clone(), n_ctx)?;
-    if let Opened::Gpu(g) = &mut opened {
-        g.set_graphs(!a.no_graph);
+    match &mut opened {
+        Opened::Gpu(g) => g.set_graphs(!a.no_graph),
+        Opened::Cpu(_) if a.profile_step => bail!("--profile-step brackets a step for a GPU profiler: it needs --backend cuda or hip"),
+        Opened::Cpu(_) => {}
     }
     let (gpu, copy) = match &opened {
         Opened::Gpu(g) => (Some(g.backend().info().name.clone()), Some(bench::copy_bandwidth(g.backend(), 1 << 30, 5)?)),
@@ -321,6 +329,12 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     let exec = opened.executor();
     spinner.set_message("warm-up");
     bd::warm_up(exec, &ops, first)?;
+    if a.profile_step {
+        let Opened::Gpu(g) = &mut opened else { unreachable!("--profile-step is refused without a GPU backend") };
+        spinner.set_message("one one-token step, profiled");
+        g.profiled(|g| bd::tg(g, &ops, first, 0, 1, 1))?;
+    }
+    let exec = opened.executor();
     let runs = a.runs;
     for &d in &depths {
         spinner.set_message(format!("tg{} @ d{d}, {runs} runs", a.n));

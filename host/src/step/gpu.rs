@@ -271,6 +271,26 @@ impl GpuExecutor {
         self.graphs.is_some()
     }
 
+    /// Runs `f` (steps it queues and waits for) between `cuProfilerStart` and `cuProfilerStop`,
+    /// the stream drained on both sides: a profiler started with collection off (`ncu
+    /// --profile-from-start off`) sees exactly the launches `f` makes.
+    pub fn profiled<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.drain()?;
+        self.profiler(true)?;
+        let r = f(self);
+        let drained = self.drain();
+        self.profiler(false)?;
+        let r = r?;
+        drained.map(|_| r)
+    }
+
+    fn profiler(&self, on: bool) -> Result<()> {
+        self.gpu.stream().context().bind_to_thread().map_err(self.driver("binding the context for the profiler"))?;
+        // SAFETY: driver calls that take no arguments, with the executor's context current.
+        let r = unsafe { if on { cudarc::driver::sys::cuProfilerStart() } else { cudarc::driver::sys::cuProfilerStop() } };
+        r.result().map_err(self.driver(if on { "cuProfilerStart" } else { "cuProfilerStop" }))
+    }
+
     /// Queues the step's launches for window `w`, whose ids and position are on the device: the
     /// graph of its size and attention grid (captured from `ops` the first time, or again if
     /// `ops` changed), or each op eagerly; then the copy of what it emitted into the next slot.
