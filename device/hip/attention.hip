@@ -221,7 +221,7 @@ ATTN_SCORE_FN void attn_score(const uint16_t* keys, uint64_t stride, uint32_t n,
           if (h < heads) {
 #pragma unroll
             for (uint32_t i = 0; i < PL; i++)
-              if (EXACT || i < per_lane) acc[x] = acc[x] + attn_smem_f32(attn_q_word(h, p, hd) + i) * k[i];
+              if (EXACT || i < per_lane) acc[x] = fma_f32(attn_smem_f32(attn_q_word(h, p, hd) + i), k[i], acc[x]);
           }
         }
       };
@@ -271,7 +271,7 @@ ATTN_SCORE_FN void attn_score(const uint16_t* keys, uint64_t stride, uint32_t n,
 }
 
 // Thread (set r, value d) of a chunk's value sums over one stage: keys base .. base + rows of the
-// chunk, their values staged row_words words a row. o[x] += p_j * v_j[d] (and with L, l[x] +=
+// chunk, their values staged row_words words a row. o[x] = fma(p_j, v_j[d], o[x]) (and with L, l[x] +=
 // p_j) in key order, for head r + x * sets of the band.
 template <uint32_t W, bool L>
 STRATA_FN void attn_sum_values(uint32_t base, uint32_t rows, uint32_t row_words, uint32_t d, uint32_t r, uint32_t sets, uint32_t heads, float* l, float* o) {
@@ -284,7 +284,7 @@ STRATA_FN void attn_sum_values(uint32_t base, uint32_t rows, uint32_t row_words,
       if (x < W && h < heads) {
         float p = attn_smem_f32(ATTN_S_WORD + h * STRATA_ATTN_CHUNK + base + jj);
         if (L) l[x] = l[x] + p;
-        o[x] = o[x] + p * v;
+        o[x] = fma_f32(p, v, o[x]);
       }
     }
   }
@@ -378,7 +378,7 @@ STRATA_FN void attn_one_chunk_one_head(const uint16_t* k_cache, const uint16_t* 
       float acc = 0.0f;
 #pragma unroll
       for (uint32_t i = 0; i < STRATA_ATTN_MAX_HD / 32; i++)
-        if (i < per_lane) acc = acc + attn_smem_f32(ATTN_Q_WORD + l + 32 * i) * k[u][i];
+        if (i < per_lane) acc = fma_f32(attn_smem_f32(ATTN_Q_WORD + l + 32 * i), k[u][i], acc);
       float s = scale * warp_sum_f32(acc);
       if (l == 0) strata_smem[ATTN_S_WORD + ju] = __builtin_bit_cast(uint32_t, s);
       warp_max = max_f32(warp_max, s);
@@ -394,7 +394,7 @@ STRATA_FN void attn_one_chunk_one_head(const uint16_t* k_cache, const uint16_t* 
   auto add = [&](uint32_t j, float v) {
     float p = attn_smem_f32(ATTN_S_WORD + j);
     lsum = lsum + p;
-    o = o + p * v;
+    o = fma_f32(p, v, o);
   };
   uint32_t j = 0;
   for (; j + ATTN_V_AHEAD <= n; j += ATTN_V_AHEAD) {

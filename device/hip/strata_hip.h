@@ -82,6 +82,13 @@ STRATA_FN float max_f32(float a, float b) { return __builtin_fmaxf(a, b); }
 STRATA_FN float min_f32(float a, float b) { return __builtin_fminf(a, b); }
 STRATA_FN float abs_f32(float a) { return __builtin_fabsf(a); }
 #endif
+// a * b + c rounded once (fma.rn.f32, v_fma_f32; strata_gpu_shared::math::fma): only where a spec
+// says fma (the attention dot products and value sums). Contraction stays off everywhere else.
+#if STRATA_NVIDIA
+STRATA_FN float fma_f32(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+#else
+STRATA_FN float fma_f32(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+#endif
 
 // ---- trap: ends the launch with an error (a kernel that finds its launch contract broken) ----
 #if STRATA_NVIDIA

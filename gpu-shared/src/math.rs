@@ -1,7 +1,8 @@
 //! Float functions whose every operation is specified, so the Rust kernels, the HIP kernels and
 //! the replica compute the same bits (a library `expf` differs between CUDA, HIP and libm). Plain
 //! `f32` arithmetic only: Rust never contracts it into fma, and the HIP twin
-//! (`device/hip/strata_hip.h`, `exp_neg`) is compiled with contraction off.
+//! (`device/hip/strata_hip.h`, `exp_neg`) is compiled with contraction off. A fused
+//! multiply-add appears only where a spec names it ([`fma`]).
 
 /// `log2(e)`, `ln(2)` split into a high part with 16 significant bits (so `n * LN2_HI` is exact
 /// for the `|n| <= 150` used here) and the rest.
@@ -147,10 +148,87 @@ fn isqrt_u64(m: u64) -> u64 {
     root
 }
 
+/// `a * b + c` rounded once (IEEE fusedMultiplyAdd, round to nearest even): what PTX `fma.rn.f32`
+/// and HIP's `fma_f32` compute. Only where a spec says fma (the attention dot products and value
+/// sums, [`crate::replica::attention`]).
+///
+/// In f64: the product is exact (24 + 24 significant bits), the sum is rounded to odd (rounded
+/// to nearest, then where that was inexact and gave an even significand, moved one ulp toward
+/// the exact sum, whose error TwoSum gives exactly), and rounding that to f32 is then correct:
+/// round-to-odd in a format of at least two more bits never double-rounds (53 >= 24 + 2).
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let (ab, c) = (a as f64 * b as f64, c as f64);
+    let s = ab + c;
+    let t = s - ab;
+    let err = (ab - (s - t)) + (c - t);
+    let bits = s.to_bits();
+    let odd = if err != 0.0 && bits & 1 == 0 && s.is_finite() {
+        // Sign and magnitude: the next bit pattern is the larger magnitude.
+        f64::from_bits(if (err > 0.0) == (s > 0.0) { bits + 1 } else { bits - 1 })
+    } else {
+        s
+    };
+    odd as f32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     extern crate std;
+
+    /// Against the platform's `fmaf` (std's `mul_add`: the FMA instruction or the C library's
+    /// correctly rounded one): random operands of every magnitude, products near the addend
+    /// (cancellation), sums on a halfway point of f32 (where rounding twice goes wrong),
+    /// subnormal results, zeros of both signs, infinities and NaN.
+    #[test]
+    fn fma_matches_the_platform_fmaf() {
+        let seed = 0x2545_f491_4f6c_dd1du64;
+        std::println!("fma_matches_the_platform_fmaf: seed {seed:#x}");
+        let mut s = seed;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let check = |a: f32, b: f32, c: f32| {
+            let (ours, theirs) = (fma(a, b, c), a.mul_add(b, c));
+            assert!(ours.to_bits() == theirs.to_bits() || (ours.is_nan() && theirs.is_nan()), "fma({a:e}, {b:e}, {c:e}) = {ours:e} ({:#x}), platform {theirs:e} ({:#x})", ours.to_bits(), theirs.to_bits());
+        };
+        let mut halfway = 0;
+        let specials = [0.0f32, -0.0, 1.0, -1.0, f32::MIN_POSITIVE, 1e-45, -1e-45, f32::MAX, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.5, 3.0];
+        for a in specials {
+            for b in specials {
+                for c in specials {
+                    check(a, b, c);
+                }
+            }
+        }
+        for _ in 0..2_000_000 {
+            let r = next();
+            let (a, b) = (f32::from_bits(r as u32), f32::from_bits((r >> 32) as u32));
+            check(a, b, f32::from_bits(next() as u32)); // any magnitudes
+            let p = a * b;
+            let c = -p * (1.0 + (next() % 64) as f32 * f32::EPSILON);
+            check(a, b, c); // cancellation
+            // Near halfway: `x * y = 1 + e`, `0 < |e| < 2^-29`, so `c + 2^-24 x y` (`c` in [1, 2))
+            // is within an f64 half-ulp of the f32 halfway point `c + 2^-24` without being it:
+            // rounded to f64 and then to f32 it would tie; rounded once it must not.
+            let x = f32::from_bits(0x3f80_0000 | (next() as u32 & 0x007f_ffff));
+            let y = 1.0 / x;
+            let e = x as f64 * y as f64 - 1.0;
+            if e != 0.0 && e.abs() < 2f64.powi(-29) {
+                halfway += 1;
+                let c = f32::from_bits(0x3f80_0000 | (next() as u32 & 0x007f_ffff));
+                check(x * 2f32.powi(-24), y, c);
+                check(-x * 2f32.powi(-24), y, -c);
+                // The same where f32's last place is 2^-149 (subnormal sums): the product near 2^-150.
+                check(x * 2f32.powi(-75), y * 2f32.powi(-75), f32::from_bits(next() as u32 & 0x007f_ffff));
+            }
+        }
+        assert!(halfway > 10_000, "only {halfway} near-halfway cases");
+    }
 
     #[test]
     fn sqrt_rn_matches_ieee_sqrt() {

@@ -196,6 +196,19 @@ pub fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
     butterfly_sum(partials)
 }
 
+/// `a(0) * b(0) + ... + a(n - 1) * b(n - 1)` as a warp sums it with fused multiply-adds: lane
+/// `p`'s partial starts at +0.0 and takes `acc = fma(a(j), b(j), acc)` for `j = p, p + 32, ...`
+/// in turn, then the [`butterfly_sum`] of the 32 partials.
+pub fn lane_dot(n: usize, a: impl Fn(usize) -> f32, b: impl Fn(usize) -> f32) -> f32 {
+    let mut partials = [0.0f32; LANES];
+    for (p, acc) in partials.iter_mut().enumerate() {
+        for j in (p..n).step_by(LANES) {
+            *acc = crate::math::fma(a(j), b(j), *acc);
+        }
+    }
+    butterfly_sum(partials)
+}
+
 /// `f32(s) * 2^-k`, exact for `|s| < 2^24` and the shifts the formats use (0, 2, 3).
 pub fn group_scale(s: i32, k: u32) -> f32 {
     s as f32 * f32::from_bits((127 - k) << 23)

@@ -1,4 +1,5 @@
-//! Float conversions, each one PTX instruction with its rounding mode spelled out.
+//! Float conversions, and the float operations `core` lacks, each one PTX instruction with its
+//! rounding mode spelled out.
 use core::arch::asm;
 
 /// fp16 bits to f32 (exact).
@@ -45,6 +46,19 @@ pub fn sqrt_rn(x: f32) -> f32 {
     // SAFETY: register-only arithmetic.
     unsafe {
         asm!("sqrt.rn.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+             options(nostack, pure, nomem))
+    };
+    r
+}
+
+/// `a * b + c` rounded once (`fma.rn.f32`; `strata_gpu_shared::math::fma`). Only where a spec
+/// says fma: the PTX check admits it in the attention entries alone.
+#[inline(always)]
+pub fn fma_rn(a: f32, b: f32, c: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("fma.rn.f32 {r}, {a}, {b}, {c};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c,
              options(nostack, pure, nomem))
     };
     r

@@ -9,7 +9,7 @@
 //! | [`warp`] | `shfl_xor_*`, `warp_sum_f32` (butterfly), `warp_max_f32`, `warp_sum_i32` |
 //! | [`int`] | `dp4a`, `prmt` (byte permute) |
 //! | [`mem`] | read-only global loads (2, 4, 16 bytes), stores, typed dynamic shared memory |
-//! | [`convert`] | fp16 <-> f32, f32 -> i32 round-to-nearest-even, `sqrt_rn` |
+//! | [`convert`] | fp16 <-> f32, f32 -> i32 round-to-nearest-even, `sqrt_rn`, `fma_rn` |
 
 pub mod convert;
 pub mod index;

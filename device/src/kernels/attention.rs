@@ -157,7 +157,7 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
 /// and each thread scores one key for its share of the band's heads, the whole dot product in
 /// one thread in the butterfly's order; each head's maximum from the warps'; thread `i` turns
 /// key `i`'s scores into softmax terms; the values are staged too, and thread `d` of set `r`
-/// (`ATTN_THREADS / hd` sets) sums `p_j * v_j[d]` and `p_j` over the chunk's keys in order for
+/// (`ATTN_THREADS / hd` sets) sums `p_j * v_j[d]` (fused multiply-adds) and `p_j` over the chunk's keys in order for
 /// heads `r, r + sets, ...` of the band (the thread with `d = 0` writes each head's `m` and `l`).
 /// One head ([`Band::chunk_one_head`], `W = 1`): warps score keys with lane partials and the
 /// warp butterfly, and the values are read from global memory. Both give the spec's bits.
@@ -474,7 +474,7 @@ impl Band {
 
     /// One chunk for a band of one head (`attn_chunk_one`, the small grids of short contexts,
     /// where it beats the staged body: docs/kernels/attention.md). Warp `w` scores keys `w, w +
-    /// 8, ...`, two in flight: lane `p` sums `q[p + 32 i] * k[p + 32 i]` over `i` left to right,
+    /// 8, ...`, two in flight: lane `p` takes `acc = fma(q[p + 32 i], k[p + 32 i], acc)` over `i` in turn,
     /// the warp butterfly the 32 partials; thread `i` turns key `i`'s score into its softmax term;
     /// thread `d < hd` sums `p_j * v_j[d]` and `p_j` over the keys in order, loading
     /// `ATTN_V_AHEAD` values before adding their terms. The query is in shared memory as a row
@@ -503,7 +503,7 @@ impl Band {
                     let mut acc = 0.0f32;
                     crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
                         if (i as u32) < per_lane {
-                            acc += f32::from_bits(smem.ld_u32(Q_WORD + lane + 32 * i as u32)) * k[u][i];
+                            acc = convert::fma_rn(f32::from_bits(smem.ld_u32(Q_WORD + lane + 32 * i as u32)), k[u][i], acc);
                         }
                     });
                     let s = scale * warp::warp_sum_f32(acc);
@@ -531,7 +531,7 @@ impl Band {
         let mut add = |j: u32, v: f32| {
             let p = f32::from_bits(smem.ld_u32(S_WORD + j));
             l += p;
-            o += p * v;
+            o = convert::fma_rn(p, v, o);
         };
         let mut j = 0;
         while j + ATTN_V_AHEAD <= n {
@@ -555,7 +555,7 @@ impl Band {
     /// `S[h][j]`. The keys are staged `kps = attn_key_stage(hd)` at a time; thread (`slot`, `r`)
     /// of a stage scores its key `r` for heads `slot, slot + tpk, ...` (`tpk = ATTN_THREADS /
     /// kps`, at most `HW` heads). One thread computes a key's whole dot product: its lane
-    /// partials (`PL = hd / 32` products each, left to right from +0.0) in the butterfly's tree
+    /// partials (`PL = hd / 32` fused multiply-adds each, in turn from +0.0) in the butterfly's tree
     /// ([`order::butterfly_tree`]), no shuffles. `EXACT`: `PL` is `hd / 32`; else `hd / 32 <=
     /// PL` is checked per product. `FULL`: each of the thread's `HW` heads is in the band (no
     /// per-head check). Ends with a barrier.
@@ -605,7 +605,7 @@ impl Band {
                             crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
                                 if used(i) {
                                     let qv = if EXACT { qv[i / 4][i % 4] } else { Smem::ld_u32_at(at + 4 * i as u32) };
-                                    acc[x] += f32::from_bits(qv) * k[i];
+                                    acc[x] = convert::fma_rn(f32::from_bits(qv), k[i], acc[x]);
                                 }
                             });
                         }
@@ -658,7 +658,7 @@ struct ValueSum {
 }
 
 impl ValueSum {
-    /// `o[x] += p_j * v_j[d]` (and with `L`, `l[x] += p_j`) over the stage's keys in order, for
+    /// `o[x] = fma(p_j, v_j[d], o[x])` (and with `L`, `l[x] += p_j`) over the stage's keys in order, for
     /// head `r + x * sets` of the band (`FULL`: all `ATTN_SET_HEADS` of them, unchecked); each
     /// head's terms of 4 keys come in one 16-byte load (`base` is a multiple of 4).
     #[inline(always)]
@@ -682,7 +682,7 @@ impl ValueSum {
                         if L {
                             l[x] += p;
                         }
-                        o[x] += p * v[u];
+                        o[x] = convert::fma_rn(p, v[u], o[x]);
                     });
                 }
             });
@@ -696,7 +696,7 @@ impl ValueSum {
                     if L {
                         l[x] += p;
                     }
-                    o[x] += p * v;
+                    o[x] = convert::fma_rn(p, v, o[x]);
                 }
             });
             jj += 1;

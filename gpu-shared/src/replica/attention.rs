@@ -34,11 +34,15 @@
 //!
 //! Keys `j` in `[c * ATTN_CHUNK, min((c + 1) * ATTN_CHUNK, L))`, `L = pos + 1`.
 //! `s_j = scale * dot_j`, where `dot_j` is the [`butterfly_sum`](crate::order::butterfly_sum) of 32 partials, partial `p`
-//! the left-to-right sum from +0.0 of `q[d] * f32(k_j[d])` for `d = p, p + 32, ... < hd`.
-//! `m` = maxNum of the `s_j` (exact in any order); `p_j = exp_neg(s_j - m)`
-//! ([`crate::math::exp_neg`]); `l` = left-to-right sum from +0.0 of `p_j` in increasing `j`;
-//! `o[d]` = left-to-right sum from +0.0 of `p_j * f32(v_j[d])` in increasing `j`. The chunk's
-//! part is `[m, l, o[0], ..., o[hd - 1]]`.
+//! starting at +0.0 and taking `acc = fma(q[d], f32(k_j[d]), acc)` for `d = p, p + 32, ... < hd`
+//! in turn ([`lane_dot`]). `m` = maxNum of the `s_j` (exact in any order); `p_j = exp_neg(s_j -
+//! m)` ([`crate::math::exp_neg`]); `l` = left-to-right sum from +0.0 of `p_j` in increasing `j`;
+//! `o[d]` starts at +0.0 and takes `o[d] = fma(p_j, f32(v_j[d]), o[d])` in increasing `j`. The
+//! chunk's part is `[m, l, o[0], ..., o[hd - 1]]`.
+//!
+//! The products are fused with their sums ([`crate::math::fma`], one rounding where a multiply
+//! then an add round twice): at depth the chunk kernels are bound by instruction issue, and a
+//! fused multiply-add is one instruction where the two are two (docs/kernels/attention.md).
 //!
 //! ## `attn_merge` (query head `h` of token `t`, its `nc = ceil(L / ATTN_CHUNK)` parts)
 //!
@@ -47,7 +51,8 @@
 use crate::f16::{f16_to_f32, f32_to_f16};
 use crate::launch::attention::{attn_chunks, ATTN_CHUNK, ATTN_MAX_HD};
 use crate::math::exp_neg;
-use crate::order::lane_sum;
+use crate::math::fma;
+use crate::order::lane_dot;
 
 /// One key/value head of a layer's cache: `k` and `v` hold `n_kv` heads of `hd` fp16 values per
 /// position, position-major.
@@ -116,7 +121,7 @@ pub fn chunk_part(q: &[f32], kv: KvHead, start: usize, end: usize, scale: f32, p
     let p = &mut p[..end - start];
     for (j, s) in p.iter_mut().enumerate() {
         let key = kv.key(start + j);
-        *s = scale * lane_sum(kv.hd, |d| q[d] * f16_to_f32(key[d]));
+        *s = scale * lane_dot(kv.hd, |d| q[d], |d| f16_to_f32(key[d]));
     }
     let m = p.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     for s in p.iter_mut() {
@@ -128,7 +133,7 @@ pub fn chunk_part(q: &[f32], kv: KvHead, start: usize, end: usize, scale: f32, p
     for (j, &pj) in p.iter().enumerate() {
         l += pj;
         for (o, &v) in o.iter_mut().zip(kv.value(start + j)) {
-            *o += pj * f16_to_f32(v);
+            *o = fma(pj, f16_to_f32(v), *o);
         }
     }
     head[0] = m;
