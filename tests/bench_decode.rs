@@ -85,6 +85,24 @@ fn the_measurements_on_the_cpu_executor_time_every_run() {
         }
         assert_eq!(r.acceptance().unwrap().min, 1.0);
     }
+    // The random input: the seed's tokens alone, whatever the model computes.
+    let n_vocab = model.config.n_vocab;
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("a clock after 1970").as_nanos() as u64;
+    println!("random window input: seed {seed:#x}");
+    let random = bd::random_tokens(first, n, n_vocab, seed);
+    assert_eq!((random.len(), random[0]), (n, first));
+    assert!(random.iter().all(|&id| (id as usize) < n_vocab), "{random:?}");
+    assert_eq!(random, bd::random_tokens(first, n, n_vocab, seed), "the seed fixes the tokens");
+    assert_ne!(random, bd::random_tokens(first, n, n_vocab, seed.wrapping_add(1)), "another seed, other tokens");
+    assert_ne!(random, seq, "not the greedy text");
+    for t in [2, 4] {
+        let r = bd::windows(&mut exec, &ops, &random, t, runs).unwrap();
+        check_row(&r, runs, n / t * t);
+        for run in &r.runs {
+            assert_eq!((run.steps, run.drafted), (n / t, n / t * (t - 1)), "window {t}");
+            assert!(run.accepted <= run.drafted, "window {t}: {run:?}");
+        }
+    }
     let prompt = bd::pattern(bd::SPEC_PROMPT);
     assert_eq!(&prompt[..9], &[11, 12, 13, 14, 15, 16, 17, 18, 11]);
     for s in [1, 4, 8] {
@@ -174,6 +192,8 @@ fn the_cli_json_has_every_figure() {
             assert!(figure(line, k).is_some_and(|v| v > 0.0), "{k} in {line}");
         }
         assert!(line.contains("\"pct_copy\":null") && line.contains("\"copy_gbps\":null"), "{line}");
+        let input = if line.contains("\"kind\":\"window\"") { "\"window_input\":\"greedy\"" } else { "\"window_input\":null" };
+        assert!(line.contains(input), "{line}");
         let (per, window) = (figure(line, "tokens_per_step").unwrap(), figure(line, "window").unwrap());
         let kind = ["tg", "window", "spec", "prefill"].into_iter().find(|k| line.contains(&format!("\"kind\":\"{k}\""))).expect("a kind");
         assert_eq!(line.contains("\"gbps_upper_bound\":true"), kind != "tg", "{line}");
@@ -193,6 +213,29 @@ fn the_cli_json_has_every_figure() {
     }
 }
 
+/// `--window-input random`: the header names the input and its seed, the window rows run all
+/// their steps, and their acceptance is a fraction (not every draft is the model's choice).
+#[test]
+fn the_cli_verifies_random_windows() {
+    let args = ["bench", "decode", "--builtin", "--backend", "cpu", "-n", "16", "--depths", "0", "--windows", "2,4", "--spec", "", "--prefill", "0", "--runs", "1", "--window-input", "random", "--window-seed", "7"];
+    let (code, out, err) = strata(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("full windows verify 16 tokens drawn uniformly from the") && out.contains("(seed 7)"), "{out}");
+    let (code, json, err) = strata(&[&args[..], &["--json"]].concat());
+    assert_eq!(code, 0, "{json}\n{err}");
+    let windows: Vec<&str> = json.lines().filter(|l| l.contains("\"kind\":\"window\"")).collect();
+    assert_eq!(windows.len(), 2, "{json}");
+    for (line, t) in windows.iter().zip([2.0, 4.0]) {
+        assert_eq!(figure(line, "window"), Some(t), "{line}");
+        assert_eq!(figure(line, "steps"), Some(16.0 / t), "{line}");
+        assert!(figure(line, "acceptance").is_some_and(|a| (0.0..=1.0).contains(&a)), "{line}");
+        assert!(line.contains("\"window_input\":\"random\",\"window_seed\":7"), "{line}");
+    }
+    // The greedy default says so.
+    let (_, out, _) = strata(&["bench", "decode", "--builtin", "--backend", "cpu", "-n", "8", "--depths", "0", "--windows", "2", "--spec", "", "--prefill", "0", "--runs", "1"]);
+    assert!(out.contains(&format!("full windows verify the model's greedy text from token {}", bd::PATTERN[0])), "{out}");
+}
+
 #[test]
 fn the_cli_refuses_clearly() {
     let mut deep = small("cpu");
@@ -205,6 +248,7 @@ fn the_cli_refuses_clearly() {
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--depths", "0,-1"], "bad --depths item `-1`"),
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "-n", "4", "--depths", "0", "--windows", "8"], "--windows 8: more tokens than the 4 of -n"),
         (vec!["bench", "decode", "--builtin", "--backend", "tpu"], "invalid value 'tpu' for '--backend"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--window-input", "typed"], "invalid value 'typed' for '--window-input"),
         (vec!["bench", "decode"], "strata synth --preset 30b-a3b --out F"),
         (vec!["bench", "decode", "/nonexistent/strata-bench.gguf"], "/nonexistent/strata-bench.gguf"),
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "-n", "16", "--depths", "0", "--profile-step"], "--profile-step brackets a step for a GPU profiler: it needs --backend cuda or hip"),

@@ -13,6 +13,9 @@
 //! its tokens are back on the host, so the GPU's work is inside the time.
 use std::time::Instant;
 
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
 use crate::error::{Error, Result};
 use crate::generate::{chain, generate, Draft, Request};
 use crate::step::{add_phase_time, Executor, Op, Window, MAX_WINDOW, PHASES};
@@ -274,9 +277,23 @@ pub fn greedy_tokens(exec: &mut dyn Executor, ops: &[Op], first: u32, n: usize) 
     Ok(chained_steps(exec, ops, first, 0, n)?.1)
 }
 
-/// Full verify windows: `seq` ([`greedy_tokens`]) in `seq.len() / t` steps of `t` tokens at
-/// consecutive positions from 0. Each window's drafts are the model's own choices, so all are
-/// accepted: the throughput ceiling of speculation with windows of `t`. Timed like [`tg`].
+/// `n` tokens drawn uniformly from a vocabulary of `n_vocab` (seeded), the first `first`: an
+/// input of [`windows`] that, unlike [`greedy_tokens`], does not depend on the model's
+/// numerics, so two builds whose bits differ verify the same windows (the greedy text changes
+/// with the bits, and with it which experts a window's tokens share).
+pub fn random_tokens(first: u32, n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut seq = vec![first];
+    seq.extend((1..n).map(|_| rng.random_range(0..n_vocab as u32)));
+    seq.truncate(n);
+    seq
+}
+
+/// Full verify windows: `seq` in `seq.len() / t` steps of `t` tokens at consecutive positions
+/// from 0, timed like [`tg`]. A window's step computes all its tokens whatever it accepts, so
+/// the time is that of full windows for any `seq`. From [`greedy_tokens`] every draft is the
+/// model's own choice and is accepted: the throughput ceiling of speculation with windows of
+/// `t`. From [`random_tokens`] few are; the row's acceptance says so.
 pub fn windows(exec: &mut dyn Executor, ops: &[Op], seq: &[u32], t: usize, runs: usize) -> Result<Row> {
     check_runs(runs)?;
     if !(1..=MAX_WINDOW).contains(&t) {

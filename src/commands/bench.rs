@@ -13,7 +13,7 @@ use super::decode::{BackendName, Opened};
 use crate::backends::Available;
 use strata_gpu_shared::formats::WeightFormat;
 use strata_host::bench::{self, MmvqRow};
-use strata_host::bench_decode::{self as bd, Launch, Row, Spread};
+use strata_host::bench_decode::{self as bd, Kind, Launch, Row, Spread};
 use strata_host::gguf::GgufFile;
 use strata_host::model::synth::{build_in_memory, SynthSpec};
 use strata_host::generate::Draft;
@@ -86,6 +86,16 @@ pub struct DecodeArgs {
     /// Full verify windows: tokens per step (1..8), comma-separated; empty for none.
     #[arg(long, default_value = "2,4,8")]
     pub windows: String,
+    /// What the full windows verify: `greedy` (the model's own greedy text from the pattern's
+    /// first token: every draft accepted, but the text, and so which experts a window's tokens
+    /// share, changes with the model's bits) or `random` (`-n` tokens drawn uniformly from the
+    /// vocabulary with `--window-seed`: the same input for every build, few drafts accepted; a
+    /// window's step costs the same either way).
+    #[arg(long, value_enum, default_value_t = WindowInput::Greedy)]
+    pub window_input: WindowInput,
+    /// Seed of `--window-input random`.
+    #[arg(long, default_value_t = 1)]
+    pub window_seed: u64,
     /// Speculation: the largest verify window (1..8), comma-separated; empty for none.
     #[arg(long, default_value = "2,3,4,8")]
     pub spec: String,
@@ -112,6 +122,13 @@ pub struct DecodeArgs {
     /// FILE --profile-step` (docs/bench-decode.md). The rows then run as usual.
     #[arg(long)]
     pub profile_step: bool,
+}
+
+/// The input of the full-window rows (`--window-input`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WindowInput {
+    Greedy,
+    Random,
 }
 
 #[derive(clap::Args)]
@@ -253,6 +270,9 @@ struct Setting {
     copy: Option<f64>,
     /// Weight bytes a one-token step reads.
     bytes: usize,
+    /// What the full windows verify (`--window-input`, `--window-seed`).
+    window_input: WindowInput,
+    window_seed: u64,
 }
 
 fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
@@ -280,7 +300,7 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         Opened::Cpu(_) => (None, None),
     };
     let chained = matches!(&opened, Opened::Gpu(g) if g.backend().chained());
-    let set = Setting { model: model.weights.file.path.display().to_string(), backend: opened.executor().name(), gpu, copy, bytes: model.step_weight_bytes() };
+    let set = Setting { model: model.weights.file.path.display().to_string(), backend: opened.executor().name(), gpu, copy, bytes: model.step_weight_bytes(), window_input: a.window_input, window_seed: a.window_seed };
     let header = [
         format!(
             "strata bench decode: {}: {}; weights {:.3} GB, a one-token step reads {:.4} GB",
@@ -305,6 +325,10 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
             bd::PATTERN,
             bd::SPEC_PROMPT
         ),
+        match a.window_input {
+            WindowInput::Greedy => format!("full windows verify the model's greedy text from token {}", bd::PATTERN[0]),
+            WindowInput::Random => format!("full windows verify {} tokens drawn uniformly from the {} of the vocabulary (seed {})", a.n, c.n_vocab, a.window_seed),
+        },
     ];
     for line in &header {
         if a.json {
@@ -352,8 +376,13 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     }
     let exec = opened.executor();
     if !windows.is_empty() {
-        spinner.set_message("the greedy tokens the windows take");
-        let seq = bd::greedy_tokens(exec, &ops, first, a.n)?;
+        let seq = match a.window_input {
+            WindowInput::Greedy => {
+                spinner.set_message("the greedy tokens the windows take");
+                bd::greedy_tokens(exec, &ops, first, a.n)?
+            }
+            WindowInput::Random => bd::random_tokens(first, a.n, c.n_vocab, a.window_seed),
+        };
         for &t in &windows {
             spinner.set_message(format!("tg{} in windows of {t}, {runs} runs", a.n));
             show(&bd::windows(exec, &ops, &seq, t, runs)?);
@@ -464,6 +493,11 @@ fn row_json(set: &Setting, r: &Row) -> String {
         json_spread("ms_per_step", r.ms_per_step()),
         json_spread("tokens_per_step", r.tokens_per_step()),
         r.acceptance().map_or("\"acceptance\":null".into(), |s| json_spread("acceptance", s)),
+        match (r.kind, set.window_input) {
+            (Kind::Window, WindowInput::Greedy) => "\"window_input\":\"greedy\",\"window_seed\":null".into(),
+            (Kind::Window, WindowInput::Random) => format!("\"window_input\":\"random\",\"window_seed\":{}", set.window_seed),
+            _ => "\"window_input\":null,\"window_seed\":null".into(),
+        },
         format!("\"weight_bytes_per_token\":{},\"gbps_upper_bound\":{}", set.bytes, r.gbps_is_upper_bound()),
         json_spread("gbps", gbps),
     ];
