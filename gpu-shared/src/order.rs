@@ -184,29 +184,30 @@ pub fn butterfly_tree<const H: usize>(leaf: impl Fn(u32) -> [f32; H]) -> [f32; H
     }
 }
 
-/// `f(0) + ... + f(n - 1)` as a warp sums it: lane `p` adds `f(p), f(p + 32), ...` left to
-/// right from +0.0, then the [`butterfly_sum`] of the 32 partials.
-pub fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
+/// A warp's reduction of `n` terms: lane `p`'s partial starts at +0.0 and takes `acc =
+/// step(acc, j)` for `j = p, p + 32, ...` in turn, then the [`butterfly_sum`] of the 32
+/// partials. [`lane_sum`] and [`lane_dot`] are its two steps.
+fn lane_fold(n: usize, step: impl Fn(f32, usize) -> f32) -> f32 {
     let mut partials = [0.0f32; LANES];
     for (p, acc) in partials.iter_mut().enumerate() {
         for j in (p..n).step_by(LANES) {
-            *acc += f(j);
+            *acc = step(*acc, j);
         }
     }
     butterfly_sum(partials)
 }
 
+/// `f(0) + ... + f(n - 1)` as a warp sums it: lane `p` adds `f(p), f(p + 32), ...` left to
+/// right from +0.0, then the [`butterfly_sum`] of the 32 partials.
+pub fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
+    lane_fold(n, |acc, j| acc + f(j))
+}
+
 /// `a(0) * b(0) + ... + a(n - 1) * b(n - 1)` as a warp sums it with fused multiply-adds: lane
-/// `p`'s partial starts at +0.0 and takes `acc = fma(a(j), b(j), acc)` for `j = p, p + 32, ...`
-/// in turn, then the [`butterfly_sum`] of the 32 partials.
+/// `p`'s partial takes `acc = fma(a(j), b(j), acc)` for `j = p, p + 32, ...` from +0.0, then
+/// the [`butterfly_sum`] of the 32 partials.
 pub fn lane_dot(n: usize, a: impl Fn(usize) -> f32, b: impl Fn(usize) -> f32) -> f32 {
-    let mut partials = [0.0f32; LANES];
-    for (p, acc) in partials.iter_mut().enumerate() {
-        for j in (p..n).step_by(LANES) {
-            *acc = crate::math::fma(a(j), b(j), *acc);
-        }
-    }
-    butterfly_sum(partials)
+    lane_fold(n, |acc, j| crate::math::fma(a(j), b(j), acc))
 }
 
 /// `f32(s) * 2^-k`, exact for `|s| < 2^24` and the shifts the formats use (0, 2, 3).
