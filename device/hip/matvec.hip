@@ -22,6 +22,30 @@ struct F16W {
   STRATA_FN float get(const uint8_t* row, uint32_t j) { return f16_to_f32(ld_nc_u16(row + 2 * (uint64_t)j)); }
 };
 
+// Adds a lane's products w[j] * x[r][j] for j, j + 32, ... to acc[r] in that order, N elements a
+// step (all N weights and a row's N activations loaded before they are added) while a whole step
+// fits below k; returns the first j not added.
+template <typename W, int N>
+static __device__ __forceinline__ uint32_t matvec_chunks(const uint8_t* wrow, const float* x, float* acc, uint32_t j,
+                                                         uint32_t k, uint32_t rows) {
+  for (; j + 32 * (N - 1) < k; j += 32 * N) {
+    float wj[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) wj[i] = W::get(wrow, j + 32 * i);
+#pragma unroll
+    for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
+      if ((uint32_t)r < rows) {
+        float xj[N];
+#pragma unroll
+        for (int i = 0; i < N; i++) xj[i] = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(x + (uint64_t)r * k + j + 32 * i)));
+#pragma unroll
+        for (int i = 0; i < N; i++) acc[r] = acc[r] + wj[i] * xj[i];
+      }
+    }
+  }
+  return j;
+}
+
 template <typename W>
 static __device__ __forceinline__ void matvec(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k,
                                               uint32_t rows, uint32_t accumulate) {
@@ -32,34 +56,13 @@ static __device__ __forceinline__ void matvec(const uint8_t* w, const float* x, 
   float acc[STRATA_MMVQ_MAX_ROWS];
 #pragma unroll
   for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) acc[r] = 0.0f;
-  // A lane's elements j = l, l + 32, ... are added in that order; loading STRATA_MATVEC_AHEAD of
-  // them before adding keeps several loads in flight without changing the order of the sum.
+  // A lane's elements j = l, l + 32, ... are added in that order, N loaded before any is added:
+  // chunks of STRATA_MATVEC_AHEAD, then of STRATA_MATVEC_AHEAD_REST, then one by one. The
+  // chunking does not change the order of the sum.
   uint32_t j = l;
-  for (; j + 32 * (STRATA_MATVEC_AHEAD - 1) < k; j += 32 * STRATA_MATVEC_AHEAD) {
-    float wj[STRATA_MATVEC_AHEAD];
-#pragma unroll
-    for (int i = 0; i < STRATA_MATVEC_AHEAD; i++) wj[i] = W::get(wrow, j + 32 * i);
-#pragma unroll
-    for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
-      if ((uint32_t)r < rows) {
-        float xj[STRATA_MATVEC_AHEAD];
-#pragma unroll
-        for (int i = 0; i < STRATA_MATVEC_AHEAD; i++) xj[i] = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(x + (uint64_t)r * k + j + 32 * i)));
-#pragma unroll
-        for (int i = 0; i < STRATA_MATVEC_AHEAD; i++) acc[r] = acc[r] + wj[i] * xj[i];
-      }
-    }
-  }
-  for (; j < k; j += 32) {
-    float wj = W::get(wrow, j);
-#pragma unroll
-    for (int r = 0; r < STRATA_MMVQ_MAX_ROWS; r++) {
-      if ((uint32_t)r < rows) {
-        float xj = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(x + (uint64_t)r * k + j)));
-        acc[r] = acc[r] + wj * xj;
-      }
-    }
-  }
+  j = matvec_chunks<W, STRATA_MATVEC_AHEAD>(wrow, x, acc, j, k, rows);
+  j = matvec_chunks<W, STRATA_MATVEC_AHEAD_REST>(wrow, x, acc, j, k, rows);
+  matvec_chunks<W, 1>(wrow, x, acc, j, k, rows);
   store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 

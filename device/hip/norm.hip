@@ -85,6 +85,9 @@ STRATA_KERNEL(rms_norm_q8_1)(const float* x, const float* w, float* out, uint8_t
   uint32_t row = block_idx() / parts, part = block_idx() % parts;
   uint32_t g = part * STRATA_NQ_WARPS + warp_in_block();
   if (row >= rows) return;  // the whole block (a padded grid's), before the barrier
+  // The lane's norm weight, loaded before the row (the CUDA entry loads it before its grid wait).
+  uint32_t j = g * STRATA_GROUP + lane();
+  float wj = g < groups ? __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(w + j))) : 0.0f;
   uint64_t at = (uint64_t)row * n;
   // The row into shared memory: 16-byte chunk c (values 4c .. 4c + 4) by thread c % threads,
   // STRATA_NQ_AHEAD loads in flight before their stores.
@@ -105,8 +108,6 @@ STRATA_KERNEL(rms_norm_q8_1)(const float* x, const float* w, float* out, uint8_t
   if (g >= groups) return;  // the whole warp, after the block's only barrier
   auto xs = [](uint32_t j) { return __builtin_bit_cast(float, strata_smem[j]); };
   float scale = warp_rms_scale_of<STRATA_NORM_AHEAD>(xs, n, eps);
-  uint32_t j = g * STRATA_GROUP + lane();
-  float wj = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(w + j)));
   float v = (xs(j) * scale) * wj;
   out[at + j] = v;
   quantize_group(v, xq + (at / STRATA_GROUP + g) * STRATA_Q8_1_BYTES);

@@ -30,11 +30,18 @@ STRATA_FN uint64_t warp_max_key(uint64_t v) {
   return ((uint64_t)hi << 32) | lo;
 }
 
+// The best of a lane's keys (0 when it holds none), as a tree of pairwise maxima (four dependent
+// steps, not fifteen).
 STRATA_FN uint64_t lane_best(const uint64_t (&key)[STRATA_ROUTER_PER_LANE]) {
-  uint64_t best = 0;
+  uint64_t m[STRATA_ROUTER_PER_LANE];
 #pragma unroll
-  for (uint32_t i = 0; i < STRATA_ROUTER_PER_LANE; i++) best = key[i] > best ? key[i] : best;
-  return best;
+  for (uint32_t i = 0; i < STRATA_ROUTER_PER_LANE; i++) m[i] = key[i];
+#pragma unroll
+  for (uint32_t half = STRATA_ROUTER_PER_LANE / 2; half > 0; half /= 2) {
+#pragma unroll
+    for (uint32_t i = 0; i < half; i++) m[i] = m[i + half] > m[i] ? m[i + half] : m[i];
+  }
+  return m[0];
 }
 
 // moe::group's table of one token's k picks (distinct ids below n_expert), lane r holding pick r.

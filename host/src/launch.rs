@@ -5,10 +5,12 @@
 //! With PDL (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`), a grid may start while the
 //! grid before it on the stream still runs, once every block of that grid has signalled
 //! `griddepcontrol.launch_dependents`. What makes that safe is the kernels' side: every entry of
-//! the `sm_90` image begins with `arch::sync::chain_grids` (`griddepcontrol.wait`, which returns
-//! when the previous grid has completed and its memory is visible, then the signal), before it
-//! reads or writes any buffer, in every block. build.rs refuses an `sm_90` image with an entry
-//! that lacks the wait. A grid therefore only overlaps its predecessor's tail with its own launch
+//! the `sm_90` image calls `arch::sync::chain_grids` (`griddepcontrol.wait`, which returns
+//! when the previous grid has completed and its memory is visible, then the signal) before it
+//! writes any buffer or reads any buffer but weights, in every block. Weights are constant: no
+//! launch writes them (they are copied to the device, and the stream synchronized, before the
+//! first step), so an entry may load them, or ask L2 for them, before its wait. build.rs refuses
+//! an `sm_90` image with an entry that lacks the wait. A grid therefore only overlaps its predecessor's tail with its own launch
 //! and start-up, and completes after it: the order, and so every bit, is the stream's.
 use std::ffi::c_void;
 

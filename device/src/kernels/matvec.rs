@@ -4,7 +4,7 @@
 //! keeps one partial per activation row; the warp butterfly sums the partials, which are stored
 //! or, with `accumulate`, added to what `y` holds. Spec: `strata_gpu_shared::order` (matvec).
 use crate::arch::{convert, index, mem, warp};
-use strata_gpu_shared::launch::{MATVEC_AHEAD, MMVQ_MAX_ROWS, MMVQ_WARPS};
+use strata_gpu_shared::launch::{MATVEC_AHEAD, MATVEC_AHEAD_REST, MMVQ_MAX_ROWS, MMVQ_WARPS};
 
 /// A float element type, widened to f32 exactly (also the rows of `embed_rows_f32/f16/bf16`).
 pub(super) trait FloatWeight {
@@ -65,40 +65,48 @@ unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u3
     let lane = index::lane();
     let wrow = w.add(row as usize * k as usize * W::BYTES);
     let mut acc = [0.0f32; MMVQ_MAX_ROWS];
-    // A lane's elements j = lane, lane + 32, ... are added in that order; loading `MATVEC_AHEAD`
-    // of them before adding keeps several loads in flight (a long router row is otherwise one
-    // memory latency per element) without changing the order of the sum.
+    // A lane's elements j = lane, lane + 32, ... are added in that order, `N` loaded before any
+    // is added so that `32 * N` elements of the row cost one memory latency: chunks of
+    // `MATVEC_AHEAD` (a 2,048-wide router row is one), then of `MATVEC_AHEAD_REST`, then one by
+    // one. The chunking does not change the order of the sum.
     let mut j = lane;
-    while j + 32 * (MATVEC_AHEAD - 1) < k {
-        let mut wj = [0.0f32; MATVEC_AHEAD as usize];
+    j = chunks::<W, { MATVEC_AHEAD as usize }>(wrow, x, &mut acc, j, k, rows);
+    j = chunks::<W, { MATVEC_AHEAD_REST as usize }>(wrow, x, &mut acc, j, k, rows);
+    chunks::<W, 1>(wrow, x, &mut acc, j, k, rows);
+    warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
+}
+
+/// Adds a lane's products `w[j] * x[r][j]` for `j, j + 32, ...` to `acc[r]` in that order, `N`
+/// elements a step (all `N` weights and a row's `N` activations loaded before they are added)
+/// while a whole step fits below `k`; returns the first `j` not added.
+///
+/// # Safety
+/// As `matvec`.
+#[inline(always)]
+unsafe fn chunks<W: FloatWeight, const N: usize>(wrow: *const u8, x: *const f32, acc: &mut [f32; MMVQ_MAX_ROWS], mut j: u32, k: u32, rows: u32) -> u32 {
+    while j + 32 * (N as u32 - 1) < k {
+        // Element `j + 32 i` from one base pointer and a constant offset per `i` (so LLVM's
+        // unrolling sees a cheap body and unrolls all `N`: a partly unrolled loop puts `wj` in
+        // local memory).
+        let (wr, mut wj) = (wrow.add(j as usize * W::BYTES), [0.0f32; N]);
         for (i, v) in wj.iter_mut().enumerate() {
-            *v = W::get(wrow, j + 32 * i as u32);
+            *v = W::get(wr, 32 * i as u32);
         }
         crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
             if (r as u32) < rows {
                 let xr = x.add(r * k as usize + j as usize);
-                let mut xj = [0.0f32; MATVEC_AHEAD as usize];
+                let mut xj = [0.0f32; N];
                 for (i, v) in xj.iter_mut().enumerate() {
                     *v = f32::from_bits(mem::ld_nc_u32(xr.add(32 * i) as *const u8));
                 }
-                for i in 0..MATVEC_AHEAD as usize {
+                for i in 0..N {
                     acc[r] += wj[i] * xj[i];
                 }
             }
         });
-        j += 32 * MATVEC_AHEAD;
+        j += 32 * N as u32;
     }
-    while j < k {
-        let wj = W::get(wrow, j);
-        crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
-            if (r as u32) < rows {
-                let xj = f32::from_bits(mem::ld_nc_u32(x.add(r * k as usize + j as usize) as *const u8));
-                acc[r] += wj * xj;
-            }
-        });
-        j += 32;
-    }
-    warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
+    j
 }
 
 /// f32 weights. Launch: `ceil(m / MMVQ_WARPS)` blocks of `32 * MMVQ_WARPS` threads.

@@ -59,20 +59,41 @@ pub unsafe fn row_partials<F: Block, const AHEAD: usize>(wrow: *const u8, groups
 /// As [`row_partials`]; `xb(r, b)` is safe to call for `r < rows`, `b < groups`.
 #[inline(always)]
 pub unsafe fn row_partials_from<F: Block, const AHEAD: usize>(wrow: *const u8, groups: u32, rows: u32, xb: impl Fn(usize, u32) -> ([u32; 8], f32)) -> [f32; MMVQ_MAX_ROWS] {
+    row_partials_after::<F, AHEAD>(lane_groups::<F, AHEAD>(wrow, groups, index::lane()), wrow, groups, rows, xb)
+}
+
+/// Groups `b, b + 32, ...` of a weight row (`AHEAD` of them, [`blocks::Group::ZERO`] past
+/// `groups`), decoded: one step of [`row_partials_from`]'s loop. Unrolled (`AHEAD <= 4`) so the
+/// groups stay in registers.
+///
+/// # Safety
+/// `wrow` holds the row's whole blocks (`groups` groups of `F`).
+#[inline(always)]
+pub unsafe fn lane_groups<F: Block, const AHEAD: usize>(wrow: *const u8, groups: u32, b: u32) -> [blocks::Group; AHEAD] {
     const { assert!(1 <= AHEAD && AHEAD <= 4) };
+    let mut g = [blocks::Group::ZERO; AHEAD];
+    crate::unroll!(i in [0, 1, 2, 3] {
+        let at = b + 32 * i as u32;
+        if i < AHEAD && at < groups {
+            g[i] = F::load(wrow.add((at / F::GROUPS) as usize * F::BYTES), at % F::GROUPS);
+        }
+    });
+    g
+}
+
+/// [`row_partials_from`] given the lane's first step of groups, `first` = [`lane_groups`] of
+/// `lane` (the entries load it before their grid wait: weights are constant).
+///
+/// # Safety
+/// As [`row_partials_from`].
+#[inline(always)]
+pub unsafe fn row_partials_after<F: Block, const AHEAD: usize>(first: [blocks::Group; AHEAD], wrow: *const u8, groups: u32, rows: u32, xb: impl Fn(usize, u32) -> ([u32; 8], f32)) -> [f32; MMVQ_MAX_ROWS] {
     // 2^-k, exact: the group's integer dot times it is the exact rational S / 2^k.
     let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
     let mut acc = [0.0f32; MMVQ_MAX_ROWS];
-    let mut b = index::lane();
+    let (mut b, mut g) = (index::lane(), first);
     while b < groups {
         let at = |i: usize| b + 32 * i as u32;
-        // Unrolled (`AHEAD <= 4`) so the groups stay in registers.
-        let mut g = [blocks::Group::ZERO; AHEAD];
-        crate::unroll!(i in [0, 1, 2, 3] {
-            if i < AHEAD && at(i) < groups {
-                g[i] = F::load(wrow.add((at(i) / F::GROUPS) as usize * F::BYTES), at(i) % F::GROUPS);
-            }
-        });
         crate::unroll!(i in [0, 1, 2, 3] {
             if i < AHEAD && at(i) < groups {
                 // One unrolled copy per row slot so `acc` stays in registers; slots past `rows` skip.
@@ -85,8 +106,23 @@ pub unsafe fn row_partials_from<F: Block, const AHEAD: usize>(wrow: *const u8, g
             }
         });
         b += 32 * AHEAD as u32;
+        g = lane_groups::<F, AHEAD>(wrow, groups, b);
     }
     acc
+}
+
+/// The warp's first step of weight groups ([`lane_groups`] of `lane`; `WARPS` rows a block, one
+/// a warp; zero for a warp past `m`), for an entry to load before its grid wait.
+///
+/// # Safety
+/// `w`: `m` rows of `groups` groups of `F` (whole blocks).
+#[inline(always)]
+unsafe fn warp_first_groups<F: Block, const WARPS: u32, const AHEAD: usize>(w: *const u8, m: u32, groups: u32) -> [blocks::Group; AHEAD] {
+    let row = index::block_idx() * WARPS + index::warp_in_block();
+    if row >= m {
+        return [blocks::Group::ZERO; AHEAD];
+    }
+    lane_groups::<F, AHEAD>(w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES), groups, index::lane())
 }
 
 /// This lane's partials of `N` weight rows (row `j` at `wrow(j)`, `groups` groups of `F`) against
@@ -133,7 +169,8 @@ pub fn prefetch_row<F: Block, const WARPS: u32>(w: *const u8, m: u32, groups: u3
     }
 }
 
-/// The shared body of every `mmvq_*` entry, `AHEAD` weight groups a lane in flight.
+/// The shared body of every `mmvq_*` entry, `AHEAD` weight groups a lane in flight; `first` is
+/// [`warp_first_groups`] (loaded by the entry before its grid wait).
 ///
 /// # Safety
 /// `w`: `m` rows of `groups` 32-value groups of `F` (whole blocks); `x`: `rows * groups` q8_1
@@ -141,13 +178,13 @@ pub fn prefetch_row<F: Block, const WARPS: u32>(w: *const u8, m: u32, groups: u3
 /// overlapping the inputs; `1 <= rows <= MMVQ_MAX_ROWS`. `accumulate`: 0 stores the sums, 1 adds
 /// them to `y`'s values.
 #[inline(always)]
-unsafe fn mmvq<F: Block, const AHEAD: usize>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
+unsafe fn mmvq<F: Block, const AHEAD: usize>(first: [blocks::Group; AHEAD], w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
     let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
     if row >= m {
         return; // whole warp: the butterfly below needs every lane, and gets it
     }
     let wrow = w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES);
-    let acc = row_partials::<F, AHEAD>(wrow, groups, rows, |r| x.add(r * groups as usize * q8_1::BYTES));
+    let acc = row_partials_after::<F, AHEAD>(first, wrow, groups, rows, |r, b| global_block(x.add((r * groups as usize + b as usize) * q8_1::BYTES)));
     warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
 }
 
@@ -155,13 +192,13 @@ unsafe fn mmvq<F: Block, const AHEAD: usize>(w: *const u8, x: *const u8, y: *mut
 /// shared memory first (`stage`'s layout, `rows` rows), so a lane reads a group's
 /// activation with two 16-byte shared loads a row instead of nine 4-byte global loads at a
 /// 36-byte stride; `MMVQS_WARPS` weight rows a block share the staged rows. Same partials, same
-/// order, same bits as `mmvq`.
+/// order, same bits as `mmvq`. `first` as `mmvq`'s.
 ///
 /// # Safety
 /// As `mmvq`; the launch gave `launch::mmvq_launch`'s shared memory for `rows` and `groups`
 /// (36 bytes a staged q8_1 block).
 #[inline(always)]
-unsafe fn mmvqs<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
+unsafe fn mmvqs<F: Block>(first: [blocks::Group; 1], w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
     let smem = Smem::dynamic();
     stage::rows::<{ 32 * MMVQS_WARPS }>(smem, |r| x.add(r as usize * groups as usize * q8_1::BYTES), rows, groups, rows);
     sync::sync_lds();
@@ -170,7 +207,7 @@ unsafe fn mmvqs<F: Block>(w: *const u8, x: *const u8, y: *mut f32, m: u32, group
         return; // whole warp, after the block's only barrier
     }
     let wrow = w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES);
-    let acc = row_partials_from::<F, 1>(wrow, groups, rows, |r, b| stage::block(smem, r as u32, b, groups, rows));
+    let acc = row_partials_after::<F, 1>(first, wrow, groups, rows, |r, b| stage::block(smem, r as u32, b, groups, rows));
     warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
 }
 
@@ -187,9 +224,10 @@ macro_rules! mmvq_entries {
         /// As `mmvq`: buffers of the documented sizes, `1 <= rows <= 8`, `accumulate` 0 or 1.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
+            let first = warp_first_groups::<$block, MMVQ_WARPS, 1>(w, m, groups);
             prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
             crate::arch::sync::chain_grids();
-            mmvq::<$block, 1>(w, x, y, m, groups, rows, accumulate)
+            mmvq::<$block, 1>(first, w, x, y, m, groups, rows, accumulate)
         }
 
         /// `mmvq` of one activation row (`rows` must be 1; the parameter keeps the signature
@@ -199,9 +237,10 @@ macro_rules! mmvq_entries {
         /// As `mmvq` with `rows == 1`.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $one(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, _rows: u32, accumulate: u32) {
+            let first = warp_first_groups::<$block, MMVQ_WARPS, { MMVQ1_AHEAD as usize }>(w, m, groups);
             prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
             crate::arch::sync::chain_grids();
-            mmvq::<$block, { MMVQ1_AHEAD as usize }>(w, x, y, m, groups, 1, accumulate)
+            mmvq::<$block, { MMVQ1_AHEAD as usize }>(first, w, x, y, m, groups, 1, accumulate)
         }
 
         /// `mmvq` of 2..8 activation rows staged in shared memory. Launch: `ceil(m /
@@ -212,9 +251,10 @@ macro_rules! mmvq_entries {
         /// As `mmvq`, and the shared memory above.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $staged(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
+            let first = warp_first_groups::<$block, MMVQS_WARPS, 1>(w, m, groups);
             prefetch_row::<$block, MMVQS_WARPS>(w, m, groups);
             crate::arch::sync::chain_grids();
-            mmvqs::<$block>(w, x, y, m, groups, rows, accumulate)
+            mmvqs::<$block>(first, w, x, y, m, groups, rows, accumulate)
         }
     )*};
 }

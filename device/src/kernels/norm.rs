@@ -140,11 +140,10 @@ pub unsafe extern "ptx-kernel" fn rms_norm_q8_1(x: *const f32, w: *const f32, ou
     let (groups, parts) = (n / GROUP as u32, nq_parts(n));
     let (row, part) = (index::block_idx() / parts, index::block_idx() % parts);
     let g = part * NQ_WARPS + index::warp_in_block();
-    if row < rows && g < groups {
-        // The warp's group of the norm weight (constant; one 128-byte line, two where `w` is
-        // not 128-byte aligned) towards L2 while the grid before this one runs.
-        mem::prefetch_l2_warp(w.add(g as usize * GROUP) as *const u8, GROUP * 4);
-    }
+    let j = g * GROUP as u32 + index::lane();
+    // The lane's norm weight (constant) is loaded while the grid before this one runs, so no
+    // memory latency for it remains after the wait.
+    let wj = if row < rows && g < groups { mem::ld_nc_f32(w, j as usize) } else { 0.0 };
     crate::arch::sync::chain_grids();
     if row >= rows {
         return; // the whole block (a padded grid's), before the barrier
@@ -177,8 +176,7 @@ pub unsafe extern "ptx-kernel" fn rms_norm_q8_1(x: *const f32, w: *const f32, ou
     }
     let xs = |j: u32| f32::from_bits(smem.ld_u32(j));
     let scale = warp_rms_scale_of::<{ NORM_AHEAD as usize }>(xs, n, eps);
-    let j = g * GROUP as u32 + index::lane();
-    let v = (xs(j) * scale) * mem::ld_nc_f32(w, j as usize);
+    let v = (xs(j) * scale) * wj;
     mem::st_f32(out.add(at + j as usize), v);
     quantize_group(v, xq.add((at / GROUP + g as usize) * q8_1::BYTES));
 }

@@ -26,14 +26,19 @@ use strata_gpu_shared::order::{prob_key, prob_key_parts, top_prob_term};
 // The `unroll!` lists below name every slot.
 const _: () = assert!(ROUTER_PER_LANE == 16);
 
-/// The best of a lane's keys (0 when it holds none).
+/// The best of a lane's keys (0 when it holds none), as a tree of pairwise maxima: four dependent
+/// steps where a running maximum took fifteen, on the path every pick of the `k` passes waits on.
 #[inline(always)]
 fn lane_best(key: &[u64; ROUTER_PER_LANE]) -> u64 {
-    let mut best = 0;
-    unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-        best = best.max(key[i]);
-    });
-    best
+    let mut m = *key;
+    let mut half = ROUTER_PER_LANE / 2;
+    while half > 0 {
+        for i in 0..half {
+            m[i] = m[i].max(m[i + half]);
+        }
+        half /= 2;
+    }
+    m[0]
 }
 
 /// One warp per token (warps past `tokens`, from a padded grid, return at once).

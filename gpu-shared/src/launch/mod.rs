@@ -121,9 +121,13 @@ pub const COPY_CHUNK: usize = 4096;
 /// first block.
 pub const COPY_SEGMENT_WORDS: usize = 4;
 /// Elements per lane the float `matvec` loads before adding them (in order), to keep loads in
-/// flight: each `32 * MATVEC_AHEAD` elements of a row cost one memory latency (the 2,048-wide
-/// F32 router row four; at 4 it was sixteen, 14 us a launch under ncu on the H200, 6.8 us at 8).
-pub const MATVEC_AHEAD: u32 = 16;
+/// flight: each `32 * MATVEC_AHEAD` elements of a row cost one memory latency, so a 2,048-wide
+/// F32 router row costs one. (Under ncu on the H200 the router launch took 14 us at 4, sixteen
+/// latencies, 6.8 us at 8 and 4.35 at 16.) A row's remainder goes in chunks of
+/// [`MATVEC_AHEAD_REST`], then one element at a time.
+pub const MATVEC_AHEAD: u32 = 64;
+/// The second chunk size of the float `matvec` (a 2,560-wide row: one chunk of 64, one of 16).
+pub const MATVEC_AHEAD_REST: u32 = 16;
 /// Warps (one weight row each) per staged `mmvqs_*` block: the blocks share the activation rows
 /// they stage, so more rows a block stage less often; 8 still gives a 2,048-row matrix 256
 /// blocks.
@@ -163,6 +167,13 @@ pub const MMVQ1_AHEAD: u32 = 4;
 /// The matvec geometry: one warp per weight row, `MMVQ_WARPS` rows per block.
 const fn mmvq(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8, smem_bytes: 0 }
+}
+
+/// The float `matvec_*` entries: the matvec geometry at 2 blocks per SM, room for a chunk of
+/// [`MATVEC_AHEAD`] weights and activations in registers (their launches, router-sized, are a
+/// few dozen blocks).
+const fn matvec(kernel: &'static str) -> Bounds {
+    Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 2, smem_bytes: 0 }
 }
 
 /// The staged `mmvqs_*` entries: [`MMVQS_WARPS`] warps at 4 blocks per SM (64 registers, as
@@ -218,9 +229,9 @@ const BASE: [Bounds; 79] = [
     mmvqs("mmvqs_iq4_nlt"),
     mmvqs("mmvqs_iq4_xs"),
     mmvqs("mmvqs_q2_0"),
-    mmvq("matvec_f32"),
-    mmvq("matvec_bf16"),
-    mmvq("matvec_f16"),
+    matvec("matvec_f32"),
+    matvec("matvec_bf16"),
+    matvec("matvec_f16"),
     head("argmax_rows_ref"),
     head("argmax_rows_split"),
     head("argmax_rows_final"),

@@ -198,6 +198,9 @@ impl GpuExecutor {
             bar.inc(weight.bytes() as u64);
         }
         bar.finish_and_clear();
+        // Kernels may load weights before their grid wait (`crate::launch`): every upload is
+        // done before the first step is queued.
+        gpu.stream().synchronize().map_err(gpu.driver_err("weights", "copy to device"))?;
         let zeros_f32 = |n: usize| gpu.scratch::<f32>("step buffers", n);
         // Only the buffers the architecture has (a zero-length allocation is an error).
         let act = Act::ALL.iter().filter(|&&a| act_len(&c, a) > 0).map(|&a| Ok((a, zeros_f32(MAX_WINDOW * act_len(&c, a))?))).collect::<Result<HashMap<_, _>>>()?;
