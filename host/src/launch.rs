@@ -7,11 +7,14 @@
 //! `griddepcontrol.launch_dependents`. What makes that safe is the kernels' side: every entry of
 //! the `sm_90` image calls `arch::sync::chain_grids` (`griddepcontrol.wait`, which returns
 //! when the previous grid has completed and its memory is visible, then the signal) before it
-//! writes any buffer or reads any buffer but weights, in every block. Weights are constant: no
-//! launch writes them (they are copied to the device, and the stream synchronized, before the
-//! first step), so an entry may load them, or ask L2 for them, before its wait. build.rs refuses
-//! an `sm_90` image with an entry that lacks the wait. A grid therefore only overlaps its predecessor's tail with its own launch
-//! and start-up, and completes after it: the order, and so every bit, is the stream's.
+//! writes any buffer or reads any buffer but weights, in every block. Weights are constant while
+//! kernels run: every weight buffer is filled by a copy (`GpuBackend::upload`, or
+//! `copy_from_mapped_multi`, which waits for its kernel), and a chained grid overlaps only a
+//! kernel before it that asks for the overlap, never a copy (the driver's rule for the
+//! attribute). So on every path that launches (the step, the benches, the parity suite) an entry
+//! may load weights, or ask L2 for them, before its wait. build.rs refuses an `sm_90` image with
+//! an entry that lacks the wait. A grid therefore only overlaps its predecessor's tail with its
+//! own launch and start-up, and completes after it: the order, and so every bit, is the stream's.
 use std::ffi::c_void;
 
 use cudarc::driver::sys::{
