@@ -89,8 +89,9 @@ STRATA_FN uint32_t attn_n_chunks(uint32_t n_ctx) { return (n_ctx + STRATA_ATTN_C
 
 // Shared words of attn_chunk (the Rust twin's layout): the band's queries from ATTN_Q_WORD, value
 // d = p + 32 i of head h at h * hd + (hd / 32) p + i; the scores then softmax terms
-// S[heads][STRATA_ATTN_CHUNK]; the warps' maxima M[warp][heads]; the key stage (attn_key_stage(hd)
-// fp16 rows of hd / 2 + 1 words).
+// S[heads][STRATA_ATTN_CHUNK]; the warps' maxima M[warp][heads]; the two stage buffers,
+// STRATA_ATTN_STAGE_WORDS each (attn_key_stage(hd) fp16 rows of hd / 2 + 2 words for keys, hd / 2
+// for values).
 #define ATTN_Q_WORD 0u
 #define ATTN_S_WORD (ATTN_Q_WORD + STRATA_ATTN_Q_WORDS)
 #define ATTN_M_WORD (ATTN_S_WORD + STRATA_ATTN_MAX_BAND * STRATA_ATTN_CHUNK)
@@ -107,7 +108,7 @@ STRATA_FN float attn_smem_f32(uint32_t word) { return __builtin_bit_cast(float, 
 STRATA_FN uint32_t attn_q_word(uint32_t h, uint32_t d, uint32_t hd) { return ATTN_Q_WORD + h * hd + hd / 32 * (d % 32) + d / 32; }
 
 // Keys staged (and scored) at a time for heads of hd values (gpu-shared attn_key_stage).
-STRATA_FN uint32_t attn_key_stage(uint32_t hd) { return 128 * (hd / 2 + 1) <= STRATA_ATTN_KEY_STAGE_WORDS ? 128 : 64; }
+STRATA_FN uint32_t attn_key_stage(uint32_t hd) { return 64 * (hd / 2 + 2) <= STRATA_ATTN_STAGE_WORDS ? 64 : 32; }
 
 // Head h's maximum over the chunk's scores: the warps' maxima folded.
 STRATA_FN float attn_head_max(uint32_t h) {
@@ -171,18 +172,39 @@ STRATA_FN void attn_finish(uint64_t head, uint32_t h, uint32_t hd, uint32_t d, f
   }
 }
 
-// rows rows of hd fp16 values (stride apart from src) into the stage at ATTN_K_WORD, row_words
-// words a row (hd / 2, or one more for the keys' odd padding), by 16-byte loads all in flight at
-// once, stored as words. The whole block calls it; it ends with a barrier.
-STRATA_FN void attn_stage_rows(const uint16_t* src, uint64_t stride, uint32_t rows, uint32_t hd, uint32_t row_words) {
-  uint32_t pieces = hd / 8;
-  for (uint32_t i = thread_idx(); i < rows * pieces; i += STRATA_ATTN_THREADS) {
-    uint32_t row = i / pieces, piece = i % pieces, v[4];
-    ld_v4((const uint8_t*)(src + (uint64_t)row * stride + piece * 8), v);
-#pragma unroll
-    for (uint32_t e = 0; e < 4; e++) strata_smem[ATTN_K_WORD + row * row_words + 4 * piece + e] = v[e];
+// A chunk's stages (the Rust twin's Stages): its n keys then its n values, kps rows a stage, stage
+// s in buffer s % 2; key rows hd / 2 + 2 words, value rows hd / 2. The Rust kernel copies a stage
+// asynchronously (cp.async) while the block works on the one before; here the copy is plain loads
+// and stores (AMD has no such copy), with the same buffers and barriers.
+struct AttnStages {
+  const uint16_t* keys;
+  const uint16_t* values;
+  uint64_t stride;
+  uint32_t n, hd, kps;
+};
+
+STRATA_FN uint32_t attn_stage_buffer(uint32_t s) { return ATTN_K_WORD + s % 2 * STRATA_ATTN_STAGE_WORDS; }
+
+// Stage s into its buffer (past the last value stage: nothing). The whole block calls it.
+STRATA_FN void attn_stage_copy(const AttnStages& st, uint32_t s) {
+  uint32_t key_stages = (st.n + st.kps - 1) / st.kps;
+  if (s >= 2 * key_stages) return;
+  bool values = s >= key_stages;
+  uint32_t base = (values ? s - key_stages : s) * st.kps;
+  uint32_t rows = st.n - base < st.kps ? st.n - base : st.kps;
+  const uint16_t* src = (values ? st.values : st.keys) + (uint64_t)base * st.stride;
+  uint32_t row_words = values ? st.hd / 2 : st.hd / 2 + 2, words = st.hd / 2;
+  for (uint32_t i = thread_idx(); i < rows * words; i += STRATA_ATTN_THREADS) {
+    uint32_t row = i / words, w = i % words;
+    strata_smem[attn_stage_buffer(s) + row * row_words + w] = *(const uint32_t*)(src + (uint64_t)row * st.stride + 2 * w);
   }
+}
+
+// Stage s is in (and every thread is done with stage s - 1); then stage s + 1 into the other
+// buffer.
+STRATA_FN void attn_stage_next(const AttnStages& st, uint32_t s) {
   sync_threads();
+  attn_stage_copy(st, s + 1);
 }
 
 // On AMD the scoring is a call: its four variants inlined into the chunk spilled SGPRs on
@@ -193,91 +215,69 @@ STRATA_FN void attn_stage_rows(const uint16_t* src, uint64_t stride, uint32_t ro
 #define ATTN_SCORE_FN STRATA_FN
 #endif
 
-// The scores scale * dot_j of the chunk's n keys for the band's heads into S[h][j]. The keys are
-// staged attn_key_stage(hd) at a time; thread (slot, r) of a stage scores its key r for heads
-// slot, slot + tpk, ... (at most HW). One thread computes a key's whole dot product: its lane
-// partials (PL = hd / 32 products each, left to right from +0.0) in the butterfly's tree (the
-// eight subtrees n8(p), p = 0, 4, 2, 6, 1, 5, 3, 7, each added to its sibling when both are
-// there: gpu-shared order::butterfly_tree). EXACT: PL is hd / 32; else hd / 32 <= PL is checked
-// per product. Ends with a barrier.
+// The scores scale * dot_j of a stage's keys base .. base + rows (in the stage buffer at word
+// buffer) for the band's heads into S[h][j]. Thread (slot, r, half) takes key r's lane partials
+// p = half (mod 2) for heads slot, slot + tpk, ... (at most HW; tpk = threads / (2 kps)): its lane
+// partials (PL = hd / 32 products each, left to right from +0.0) in its half of the butterfly's
+// tree ((n8(half) + n8(half + 4)) + (n8(half + 2) + n8(half + 6)): gpu-shared
+// order::butterfly_half_tree), then one exchange with its pair and the tree's last addition
+// (even + odd, the same bits in both). A warp's 16 keys are scored together (the exchange needs
+// the whole warp). EXACT: PL is hd / 32; else hd / 32 <= PL is checked per product.
 template <uint32_t HW, uint32_t PL, bool EXACT>
-ATTN_SCORE_FN void attn_score(const uint16_t* keys, uint64_t stride, uint32_t n, uint32_t hd, uint32_t heads, float scale) {
-  uint32_t per_lane = hd / 32, kps = attn_key_stage(hd), row_words = hd / 2 + 1, tpk = STRATA_ATTN_THREADS / kps;
-  uint32_t tid = thread_idx(), r = tid % kps, slot = tid / kps;
+ATTN_SCORE_FN void attn_score(uint32_t buffer, uint32_t base, uint32_t rows, uint32_t hd, uint32_t heads, float scale) {
+  uint32_t per_lane = hd / 32, kps = attn_key_stage(hd), tpk = STRATA_ATTN_THREADS / (2 * kps);
+  uint32_t tid = thread_idx(), half = tid % 2, r = tid / 2 % kps, slot = tid / (2 * kps);
+  if ((r & ~15u) >= rows) return;  // the whole warp
   const uint16_t* halves = (const uint16_t*)strata_smem;
-  for (uint32_t base = 0; base < n; base += kps) {
-    uint32_t rows = n - base < kps ? n - base : kps;
-    attn_stage_rows(keys + (uint64_t)base * stride, stride, rows, hd, row_words);
-    if (r < rows) {
-      uint32_t key = 2 * (ATTN_K_WORD + r * row_words);
-      auto leaf = [&](uint32_t p, float* acc) {
-        float k[PL];
+  uint32_t key = 2 * (buffer + r * (hd / 2 + 2));
+  auto leaf = [&](uint32_t p, float* acc) {
+    float k[PL];
 #pragma unroll
-        for (uint32_t i = 0; i < PL; i++) k[i] = EXACT || i < per_lane ? f16_to_f32(halves[key + p + 32 * i]) : 0.0f;
+    for (uint32_t i = 0; i < PL; i++) k[i] = EXACT || i < per_lane ? f16_to_f32(halves[key + p + 32 * i]) : 0.0f;
 #pragma unroll
-        for (uint32_t x = 0; x < HW; x++) {
-          acc[x] = 0.0f;
-          uint32_t h = slot + tpk * x;
-          if (h < heads) {
+    for (uint32_t x = 0; x < HW; x++) {
+      acc[x] = 0.0f;
+      uint32_t h = slot + tpk * x;
+      if (h < heads) {
 #pragma unroll
-            for (uint32_t i = 0; i < PL; i++)
-              if (EXACT || i < per_lane) acc[x] = fma_f32(attn_smem_f32(attn_q_word(h, p, hd) + i), k[i], acc[x]);
-          }
-        }
-      };
-      float n8[HW], n4[HW], n2[HW], dot[HW];
-      // A loop, not unrolled: one subtree is alive at a time.
-#pragma unroll 1
-      for (uint32_t it = 0;; it++) {
-        uint32_t p = (it & 1) << 2 | (it & 2) | (it >> 2 & 1);
-        float a[HW], b[HW], c[HW], d[HW], v[HW];
-        leaf(p, a);
-        leaf(p + 16, b);
-        leaf(p + 8, c);
-        leaf(p + 24, d);
-#pragma unroll
-        for (uint32_t x = 0; x < HW; x++) v[x] = (a[x] + b[x]) + (c[x] + d[x]);
-        if ((it & 1) == 0) {
-#pragma unroll
-          for (uint32_t x = 0; x < HW; x++) n8[x] = v[x];
-          continue;
-        }
-#pragma unroll
-        for (uint32_t x = 0; x < HW; x++) v[x] = n8[x] + v[x];
-        if ((it & 2) == 0) {
-#pragma unroll
-          for (uint32_t x = 0; x < HW; x++) n4[x] = v[x];
-          continue;
-        }
-#pragma unroll
-        for (uint32_t x = 0; x < HW; x++) v[x] = n4[x] + v[x];
-        if ((it & 4) == 0) {
-#pragma unroll
-          for (uint32_t x = 0; x < HW; x++) n2[x] = v[x];
-          continue;
-        }
-#pragma unroll
-        for (uint32_t x = 0; x < HW; x++) dot[x] = n2[x] + v[x];
-        break;
-      }
-#pragma unroll
-      for (uint32_t x = 0; x < HW; x++) {
-        uint32_t h = slot + tpk * x;
-        if (h < heads) strata_smem[ATTN_S_WORD + h * STRATA_ATTN_CHUNK + base + r] = __builtin_bit_cast(uint32_t, scale * dot[x]);
+        for (uint32_t i = 0; i < PL; i++)
+          if (EXACT || i < per_lane) acc[x] = fma_f32(attn_smem_f32(attn_q_word(h, p, hd) + i), k[i], acc[x]);
       }
     }
-    sync_threads();  // the stage's readers are done (and the scores are in)
+  };
+  // n8(p) = (leaf(p) + leaf(p + 16)) + (leaf(p + 8) + leaf(p + 24)) into v.
+  auto n8 = [&](uint32_t p, float* v) {
+    float a[HW], b[HW], c[HW], d[HW];
+    leaf(p, a);
+    leaf(p + 16, b);
+    leaf(p + 8, c);
+    leaf(p + 24, d);
+#pragma unroll
+    for (uint32_t x = 0; x < HW; x++) v[x] = (a[x] + b[x]) + (c[x] + d[x]);
+  };
+  float a[HW], b[HW], c[HW], d[HW];
+  n8(half, a);
+  n8(half + 4, b);
+  n8(half + 2, c);
+  n8(half + 6, d);
+#pragma unroll
+  for (uint32_t x = 0; x < HW; x++) {
+    float mine = (a[x] + b[x]) + (c[x] + d[x]);
+    float dot = mine + shfl_xor_f32(mine, 1);
+    uint32_t h = slot + tpk * x;
+    if (half == 0 && r < rows && h < heads) strata_smem[ATTN_S_WORD + h * STRATA_ATTN_CHUNK + base + r] = __builtin_bit_cast(uint32_t, scale * dot);
   }
 }
 
 // Thread (set r, value d) of a chunk's value sums over one stage: keys base .. base + rows of the
-// chunk, their values staged row_words words a row. o[x] = fma(p_j, v_j[d], o[x]) (and with L, l[x] +=
-// p_j) in key order, for head r + x * sets of the band.
+// chunk, their values in the stage buffer at word buffer, row_words words a row. o[x] = fma(p_j,
+// v_j[d], o[x]) (and with L, l[x] += p_j) in key order, for head r + x * sets of the band.
 template <uint32_t W, bool L>
-STRATA_FN void attn_sum_values(uint32_t base, uint32_t rows, uint32_t row_words, uint32_t d, uint32_t r, uint32_t sets, uint32_t heads, float* l, float* o) {
+STRATA_FN void attn_sum_values(uint32_t buffer, uint32_t base, uint32_t rows, uint32_t row_words, uint32_t d, uint32_t r, uint32_t sets, uint32_t heads, float* l,
+                               float* o) {
   const uint16_t* halves = (const uint16_t*)strata_smem;
   for (uint32_t jj = 0; jj < rows; jj++) {
-    float v = f16_to_f32(halves[2 * (ATTN_K_WORD + jj * row_words) + d]);
+    float v = f16_to_f32(halves[2 * (buffer + jj * row_words) + d]);
 #pragma unroll
     for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) {
       uint32_t h = r + x * sets;
@@ -300,15 +300,21 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
                               uint32_t hd, uint64_t g, uint32_t len, uint32_t c, float scale, float* part, uint32_t n_chunks,
                               float* out, uint8_t* xq) {
   AttnChunkRows rows = attn_chunk_rows(k_cache, v_cache, n_kv, hd, g, len, c);
-  const uint16_t *keys = rows.keys, *values = rows.values;
   uint32_t n = rows.n, tid = thread_idx();
-  uint64_t stride = rows.stride;
-  // Heads of more than 128 values come in bands of at most 4 over 4 threads a key: one head a
-  // thread.
-  if (hd == 128) attn_score<HW, 4, true>(keys, stride, n, hd, heads, scale);
-  else if (hd <= 128) attn_score<HW, 4, false>(keys, stride, n, hd, heads, scale);
-  else if (hd == 256) attn_score<1, 8, true>(keys, stride, n, hd, heads, scale);
-  else attn_score<1, 8, false>(keys, stride, n, hd, heads, scale);
+  AttnStages st{rows.keys, rows.values, rows.stride, n, hd, attn_key_stage(hd)};
+  uint32_t key_stages = (n + st.kps - 1) / st.kps;
+  attn_stage_copy(st, 0);
+  for (uint32_t s = 0; s < key_stages; s++) {
+    attn_stage_next(st, s);
+    // Heads of more than 128 values come in bands of at most 4 over 4 head slots a key: one
+    // head a thread.
+    uint32_t base = s * st.kps, buf = attn_stage_buffer(s), srows = n - base < st.kps ? n - base : st.kps;
+    if (hd == 128) attn_score<HW, 4, true>(buf, base, srows, hd, heads, scale);
+    else if (hd <= 128) attn_score<HW, 4, false>(buf, base, srows, hd, heads, scale);
+    else if (hd == 256) attn_score<1, 8, true>(buf, base, srows, hd, heads, scale);
+    else attn_score<1, 8, false>(buf, base, srows, hd, heads, scale);
+  }
+  sync_threads();  // the scores are in
   uint32_t l = lane(), w = warp_in_block();
   for (uint32_t h = 0; h < heads; h++) {
     float s = tid < n ? attn_smem_f32(ATTN_S_WORD + h * STRATA_ATTN_CHUNK + tid) : attn_neg_inf();
@@ -322,25 +328,22 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
       strata_smem[at] = __builtin_bit_cast(uint32_t, exp_neg(attn_smem_f32(at) - attn_head_max(h)));
     }
   }
-  sync_threads();
   // Thread (set r, value d): heads r, r + sets, ... of the band; a partial set (hd not dividing
   // the block) has none. The values are staged like the keys, unpadded. The sums of the terms
   // are needed where a thread folds its own output (one chunk) or writes a part's l (d = 0):
   // whole warps, as hd is a multiple of 32.
   uint32_t sets = STRATA_ATTN_THREADS / hd, r = tid / hd, d = tid % hd;
   bool active = r < sets && r < heads, with_l = out != nullptr || d < 32;
-  uint32_t kps = attn_key_stage(hd);
   float lsum[ATTN_SET_HEADS], o[ATTN_SET_HEADS];
 #pragma unroll
   for (uint32_t x = 0; x < ATTN_SET_HEADS; x++) lsum[x] = o[x] = 0.0f;
-  for (uint32_t base = 0; base < n; base += kps) {
-    uint32_t rows = n - base < kps ? n - base : kps;
-    attn_stage_rows(values + (uint64_t)base * stride, stride, rows, hd, hd / 2);
+  for (uint32_t s = key_stages; s < 2 * key_stages; s++) {
+    attn_stage_next(st, s);  // also: the softmax terms are in
     if (active) {
-      if (with_l) attn_sum_values<W, true>(base, rows, hd / 2, d, r, sets, heads, lsum, o);
-      else attn_sum_values<W, false>(base, rows, hd / 2, d, r, sets, heads, lsum, o);
+      uint32_t base = (s - key_stages) * st.kps, buf = attn_stage_buffer(s), srows = n - base < st.kps ? n - base : st.kps;
+      if (with_l) attn_sum_values<W, true>(buf, base, srows, hd / 2, d, r, sets, heads, lsum, o);
+      else attn_sum_values<W, false>(buf, base, srows, hd / 2, d, r, sets, heads, lsum, o);
     }
-    sync_threads();  // the stage's readers are done
   }
   if (!active) return;
 #pragma unroll

@@ -143,45 +143,59 @@ pub fn butterfly_sum(mut v: [f32; LANES]) -> f32 {
 
 /// [`butterfly_sum`] of the partials `leaf(0), ..., leaf(31)` computed by one thread, for `H`
 /// sums at once. Lane 0's value is `n2(0) + n2(1)` with `n_s(p) = n_2s(p) + n_2s(p + s)` and
-/// `n32(p) = leaf(p)`; here the eight subtrees
-/// `n8(p) = (leaf(p) + leaf(p + 16)) + (leaf(p + 8) + leaf(p + 24))` come one per iteration of
-/// a loop, in the order `p = 0, 4, 2, 6, 1, 5, 3, 7` (3-bit reversal), each added to its
-/// sibling as soon as both are there. So one subtree is
-/// alive at a time (a GPU thread scoring a key keeps a few values per sum, not 32), and every
-/// addition is one of the butterfly's, with the same two operands.
+/// `n32(p) = leaf(p)`: the sum of the even lanes' subtree and the odd lanes'
+/// ([`butterfly_half_tree`]), so every addition is one of the butterfly's, with the same two
+/// operands. The halves are a loop of two turns (a GPU thread keeps one half's values, and its
+/// code holds one half written out).
 #[inline(always)]
 pub fn butterfly_tree<const H: usize>(leaf: impl Fn(u32) -> [f32; H]) -> [f32; H] {
-    // An index loop: the optimizer unrolls it and keeps the arrays in registers (an array's
-    // by-value iterator kept them in local memory on nvptx).
-    #[allow(clippy::needless_range_loop)]
-    let add = |mut a: [f32; H], b: [f32; H]| {
-        for i in 0..H {
-            a[i] += b[i];
-        }
-        a
-    };
-    let (mut n8, mut n4, mut n2) = ([0.0f32; H], [0.0f32; H], [0.0f32; H]);
-    let mut it = 0u32;
+    let (mut even, mut half) = ([0.0f32; H], 0);
     loop {
-        let p = (it & 1) << 2 | (it & 2) | (it >> 2 & 1);
-        let v = add(add(leaf(p), leaf(p + 16)), add(leaf(p + 8), leaf(p + 24)));
-        if it & 1 == 0 {
-            n8 = v;
-        } else {
-            let v = add(n8, v);
-            if it & 2 == 0 {
-                n4 = v;
-            } else {
-                let v = add(n4, v);
-                if it & 4 == 0 {
-                    n2 = v;
-                } else {
-                    return add(n2, v);
-                }
-            }
+        let v = butterfly_half_tree(half, &leaf);
+        if half == 1 {
+            return add_each(even, v);
         }
-        it += 1;
+        (even, half) = (v, 1);
     }
+}
+
+/// The butterfly's subtree of the 16 lanes `p = half (mod 2)`, `n2(half)` above, for `H` sums at
+/// once: written out whole (no loop), so a GPU thread addresses each leaf at a constant offset.
+/// The leaves come subtree by subtree (`n8(p) = (leaf(p) + leaf(p + 16)) + (leaf(p + 8) +
+/// leaf(p + 24))` for `p = half, half + 4, half + 2, half + 6`), each added to its sibling as
+/// soon as both are there. Two threads can each take one half of a sum: `even + odd` is the
+/// butterfly's last addition, and as addition commutes both get its bits.
+#[inline(always)]
+pub fn butterfly_half_tree<const H: usize>(half: u32, leaf: &impl Fn(u32) -> [f32; H]) -> [f32; H] {
+    let (mut first, mut p) = ([0.0f32; H], half);
+    loop {
+        let v = n4(p, leaf);
+        if p >= 2 {
+            return add_each(first, v);
+        }
+        (first, p) = (v, p + 2);
+    }
+}
+
+#[inline(always)]
+fn n4<const H: usize>(p: u32, leaf: &impl Fn(u32) -> [f32; H]) -> [f32; H] {
+    add_each(n8(p, leaf), n8(p + 4, leaf))
+}
+
+#[inline(always)]
+fn n8<const H: usize>(p: u32, leaf: &impl Fn(u32) -> [f32; H]) -> [f32; H] {
+    add_each(add_each(leaf(p), leaf(p + 16)), add_each(leaf(p + 8), leaf(p + 24)))
+}
+
+/// `a[i] + b[i]` for each `i`. An index loop: the optimizer unrolls it and keeps the arrays in
+/// registers (an array's by-value iterator kept them in local memory on nvptx).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn add_each<const H: usize>(mut a: [f32; H], b: [f32; H]) -> [f32; H] {
+    for i in 0..H {
+        a[i] += b[i];
+    }
+    a
 }
 
 /// A warp's reduction of `n` terms: lane `p`'s partial starts at +0.0 and takes `acc =
@@ -343,9 +357,15 @@ mod tests {
                     *x = (r as i32 as f32) * f32::from_bits((100 + (r % 40) + 4 * k as u32) << 23);
                 }
             }
-            let tree = butterfly_tree(|p| [v[0][p as usize], v[1][p as usize], v[2][p as usize]]);
+            let leaf = |p: u32| [v[0][p as usize], v[1][p as usize], v[2][p as usize]];
+            let tree = butterfly_tree(leaf);
+            // Two threads' halves joined either way round (the attention's pairs of threads).
+            let (even, odd) = (butterfly_half_tree(0, &leaf), butterfly_half_tree(1, &leaf));
             for k in 0..3 {
-                assert_eq!(tree[k].to_bits(), butterfly_sum(v[k]).to_bits(), "sum {k} of {:?}", v[k]);
+                let want = butterfly_sum(v[k]).to_bits();
+                assert_eq!(tree[k].to_bits(), want, "sum {k} of {:?}", v[k]);
+                assert_eq!((even[k] + odd[k]).to_bits(), want, "halves of sum {k} of {:?}", v[k]);
+                assert_eq!((odd[k] + even[k]).to_bits(), want, "halves of sum {k} of {:?}", v[k]);
             }
         }
     }

@@ -88,6 +88,36 @@ fn prefetch_l2_spread(start: *const u8, bytes: usize, t: u32, threads: u32) {
     }
 }
 
+/// An asynchronous copy of 8 (`cp_async_8`) or 16 bytes (`cp_async_16`) from global to shared
+/// memory (`cp.async`, sm_80 and later): the thread goes on while it runs. [`cp_async_wait_all`]
+/// waits for the thread's copies; a block barrier after that makes every thread's copies
+/// visible to the block. The 16-byte copy bypasses L1 (`.cg`); the 8-byte one cannot.
+///
+/// # Safety
+/// `dst` is a shared address ([`Smem::addr`]) inside the shared memory the launch asked for and
+/// `src` a global address of as many bytes, not written while the kernel runs, both aligned to
+/// the size; nothing reads or writes `dst` until the copy has been waited for.
+#[inline(always)]
+pub unsafe fn cp_async_8(dst: u32, src: *const u8) {
+    asm!("cp.async.ca.shared.global [{d}], [{s}], 8;", d = in(reg32) dst, s = in(reg64) src, options(nostack));
+}
+
+/// As [`cp_async_8`], 16 bytes.
+///
+/// # Safety
+/// As [`cp_async_8`].
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: u32, src: *const u8) {
+    asm!("cp.async.cg.shared.global [{d}], [{s}], 16;", d = in(reg32) dst, s = in(reg64) src, options(nostack));
+}
+
+/// Waits until every asynchronous copy this thread issued has landed in shared memory.
+#[inline(always)]
+pub fn cp_async_wait_all() {
+    // SAFETY: waits on the thread's own copies; not `nomem`, so no shared access moves above it.
+    unsafe { asm!("cp.async.wait_all;", options(nostack)) }
+}
+
 /// Coherent global loads (memory the host may write between launches: device-mapped host
 /// memory), 1, 4 and 16 bytes, aligned to their size.
 #[inline(always)]

@@ -10,7 +10,7 @@ use crate::arch::mem::Smem;
 use super::quantize_q8_1::quantize_group;
 use crate::arch::{convert, index, mem, sync, warp};
 use strata_gpu_shared::formats::{q8_1, GROUP};
-use strata_gpu_shared::launch::attention::{attn_key_stage, ATTN_CHUNK, ATTN_CHUNK_SMEM_WORDS, ATTN_KEY_STAGE_WORDS, ATTN_MAX_BAND, ATTN_MAX_HD, ATTN_Q_WORDS, ATTN_PREP_WARPS, ATTN_SET_HEADS, ATTN_THREADS};
+use strata_gpu_shared::launch::attention::{attn_key_stage, ATTN_CHUNK, ATTN_CHUNK_SMEM_WORDS, ATTN_STAGE_WORDS, ATTN_MAX_BAND, ATTN_MAX_HD, ATTN_Q_WORDS, ATTN_PREP_WARPS, ATTN_SET_HEADS, ATTN_THREADS};
 use strata_gpu_shared::order;
 
 // The unrolled lists below name every head of a band and of a thread's set.
@@ -272,13 +272,13 @@ attn_chunk_entries! { attn_chunk => 8, 4, attn_chunk_one => 1, 1 }
 /// i` of head `h` at `h * hd + (hd / 32) p + i` (a key's lane partial `p` reads its `hd / 32`
 /// query values together: one or two 16-byte loads for heads of 128 or 256 values); the scores
 /// then softmax terms `S[heads][ATTN_CHUNK]` from `S_WORD`; the warps' maxima `M[warp][heads]`
-/// from `M_WORD`; the key stage from `K_WORD` (`attn_key_stage(hd)` fp16 rows of `hd / 2 + 1`
-/// words).
+/// from `M_WORD`; the two stage buffers from `K_WORD`, `ATTN_STAGE_WORDS` each (`attn_key_stage(hd)`
+/// fp16 rows of `hd / 2 + 2` words for keys, `hd / 2` for values).
 const Q_WORD: u32 = 0;
 const S_WORD: u32 = Q_WORD + ATTN_Q_WORDS;
 const M_WORD: u32 = S_WORD + (ATTN_MAX_BAND * ATTN_CHUNK) as u32;
 const K_WORD: u32 = M_WORD + WARPS * ATTN_MAX_BAND as u32;
-const _: () = assert!(K_WORD + ATTN_KEY_STAGE_WORDS <= ATTN_CHUNK_SMEM_WORDS && ATTN_MAX_HD / 32 <= 8);
+const _: () = assert!(K_WORD % 4 == 0 && K_WORD + 2 * ATTN_STAGE_WORDS <= ATTN_CHUNK_SMEM_WORDS && ATTN_MAX_HD / 32 <= 8);
 
 /// The query word of value `d` of head `h` for heads of `hd` values (the layout above).
 #[inline(always)]
@@ -357,24 +357,33 @@ unsafe fn head_max(smem: Smem, h: u32) -> f32 {
 impl Band {
     /// One chunk `c` of the token's `len` keys, each head's max, softmax sum and weighted values
     /// into its part slot (or, with `dest.out`, the head's outputs). The whole block calls it.
+    ///
+    /// The chunk's keys, then its values, pass through the two stage buffers
+    /// `attn_key_stage(hd)` rows at a time: stage `s` is copied into buffer `s % 2`
+    /// asynchronously while the block works on stage `s - 1` in the other ([`Stages`]).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn chunk<const W: usize, const HW: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, dest: Dest) {
         let ChunkRows { keys, values, n, stride } = self.rows(k_cache, v_cache, len, c);
         let (hd, heads, tid) = (self.hd, self.heads, index::thread_idx());
-        // The scores, with the lane count a constant for the common head sizes. Heads of more
-        // than 128 values come in bands of at most 4 (`attn_max_band`) over 4 threads a key
-        // (`attn_key_stage`): one head a thread.
-        // A thread holding `HW` heads of the band (the whole band of 8 heads of 128 values) runs
-        // the body without per-head checks: one basic block, the heads' sums interleaved.
-        let full = (tid / attn_key_stage(hd as usize)) + (ATTN_THREADS / attn_key_stage(hd as usize)) * (HW as u32 - 1) < heads;
-        match (hd / 32, hd <= 128) {
-            (4, _) if full => self.score::<W, HW, 4, true, true>(smem, keys, stride, n, scale),
-            (4, _) => self.score::<W, HW, 4, true, false>(smem, keys, stride, n, scale),
-            (_, true) => self.score::<W, HW, 4, false, false>(smem, keys, stride, n, scale),
-            (8, _) => self.score::<W, 1, 8, true, false>(smem, keys, stride, n, scale),
-            _ => self.score::<W, 1, 8, false, false>(smem, keys, stride, n, scale),
+        let stages = Stages { smem, keys, values, stride, n, hd, kps: attn_key_stage(hd as usize) };
+        let key_stages = n.div_ceil(stages.kps);
+        stages.copy(0);
+        for s in 0..key_stages {
+            stages.next(s);
+            // The scores, with the lane count a constant for the common head sizes. Heads of
+            // more than 128 values come in bands of at most 4 (`attn_max_band`) over 4 head
+            // slots a key (`attn_key_stage`): one head a thread.
+            let base = s * stages.kps;
+            let stage = (stages.buffer(s), base, (n - base).min(stages.kps));
+            match (hd / 32, hd <= 128) {
+                (4, _) => self.score::<HW, 4, true>(smem, stage, scale),
+                (_, true) => self.score::<HW, 4, false>(smem, stage, scale),
+                (8, _) => self.score::<1, 8, true>(smem, stage, scale),
+                _ => self.score::<1, 8, false>(smem, stage, scale),
+            }
         }
+        sync::sync_threads(); // the scores are in
         // Each head's maximum: warp w folds keys 32 w .. 32 w + 31 (maxima are exact in any order).
         let (lane, w) = (index::lane(), index::warp_in_block());
         for h in 0..heads {
@@ -392,7 +401,6 @@ impl Band {
                 smem.st_u32(at, exp_neg(f32::from_bits(smem.ld_u32(at)) - head_max(smem, h)).to_bits());
             }
         }
-        sync::sync_threads();
         // Thread (set r, value d): heads r, r + sets, ... of the band. A partial set (`hd` not
         // dividing the block) has no heads. The values are staged like the keys, unpadded.
         let sets = ATTN_THREADS / hd;
@@ -401,16 +409,15 @@ impl Band {
         // The sums of the terms are needed where a thread folds its own output (one chunk) or
         // writes a part's `l` (`d = 0`): whole warps, as `hd` is a multiple of 32.
         let with_l = !dest.out.is_null() || d < 32;
-        let (kps, row_words) = (attn_key_stage(hd as usize), hd / 2);
-        // Whether all of the thread's `ATTN_SET_HEADS` heads are in the band (as `FULL` above).
+        // Whether all of the thread's `ATTN_SET_HEADS` heads are in the band.
         let full_set = W >= ATTN_SET_HEADS && r + (ATTN_SET_HEADS as u32 - 1) * sets < heads;
         let (mut l, mut o) = ([0.0f32; ATTN_SET_HEADS], [0.0f32; ATTN_SET_HEADS]);
-        let mut base = 0;
-        while base < n {
-            let rows = (n - base).min(kps);
-            stage_rows(smem, values.add(base as usize * stride), stride, rows, hd, row_words);
+        for s in key_stages..2 * key_stages {
+            stages.next(s); // also: the softmax terms are in
             if active {
-                let sum = ValueSum { smem, base, rows, row_words, d, r, sets, heads };
+                let base = (s - key_stages) * stages.kps;
+                let (buffer, rows) = (stages.buffer(s), (n - base).min(stages.kps));
+                let sum = ValueSum { smem, buffer, base, rows, row_words: hd / 2, d, r, sets, heads };
                 match (with_l, full_set) {
                     (true, true) => sum.add::<W, true, true>(&mut l, &mut o),
                     (true, false) => sum.add::<W, true, false>(&mut l, &mut o),
@@ -418,8 +425,6 @@ impl Band {
                     (false, false) => sum.add::<W, false, false>(&mut l, &mut o),
                 }
             }
-            sync::sync_threads(); // the stage's readers are done
-            base += kps;
         }
         if !active {
             return;
@@ -551,103 +556,162 @@ impl Band {
         self.finish(smem, 0, tid, (l, o), c, dest);
     }
 
-    /// The scores `scale * dot_j` of the chunk's `n` keys for every head of the band into
-    /// `S[h][j]`. The keys are staged `kps = attn_key_stage(hd)` at a time; thread (`slot`, `r`)
-    /// of a stage scores its key `r` for heads `slot, slot + tpk, ...` (`tpk = ATTN_THREADS /
-    /// kps`, at most `HW` heads). One thread computes a key's whole dot product: its lane
-    /// partials (`PL = hd / 32` fused multiply-adds each, in turn from +0.0) in the butterfly's tree
-    /// ([`order::butterfly_tree`]), no shuffles. `EXACT`: `PL` is `hd / 32`; else `hd / 32 <=
-    /// PL` is checked per product. `FULL`: each of the thread's `HW` heads is in the band (no
-    /// per-head check). Ends with a barrier.
+    /// The scores `scale * dot_j` of a stage's keys (`(buffer, base, rows)`: keys `base .. base
+    /// + rows` of the chunk in the stage buffer at word `buffer`) for every head of the band into
+    /// `S[h][j]`. Thread (`slot`, `r`, `half`) of the stage takes key `r`'s lane partials `p =
+    /// half (mod 2)` for heads `slot, slot + tpk, ...` of the band (`tpk = ATTN_THREADS / (2
+    /// kps)` head slots, at most `HW` heads); the body is compiled for the thread's count of
+    /// heads (a warp's threads share a slot, so a warp takes one body), with no per-head checks.
     #[inline(always)]
-    unsafe fn score<const W: usize, const HW: usize, const PL: usize, const EXACT: bool, const FULL: bool>(&self, smem: Smem, keys: *const u16, stride: usize, n: u32, scale: f32) {
-        let (hd, heads) = (self.hd, self.heads);
+    unsafe fn score<const HW: usize, const PL: usize, const EXACT: bool>(&self, smem: Smem, stage: (u32, u32, u32), scale: f32) {
+        let kps = attn_key_stage(self.hd as usize);
+        let (tpk, slot) = (ATTN_THREADS / (2 * kps), index::thread_idx() / (2 * kps));
+        let nh = if slot < self.heads { (self.heads - slot).div_ceil(tpk).min(HW as u32) } else { 0 };
+        match nh {
+            4 if HW >= 4 => self.score_heads::<4, PL, EXACT>(smem, stage, scale),
+            3 if HW >= 3 => self.score_heads::<3, PL, EXACT>(smem, stage, scale),
+            2 if HW >= 2 => self.score_heads::<2, PL, EXACT>(smem, stage, scale),
+            1 => self.score_heads::<1, PL, EXACT>(smem, stage, scale),
+            _ => {}
+        }
+    }
+
+    /// [`Band::score`] for a thread of `NH` heads. Two threads compute a key's dot product for
+    /// a head: each its half of the lane partials (`PL = hd / 32` fused multiply-adds each, in
+    /// turn from +0.0) in its half of the butterfly's tree ([`order::butterfly_half_tree`],
+    /// written out: each leaf's shared loads at constant offsets), then one exchange and the
+    /// tree's last addition (`even + odd`, the same bits in both threads). `EXACT`: `PL` is `hd
+    /// / 32`; else `hd / 32 <= PL` is checked per product. A warp's 16 keys are scored together
+    /// (the exchange needs the whole warp): a warp whose first key is in the stage scores all
+    /// 16, and stores only those in it.
+    #[inline(always)]
+    unsafe fn score_heads<const NH: usize, const PL: usize, const EXACT: bool>(&self, smem: Smem, (buffer, base, rows): (u32, u32, u32), scale: f32) {
+        let hd = self.hd;
         let per_lane = hd / 32;
-        let (kps, row_words) = (attn_key_stage(hd as usize), hd / 2 + 1);
-        let tpk = ATTN_THREADS / kps;
+        let kps = attn_key_stage(hd as usize);
+        let tpk = ATTN_THREADS / (2 * kps);
         let tid = index::thread_idx();
-        let (r, slot) = (tid % kps, tid / kps);
+        let (half, r, slot) = (tid % 2, tid / 2 % kps, tid / (2 * kps));
+        if r & !15 >= rows {
+            return; // the whole warp
+        }
         let used = |i: usize| i < PL && (EXACT || (i as u32) < per_lane);
-        let mut base = 0;
-        while base < n {
-            let rows = (n - base).min(kps);
-            stage_rows(smem, keys.add(base as usize * stride), stride, rows, hd, row_words);
-            if r < rows {
-                // Shared addresses stepped in 32 bits: the key's row, each head's query.
-                let key = smem.addr(K_WORD + r * row_words);
-                let mut query = [0u32; HW];
-                crate::unroll!(x in [0, 1, 2, 3] {
-                    if x < HW {
-                        query[x] = smem.addr(q_word(slot + tpk * x as u32, 0, hd));
+        // Shared addresses in 32 bits: the key's row, each head's query.
+        let key = smem.addr(buffer + r * (hd / 2 + 2));
+        let mut query = [0u32; NH];
+        crate::unroll!(x in [0, 1, 2, 3] {
+            if x < NH {
+                query[x] = smem.addr(q_word(slot + tpk * x as u32, 0, hd));
+            }
+        });
+        let mine = order::butterfly_half_tree::<NH>(half, &|p| {
+            let mut k = [0.0f32; 8];
+            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if used(i) {
+                    k[i] = convert::f16_to_f32(Smem::ld_u16_at(key + 2 * p + 64 * i as u32));
+                }
+            });
+            let mut acc = [0.0f32; NH];
+            crate::unroll!(x in [0, 1, 2, 3] {
+                if x < NH {
+                    // Lane partial p's query values (16-byte aligned where the lane count is
+                    // exactly 4 or 8).
+                    let at = query[x] + 4 * if EXACT { PL as u32 } else { per_lane } * p;
+                    let mut qv = [[0u32; 4]; 2];
+                    if EXACT {
+                        qv[0] = Smem::ld_v4_at(at);
+                        if PL > 4 {
+                            qv[1] = Smem::ld_v4_at(at + 16);
+                        }
                     }
-                });
-                let dot = order::butterfly_tree::<HW>(|p| {
-                    let mut k = [0.0f32; 8];
                     crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
                         if used(i) {
-                            k[i] = convert::f16_to_f32(Smem::ld_u16_at(key + 2 * p + 64 * i as u32));
+                            let qv = if EXACT { qv[i / 4][i % 4] } else { Smem::ld_u32_at(at + 4 * i as u32) };
+                            acc[x] = convert::fma_rn(f32::from_bits(qv), k[i], acc[x]);
                         }
                     });
-                    let mut acc = [0.0f32; HW];
-                    crate::unroll!(x in [0, 1, 2, 3] {
-                        let h = slot + tpk * x as u32;
-                        if x < HW && (FULL || h < heads) {
-                            // Lane partial p's query values (16-byte aligned where the lane
-                            // count is exactly 4 or 8).
-                            let at = query[x] + 4 * per_lane * p;
-                            let mut qv = [[0u32; 4]; 2];
-                            if EXACT {
-                                qv[0] = Smem::ld_v4_at(at);
-                                if PL > 4 {
-                                    qv[1] = Smem::ld_v4_at(at + 16);
-                                }
-                            }
-                            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-                                if used(i) {
-                                    let qv = if EXACT { qv[i / 4][i % 4] } else { Smem::ld_u32_at(at + 4 * i as u32) };
-                                    acc[x] = convert::fma_rn(f32::from_bits(qv), k[i], acc[x]);
-                                }
-                            });
-                        }
-                    });
-                    acc
-                });
-                crate::unroll!(x in [0, 1, 2, 3] {
+                }
+            });
+            acc
+        });
+        crate::unroll!(x in [0, 1, 2, 3] {
+            if x < NH {
+                let dot = mine[x] + warp::shfl_xor_f32(mine[x], 1);
+                if half == 0 && r < rows {
                     let h = slot + tpk * x as u32;
-                    if x < HW && (FULL || h < heads) {
-                        smem.st_u32(S_WORD + h * ATTN_CHUNK as u32 + base + r, (scale * dot[x]).to_bits());
-                    }
-                });
+                    smem.st_u32(S_WORD + h * ATTN_CHUNK as u32 + base + r, (scale * dot).to_bits());
+                }
             }
-            sync::sync_threads(); // the stage's readers are done (and the scores are in)
-            base += kps;
-        }
+        });
     }
 }
 
-/// `rows` rows of `hd` fp16 values (`stride` apart from `src`) into the stage at `K_WORD`, `row_words`
-/// words a row (`hd / 2`, or one more for the keys' odd padding), by 16-byte loads all in flight
-/// at once, stored as words. The whole block calls it; it ends with a barrier.
-#[inline(always)]
-unsafe fn stage_rows(smem: Smem, src: *const u16, stride: usize, rows: u32, hd: u32, row_words: u32) {
-    let pieces = hd / 8;
-    let mut i = index::thread_idx();
-    while i < rows * pieces {
-        let (row, piece) = (i / pieces, i % pieces);
-        let v = mem::ld_nc_v4(src.add(row as usize * stride + piece as usize * 8) as *const u8);
-        let word = K_WORD + row * row_words + 4 * piece;
-        crate::unroll!(e in [0, 1, 2, 3] {
-            smem.st_u32(word + e as u32, v[e]);
-        });
-        i += ATTN_THREADS;
+/// A chunk's stages: its `n` keys then its `n` values, `kps` rows a stage (stage `s < key
+/// stages` holds keys `s kps ..`, the next ones the values from 0 on), copied by
+/// `cp.async` into the two stage buffers in turn. Keys rows are `hd / 2 + 2` words (8-byte
+/// copies), value rows `hd / 2` (16-byte copies).
+struct Stages {
+    smem: Smem,
+    keys: *const u16,
+    values: *const u16,
+    stride: usize,
+    n: u32,
+    hd: u32,
+    kps: u32,
+}
+
+impl Stages {
+    /// The word of stage `s`'s buffer.
+    #[inline(always)]
+    fn buffer(&self, s: u32) -> u32 {
+        K_WORD + s % 2 * ATTN_STAGE_WORDS
     }
-    sync::sync_threads();
+
+    /// Starts the copy of stage `s` (past the last value stage: nothing). The whole block calls
+    /// it; nothing reads the stage's buffer until [`Stages::next`] for it.
+    #[inline(always)]
+    unsafe fn copy(&self, s: u32) {
+        let key_stages = self.n.div_ceil(self.kps);
+        if s >= 2 * key_stages {
+            return;
+        }
+        let values = s >= key_stages;
+        let base = (if values { s - key_stages } else { s }) * self.kps;
+        let rows = (self.n - base).min(self.kps);
+        let src = if values { self.values } else { self.keys }.add(base as usize * self.stride);
+        let dst = self.smem.addr(self.buffer(s));
+        // 8-byte pieces of the keys' padded rows, 16-byte pieces of the values'.
+        let (piece_halves, row_bytes) = if values { (8, 2 * self.hd) } else { (4, 2 * self.hd + 8) };
+        let pieces = self.hd / piece_halves;
+        let mut i = index::thread_idx();
+        while i < rows * pieces {
+            let (row, piece) = (i / pieces, i % pieces);
+            let from = src.add(row as usize * self.stride + (piece * piece_halves) as usize) as *const u8;
+            let to = dst + row * row_bytes + 2 * piece * piece_halves;
+            if values {
+                mem::cp_async_16(to, from);
+            } else {
+                mem::cp_async_8(to, from);
+            }
+            i += ATTN_THREADS;
+        }
+    }
+
+    /// Waits for stage `s`'s copy (every thread its own, then the block barrier: every thread
+    /// is also done with stage `s - 1`), then starts stage `s + 1`'s into the other buffer.
+    #[inline(always)]
+    unsafe fn next(&self, s: u32) {
+        mem::cp_async_wait_all();
+        sync::sync_threads();
+        self.copy(s + 1);
+    }
 }
 
 /// Thread (set `r`, value `d`) of a chunk's value sums over one stage: keys `base .. base + rows`
 /// of the chunk, their values staged `row_words` words a row.
 struct ValueSum {
     smem: Smem,
+    buffer: u32,
     base: u32,
     rows: u32,
     row_words: u32,
@@ -665,7 +729,7 @@ impl ValueSum {
     unsafe fn add<const W: usize, const L: bool, const FULL: bool>(&self, l: &mut [f32; ATTN_SET_HEADS], o: &mut [f32; ATTN_SET_HEADS]) {
         let has = |x: usize| x < W && (FULL || self.r + x as u32 * self.sets < self.heads);
         // Shared addresses stepped in 32 bits: value d of the stage's rows, each head's terms.
-        let (row_bytes, value0) = (4 * self.row_words, self.smem.addr(K_WORD) + 2 * self.d);
+        let (row_bytes, value0) = (4 * self.row_words, self.smem.addr(self.buffer) + 2 * self.d);
         let value = |jj: u32| convert::f16_to_f32(Smem::ld_u16_at(value0 + row_bytes * jj));
         let mut terms = [0u32; ATTN_SET_HEADS];
         crate::unroll!(x in [0, 1, 2, 3] {

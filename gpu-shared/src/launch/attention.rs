@@ -63,22 +63,24 @@ pub const fn attn_max_band(hd: usize) -> usize {
     }
 }
 
-/// Shared words of an `attn_chunk` block's key stage: [`attn_key_stage`] keys of a chunk at a
-/// time, each an fp16 row padded to an odd number of words (`hd / 2 + 1`), so that 32 threads
-/// reading one value of 32 different keys hit 32 banks. 128 keys of 128 values.
-pub const ATTN_KEY_STAGE_WORDS: u32 = 128 * (128 / 2 + 1);
+/// Shared words of one of an `attn_chunk` block's two stage buffers (a stage is copied into one
+/// while the other is worked on): [`attn_key_stage`] keys of a chunk, each an fp16 row padded to
+/// `hd / 2 + 2` words (twice an odd number: 8-byte aligned for the copies, and the 16 rows a warp
+/// reads at one offset hit 16 different banks), or as many value rows of `hd / 2` words. 64 keys
+/// of 128 values.
+pub const ATTN_STAGE_WORDS: u32 = 64 * (128 / 2 + 2);
 
-/// Keys an `attn_chunk` block stages (and scores) at a time for heads of `hd` values: 128 up to
-/// 128 values, 64 above (`ATTN_THREADS / stage` threads share a key, taking its band's heads in
-/// turn).
+/// Keys an `attn_chunk` block stages (and scores) at a time for heads of `hd` values: 64 up to
+/// 128 values, 32 above (`ATTN_THREADS / stage` threads share a key: two halves of its lane
+/// partials for each of the band's head slots).
 pub const fn attn_key_stage(hd: usize) -> u32 {
-    if 128 * (hd / 2 + 1) <= ATTN_KEY_STAGE_WORDS as usize {
-        128
-    } else {
+    if 64 * (hd / 2 + 2) <= ATTN_STAGE_WORDS as usize {
         64
+    } else {
+        32
     }
 }
-const _: () = assert!(64 * (ATTN_MAX_HD / 2 + 1) <= ATTN_KEY_STAGE_WORDS as usize);
+const _: () = assert!(32 * (ATTN_MAX_HD / 2 + 2) <= ATTN_STAGE_WORDS as usize);
 
 /// Shared words of an `attn_chunk` block's queries: a band's `band * hd` values, at most
 /// [`ATTN_SET_HEADS`] heads per thread set of `hd` threads ([`attn_max_band`]).
@@ -90,9 +92,9 @@ pub const ATTN_Q_WORDS: u32 = ATTN_SET_HEADS as u32 * ATTN_THREADS;
 pub const ATTN_CHUNK_ONE_SMEM_WORDS: u32 = ATTN_Q_WORDS + (ATTN_MAX_BAND * ATTN_CHUNK) as u32 + ATTN_THREADS / 32 * ATTN_MAX_BAND as u32;
 
 /// Shared words of an `attn_chunk` block: the band's queries, one score (then softmax term) per
-/// head and key of the chunk, one maximum per warp and head, and the key stage: 44.75 KiB,
-/// within the 48 KiB a launch gets without asking (and the 64 KiB of an AMD workgroup).
-pub const ATTN_CHUNK_SMEM_WORDS: u32 = ATTN_CHUNK_ONE_SMEM_WORDS + ATTN_KEY_STAGE_WORDS;
+/// head and key of the chunk, one maximum per warp and head, and the two stage buffers: 45.25
+/// KiB, within the 48 KiB a launch gets without asking (and the 64 KiB of an AMD workgroup).
+pub const ATTN_CHUNK_SMEM_WORDS: u32 = ATTN_CHUNK_ONE_SMEM_WORDS + 2 * ATTN_STAGE_WORDS;
 const _: () = assert!(ATTN_CHUNK_SMEM_WORDS * 4 <= 48 * 1024);
 
 /// Whether `attn_chunk` takes bands of `band` query heads for `n_q` query heads over `n_kv` KV
@@ -147,7 +149,7 @@ pub const GEOMETRY: &[(&str, usize)] = &[
     ("ATTN_PREP_WARPS", ATTN_PREP_WARPS as usize),
     ("ATTN_MAX_HD", ATTN_MAX_HD),
     ("ATTN_MAX_BAND", ATTN_MAX_BAND),
-    ("ATTN_KEY_STAGE_WORDS", ATTN_KEY_STAGE_WORDS as usize),
+    ("ATTN_STAGE_WORDS", ATTN_STAGE_WORDS as usize),
     ("ATTN_Q_WORDS", ATTN_Q_WORDS as usize),
 ];
 

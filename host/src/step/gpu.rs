@@ -198,8 +198,9 @@ impl GpuExecutor {
             bar.inc(weight.bytes() as u64);
         }
         bar.finish_and_clear();
-        // Kernels may load weights before their grid wait (`crate::launch`): every upload is
-        // done before the first step is queued.
+        // A failed upload is reported here, as the weights' copy, not by the first kernel that
+        // reads them. (Kernels may read weights before their grid wait for another reason:
+        // `crate::launch`.)
         gpu.stream().synchronize().map_err(gpu.driver_err("weights", "copy to device"))?;
         let zeros_f32 = |n: usize| gpu.scratch::<f32>("step buffers", n);
         // Only the buffers the architecture has (a zero-length allocation is an error).
