@@ -135,8 +135,9 @@ pub const fn attn_band_min_blocks(sm_count: usize) -> usize {
 /// This family's kernels (joined into [`super::BOUNDS`]).
 pub const BOUNDS: [Bounds; 4] = [
     Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 8, smem_bytes: 0 },
-    // A band of up to 8 heads scores a key for 4 of them per thread: about 124 registers, 2
-    // blocks per SM (at 3 or 4 it spills). One head a block (warps scoring keys) runs 4.
+    // A band of up to 8 heads scores a key for 4 of them per thread: 128 registers, 2 blocks
+    // per SM (at 3 it spills 12 bytes, and measured slower but at depth 32768:
+    // docs/kernels/attention.md). One head a block (warps scoring keys) runs 4.
     Bounds { kernel: "attn_chunk", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
     Bounds { kernel: "attn_chunk_one", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_ONE_SMEM_WORDS },
     Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 0 },
