@@ -420,7 +420,7 @@ template <uint32_t W, uint32_t HW>
 STRATA_FN void attn_chunk_band(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q,
                                                        uint32_t n_kv, uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split,
                                                        uint32_t heads, float* part, float* out, uint8_t* xq) {
-  static_assert(2 * HW >= W, "a key's threads (2 or 4) share the band's heads");
+  static_assert(2 * HW >= W, "a key's head slots (2 or 4) share the band's heads");
   uint32_t bands = n_q / heads, b = block_idx();
   if (b >= tokens * bands * split) return;  // the whole block
   uint32_t tb = b / split, first = b % split;

@@ -160,13 +160,15 @@ pub fn butterfly_tree<const H: usize>(leaf: impl Fn(u32) -> [f32; H]) -> [f32; H
 }
 
 /// The butterfly's subtree of the 16 lanes `p = half (mod 2)`, `n2(half)` above, for `H` sums at
-/// once: written out whole (no loop), so a GPU thread addresses each leaf at a constant offset.
+/// once: a loop of two turns of 8 leaves, each turn written out, so a GPU thread addresses each
+/// leaf of a turn at a constant offset.
 /// The leaves come subtree by subtree (`n8(p) = (leaf(p) + leaf(p + 16)) + (leaf(p + 8) +
 /// leaf(p + 24))` for `p = half, half + 4, half + 2, half + 6`), each added to its sibling as
 /// soon as both are there. Two threads can each take one half of a sum: `even + odd` is the
 /// butterfly's last addition, and as addition commutes both get its bits.
 #[inline(always)]
 pub fn butterfly_half_tree<const H: usize>(half: u32, leaf: &impl Fn(u32) -> [f32; H]) -> [f32; H] {
+    debug_assert!(half < 2);
     let (mut first, mut p) = ([0.0f32; H], half);
     loop {
         let v = n4(p, leaf);

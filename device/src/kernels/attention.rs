@@ -154,8 +154,8 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
 /// query heads, the cache is read once per token instead of once per query head.
 ///
 /// Per chunk, a band of several heads ([`Band::chunk`]): the keys are staged in shared memory
-/// and each thread scores one key for its share of the band's heads, the whole dot product in
-/// one thread in the butterfly's order; each head's maximum from the warps'; thread `i` turns
+/// and two threads score a key for their share of the band's heads, each half of the lane
+/// partials in the butterfly's order, joined by one exchange; each head's maximum from the warps'; thread `i` turns
 /// key `i`'s scores into softmax terms; the values are staged too, and thread `d` of set `r`
 /// (`ATTN_THREADS / hd` sets) sums `p_j * v_j[d]` (fused multiply-adds) and `p_j` over the chunk's keys in order for
 /// heads `r, r + sets, ...` of the band (the thread with `d = 0` writes each head's `m` and `l`).
@@ -197,7 +197,7 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize>(
     out: *mut f32,
     xq: *mut u8,
 ) {
-    const { assert!(2 * HW >= W) }; // a key's threads (2 or 4) share the band's heads
+    const { assert!(2 * HW >= W) }; // a key's head slots (2 or 4) share the band's heads
     let bands = n_q / heads;
     let b = index::block_idx();
     if b >= tokens * bands * split {
@@ -278,7 +278,7 @@ const Q_WORD: u32 = 0;
 const S_WORD: u32 = Q_WORD + ATTN_Q_WORDS;
 const M_WORD: u32 = S_WORD + (ATTN_MAX_BAND * ATTN_CHUNK) as u32;
 const K_WORD: u32 = M_WORD + WARPS * ATTN_MAX_BAND as u32;
-const _: () = assert!(K_WORD % 4 == 0 && K_WORD + 2 * ATTN_STAGE_WORDS <= ATTN_CHUNK_SMEM_WORDS && ATTN_MAX_HD / 32 <= 8);
+const _: () = assert!(K_WORD % 4 == 0 && ATTN_STAGE_WORDS % 4 == 0 && K_WORD + 2 * ATTN_STAGE_WORDS <= ATTN_CHUNK_SMEM_WORDS && ATTN_MAX_HD / 32 <= 8);
 
 /// The query word of value `d` of head `h` for heads of `hd` values (the layout above).
 #[inline(always)]

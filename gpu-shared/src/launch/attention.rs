@@ -124,7 +124,7 @@ pub const fn attn_band(n_q: usize, n_kv: usize, hd: usize, tokens: usize, split:
 }
 
 /// [`attn_band`]'s `min_blocks` for a device of `sm_count` SMs: the wide band (its keys staged
-/// and scored a key per thread) wins from a grid of one block for every two SMs; below that, one
+/// and scored by two threads a key) wins from a grid of one block for every two SMs; below that, one
 /// head a block (`attn_chunk_one`, warps scoring keys), which spreads short contexts over more
 /// blocks. Measured on the H200 (`strata bench attention --bands rule,1,8`,
 /// docs/kernels/attention.md).
