@@ -149,14 +149,7 @@ pub fn butterfly_sum(mut v: [f32; LANES]) -> f32 {
 /// code holds one half written out).
 #[inline(always)]
 pub fn butterfly_tree<const H: usize>(leaf: impl Fn(u32) -> [f32; H]) -> [f32; H] {
-    let (mut even, mut half) = ([0.0f32; H], 0);
-    loop {
-        let v = butterfly_half_tree(half, &leaf);
-        if half == 1 {
-            return add_each(even, v);
-        }
-        (even, half) = (v, 1);
-    }
+    two_turns(0, 1, |half| butterfly_half_tree(half, &leaf))
 }
 
 /// The butterfly's subtree of the 16 lanes `p = half (mod 2)`, `n2(half)` above, for `H` sums at
@@ -169,13 +162,20 @@ pub fn butterfly_tree<const H: usize>(leaf: impl Fn(u32) -> [f32; H]) -> [f32; H
 #[inline(always)]
 pub fn butterfly_half_tree<const H: usize>(half: u32, leaf: &impl Fn(u32) -> [f32; H]) -> [f32; H] {
     debug_assert!(half < 2);
-    let (mut first, mut p) = ([0.0f32; H], half);
+    two_turns(half, 2, |p| n4(p, leaf))
+}
+
+/// `turn(first) + turn(first + step)` for `H` sums at once, as a loop of two turns, so a GPU
+/// thread holds one copy of `turn`'s body.
+#[inline(always)]
+fn two_turns<const H: usize>(first: u32, step: u32, turn: impl Fn(u32) -> [f32; H]) -> [f32; H] {
+    let (mut sum, mut i) = ([0.0f32; H], 0);
     loop {
-        let v = n4(p, leaf);
-        if p >= 2 {
-            return add_each(first, v);
+        let v = turn(first + i * step);
+        if i == 1 {
+            return add_each(sum, v);
         }
-        (first, p) = (v, p + 2);
+        (sum, i) = (v, 1);
     }
 }
 

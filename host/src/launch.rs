@@ -12,7 +12,13 @@
 //! `copy_from_mapped_multi`, which waits for its kernel), and a chained grid overlaps only a
 //! kernel before it that asks for the overlap, never a copy (the driver's rule for the
 //! attribute). So on every path that launches (the step, the benches, the parity suite) an entry
-//! may load weights, or ask L2 for them, before its wait. build.rs refuses an `sm_90` image with
+//! may load weights, or ask L2 for them, before its wait. And as every block signals only after
+//! its own wait returned, a grid starts only once the grid two launches back has completed and
+//! its writes have reached L2: an entry may also read before its wait, from L2 (`mem::ld_cg_u32`,
+//! not the SM's L1, which may hold older lines), a buffer the launch just before it does not
+//! write. One entry does: `attn_prep` reads the window's position, which only a copy before the
+//! step or the accept op at a step's end writes, several launches before any `attn_prep`.
+//! build.rs refuses an `sm_90` image with
 //! an entry that lacks the wait. A grid therefore only overlaps its predecessor's tail with its
 //! own launch and start-up, and completes after it: the order, and so every bit, is the stream's.
 use std::ffi::c_void;

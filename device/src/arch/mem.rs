@@ -52,6 +52,16 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// 4-byte global load cached in L2 only (`.cg`), not in the SM's L1: for a kernel that reads,
+/// before its grid wait, what an earlier launch wrote (L2 is where every SM's writes meet; an
+/// L1 line may be older than that launch). Aligned, otherwise as [`ld_nc_u16`].
+#[inline(always)]
+pub unsafe fn ld_cg_u32(p: *const u8) -> u32 {
+    let r: u32;
+    asm!("ld.global.cg.u32 {r}, [{p}];", r = out(reg32) r, p = in(reg64) p, options(nostack, readonly));
+    r
+}
+
 /// Asks L2 to fetch the 128-byte line holding `p` (a hint: it reads nothing into registers,
 /// changes no value and does not fault).
 #[inline(always)]
@@ -60,30 +70,43 @@ pub fn prefetch_l2(p: *const u8) {
     unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) p, options(nostack, readonly, preserves_flags)) };
 }
 
+/// Asks the SM's L1 to fetch the 128-byte line holding `p` (a hint, as [`prefetch_l2`]).
+#[inline(always)]
+pub fn prefetch_l1(p: *const u8) {
+    // SAFETY: a prefetch writes nothing visible and does not fault.
+    unsafe { asm!("prefetch.global.L1 [{p}];", p = in(reg64) p, options(nostack, readonly, preserves_flags)) };
+}
+
 /// Asks L2 to fetch the 128-byte lines of `bytes` bytes at `start`, spread over the warp's
 /// lanes (every lane calls it with the same range). A hint: it reads nothing into registers and
 /// changes no value, so a kernel calls it on its constant weights before `sync::chain_grids`,
 /// to bring them from DRAM while the grid before it still runs.
 #[inline(always)]
 pub fn prefetch_l2_warp(start: *const u8, bytes: usize) {
-    prefetch_l2_spread(start, bytes, crate::arch::index::lane(), 32);
+    prefetch_spread(start, bytes, crate::arch::index::lane(), 32, prefetch_l2);
+}
+
+/// [`prefetch_l2_warp`] into the SM's L1: for constants a warp reads soon after its grid wait.
+#[inline(always)]
+pub fn prefetch_l1_warp(start: *const u8, bytes: usize) {
+    prefetch_spread(start, bytes, crate::arch::index::lane(), 32, prefetch_l1);
 }
 
 /// [`prefetch_l2_warp`] over a block of `THREADS` threads (every thread calls it with the same
 /// range).
 #[inline(always)]
 pub fn prefetch_l2_block<const THREADS: u32>(start: *const u8, bytes: usize) {
-    prefetch_l2_spread(start, bytes, crate::arch::index::thread_idx(), THREADS);
+    prefetch_spread(start, bytes, crate::arch::index::thread_idx(), THREADS, prefetch_l2);
 }
 
 /// Thread `t` of `threads` asks for `start + 128 (t + threads i)`: every 128 bytes from `start`
 /// on lie in the next line, so these addresses reach every line of the range; the last is
 /// clamped into it.
 #[inline(always)]
-fn prefetch_l2_spread(start: *const u8, bytes: usize, t: u32, threads: u32) {
+fn prefetch_spread(start: *const u8, bytes: usize, t: u32, threads: u32, fetch: fn(*const u8)) {
     let mut off = 128 * t as usize;
     while off < bytes + 127 && bytes > 0 {
-        prefetch_l2(start.wrapping_add(off.min(bytes - 1)));
+        fetch(start.wrapping_add(off.min(bytes - 1)));
         off += 128 * threads as usize;
     }
 }

@@ -102,14 +102,23 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
     k_cache: *mut u16,
     v_cache: *mut u16,
 ) {
-    crate::arch::sync::chain_grids();
     let heads = n_q + 2 * n_kv;
     let r = index::block_idx() * ATTN_PREP_WARPS + index::warp_in_block();
-    if r >= tokens * heads {
+    let warp_row = r < tokens * heads;
+    let (t, h) = if warp_row { (r / heads, r % heads) } else { (0, 0) };
+    // Before the wait: the window's position, which a copy or the accept of a step before wrote,
+    // launches before this one (read from L2: host/src/launch.rs); then the row's RoPE pairs and
+    // norm weights, constants, asked into L1.
+    let at_pos = if warp_row { mem::ld_cg_u32(pos as *const u8) as u64 + t as u64 } else { u64::MAX };
+    if at_pos < n_ctx as u64 && h < n_q + n_kv {
+        let norm = if h < n_q { q_norm } else { k_norm };
+        mem::prefetch_l1_warp(rope.wrapping_add(at_pos as usize * n_rot as usize) as *const u8, 4 * n_rot as usize);
+        mem::prefetch_l1_warp(norm as *const u8, 4 * hd as usize);
+    }
+    crate::arch::sync::chain_grids();
+    if !warp_row {
         return; // the whole warp (the kernel has no block barrier)
     }
-    let (t, h) = (r / heads, r % heads);
-    let at_pos = mem::ld_nc_u32(pos as *const u8) as u64 + t as u64;
     if at_pos >= n_ctx as u64 {
         return; // the whole warp: no room in the cache (the host never asks for this)
     }
@@ -366,16 +375,16 @@ impl Band {
     unsafe fn chunk<const W: usize, const HW: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, dest: Dest) {
         let ChunkRows { keys, values, n, stride } = self.rows(k_cache, v_cache, len, c);
         let (hd, heads, tid) = (self.hd, self.heads, index::thread_idx());
-        let stages = Stages { smem, keys, values, stride, n, hd, kps: attn_key_stage(hd as usize) };
-        let key_stages = n.div_ceil(stages.kps);
+        let stages = Stages::new(smem, keys, values, stride, n, hd);
+        let key_stages = stages.key_stages;
         stages.copy(0);
         for s in 0..key_stages {
             stages.next(s);
             // The scores, with the lane count a constant for the common head sizes. Heads of
             // more than 128 values come in bands of at most 4 (`attn_max_band`) over 4 head
             // slots a key (`attn_key_stage`): one head a thread.
-            let base = s * stages.kps;
-            let stage = (stages.buffer(s), base, (n - base).min(stages.kps));
+            let (base, rows) = stages.span(s);
+            let stage = (stages.buffer(s), base, rows);
             match (hd / 32, hd <= 128) {
                 (4, _) => self.score::<HW, 4, true>(smem, stage, scale),
                 (_, true) => self.score::<HW, 4, false>(smem, stage, scale),
@@ -415,8 +424,7 @@ impl Band {
         for s in key_stages..2 * key_stages {
             stages.next(s); // also: the softmax terms are in
             if active {
-                let base = (s - key_stages) * stages.kps;
-                let (buffer, rows) = (stages.buffer(s), (n - base).min(stages.kps));
+                let ((base, rows), buffer) = (stages.span(s), stages.buffer(s));
                 let sum = ValueSum { smem, buffer, base, rows, row_words: hd / 2, d, r, sets, heads };
                 match (with_l, full_set) {
                     (true, true) => sum.add::<W, true, true>(&mut l, &mut o),
@@ -658,9 +666,23 @@ struct Stages {
     n: u32,
     hd: u32,
     kps: u32,
+    key_stages: u32,
 }
 
 impl Stages {
+    #[inline(always)]
+    fn new(smem: Smem, keys: *const u16, values: *const u16, stride: usize, n: u32, hd: u32) -> Self {
+        let kps = attn_key_stage(hd as usize);
+        Self { smem, keys, values, stride, n, hd, kps, key_stages: n.div_ceil(kps) }
+    }
+
+    /// Stage `s`'s first row (of the keys, or from `key_stages` on of the values) and its rows.
+    #[inline(always)]
+    fn span(&self, s: u32) -> (u32, u32) {
+        let base = (if s >= self.key_stages { s - self.key_stages } else { s }) * self.kps;
+        (base, (self.n - base).min(self.kps))
+    }
+
     /// The word of stage `s`'s buffer.
     #[inline(always)]
     fn buffer(&self, s: u32) -> u32 {
@@ -671,13 +693,11 @@ impl Stages {
     /// it; nothing reads the stage's buffer until [`Stages::next`] for it.
     #[inline(always)]
     unsafe fn copy(&self, s: u32) {
-        let key_stages = self.n.div_ceil(self.kps);
-        if s >= 2 * key_stages {
+        if s >= 2 * self.key_stages {
             return;
         }
-        let values = s >= key_stages;
-        let base = (if values { s - key_stages } else { s }) * self.kps;
-        let rows = (self.n - base).min(self.kps);
+        let values = s >= self.key_stages;
+        let (base, rows) = self.span(s);
         let src = if values { self.values } else { self.keys }.add(base as usize * self.stride);
         let dst = self.smem.addr(self.buffer(s));
         // 8-byte pieces of the keys' padded rows, 16-byte pieces of the values'.

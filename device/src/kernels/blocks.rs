@@ -149,6 +149,16 @@ pub trait Block {
     }
     /// Whether [`Self::staged_grid`] is the signed expansion.
     const SIGNED_GRID: bool = false;
+    /// Bytes from a row's start to the block holding its group `g`.
+    #[inline(always)]
+    fn block_offset(g: u32) -> usize {
+        (g / Self::GROUPS) as usize * Self::BYTES
+    }
+    /// Bytes of a row of `groups` groups (whole blocks).
+    #[inline(always)]
+    fn row_bytes(groups: u32) -> usize {
+        Self::block_offset(groups)
+    }
     /// Group `g` of the block at `p`, its codebook words read from `grid`.
     ///
     /// # Safety

@@ -42,7 +42,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
     let end_row = (first_row + drb).min(n_embd);
     let g_count = ff_groups;
     let w = w.add(expert as usize * expert_bytes as usize);
-    let row_bytes = (g_count / F::GROUPS) as usize * F::BYTES;
+    let row_bytes = F::row_bytes(g_count);
     let entries = table.add(moe::entries(n as usize) + start as usize);
     let smem = Smem::dynamic();
     let p_base = stage::expdec_words(g_count);
@@ -65,7 +65,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
             let row = |j: usize| step + j as u32 * slots + slot;
             let wg: [blocks::Group; DR] = core::array::from_fn(|j| {
                 let r = (step + j as u32 * slots + wslot).min(end_row - 1);
-                F::load(w.add(r as usize * row_bytes + (g / F::GROUPS) as usize * F::BYTES), g % F::GROUPS)
+                F::load(w.add(r as usize * row_bytes + F::block_offset(g)), g % F::GROUPS)
             });
             if step == first_row {
                 if pass > 0 {

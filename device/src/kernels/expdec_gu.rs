@@ -44,7 +44,7 @@ unsafe fn staged_partials<F: Block, const R: usize>(
     let (mut ag, mut au) = ([[0.0f32; 4]; R], [[0.0f32; 4]; R]);
     let mut b = index::lane();
     while b < groups {
-        let at = |base: *const u8, j: usize| base.add((row + j) * row_bytes + (b / F::GROUPS) as usize * F::BYTES);
+        let at = |base: *const u8, j: usize| base.add((row + j) * row_bytes + F::block_offset(b));
         let gw: [blocks::Group; R] = core::array::from_fn(|j| F::load_with(at(gate, j), b % F::GROUPS, grid));
         let uw: [blocks::Group; R] = core::array::from_fn(|j| F::load_with(at(up, j), b % F::GROUPS, grid));
         crate::unroll!(r in [0, 1, 2, 3] {
@@ -99,7 +99,7 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
     let Some((expert, start, count)) = group_of(table, n, b / blocks_per_group) else { return }; // whole block
     let chunk0 = b % blocks_per_group * per_block;
     let mine = per_block.min(chunks - chunk0);
-    let row_bytes = (groups / F::GROUPS) as usize * F::BYTES;
+    let row_bytes = F::row_bytes(groups);
     let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
     let rows = (chunk0 * MOE_GU_ROWS) as usize * row_bytes;
     mem::prefetch_l2_block::<THREADS>(gate.wrapping_add(rows), (mine * MOE_GU_ROWS) as usize * row_bytes);

@@ -75,7 +75,7 @@ pub unsafe fn lane_groups<F: Block, const AHEAD: usize>(wrow: *const u8, groups:
     crate::unroll!(i in [0, 1, 2, 3] {
         let at = b + 32 * i as u32;
         if i < AHEAD && at < groups {
-            g[i] = F::load(wrow.add((at / F::GROUPS) as usize * F::BYTES), at % F::GROUPS);
+            g[i] = F::load(wrow.add(F::block_offset(at)), at % F::GROUPS);
         }
     });
     g
@@ -118,11 +118,18 @@ pub unsafe fn row_partials_after<F: Block, const AHEAD: usize>(first: [blocks::G
 /// `w`: `m` rows of `groups` groups of `F` (whole blocks).
 #[inline(always)]
 unsafe fn warp_first_groups<F: Block, const WARPS: u32, const AHEAD: usize>(w: *const u8, m: u32, groups: u32) -> [blocks::Group; AHEAD] {
-    let row = index::block_idx() * WARPS + index::warp_in_block();
-    if row >= m {
-        return [blocks::Group::ZERO; AHEAD];
+    match warp_row::<F, WARPS>(w, m, groups) {
+        Some((_, wrow)) => lane_groups::<F, AHEAD>(wrow, groups, index::lane()),
+        None => [blocks::Group::ZERO; AHEAD],
     }
-    lane_groups::<F, AHEAD>(w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES), groups, index::lane())
+}
+
+/// The warp's weight row (`WARPS` rows a block, one a warp) and the address of its first block,
+/// or `None` for a warp past `m`. `w` holds `m` rows of `groups` groups of `F`.
+#[inline(always)]
+fn warp_row<F: Block, const WARPS: u32>(w: *const u8, m: u32, groups: u32) -> Option<(u32, *const u8)> {
+    let row = index::block_idx() * WARPS + index::warp_in_block();
+    (row < m).then(|| (row, w.wrapping_add(row as usize * F::row_bytes(groups))))
 }
 
 /// This lane's partials of `N` weight rows (row `j` at `wrow(j)`, `groups` groups of `F`) against
@@ -145,7 +152,7 @@ pub unsafe fn rows_partials<F: Block, const N: usize>(wrow: impl Fn(usize) -> *c
         let mut g = [blocks::Group::ZERO; N];
         crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
             if j < N {
-                g[j] = F::load(wrow(j).add((b / F::GROUPS) as usize * F::BYTES), b % F::GROUPS);
+                g[j] = F::load(wrow(j).add(F::block_offset(b)), b % F::GROUPS);
             }
         });
         crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -162,10 +169,8 @@ pub unsafe fn rows_partials<F: Block, const N: usize>(wrow: impl Fn(usize) -> *c
 /// waits for the one before it: weights are constant, so this may overlap that grid.
 #[inline(always)]
 pub fn prefetch_row<F: Block, const WARPS: u32>(w: *const u8, m: u32, groups: u32) {
-    let row = index::block_idx() * WARPS + index::warp_in_block();
-    if row < m {
-        let bytes = (groups / F::GROUPS) as usize * F::BYTES;
-        mem::prefetch_l2_warp(w.wrapping_add(row as usize * bytes), bytes);
+    if let Some((_, wrow)) = warp_row::<F, WARPS>(w, m, groups) {
+        mem::prefetch_l2_warp(wrow, F::row_bytes(groups));
     }
 }
 
@@ -179,11 +184,9 @@ pub fn prefetch_row<F: Block, const WARPS: u32>(w: *const u8, m: u32, groups: u3
 /// them to `y`'s values.
 #[inline(always)]
 unsafe fn mmvq<F: Block, const AHEAD: usize>(first: [blocks::Group; AHEAD], w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
-    let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
-    if row >= m {
+    let Some((row, wrow)) = warp_row::<F, MMVQ_WARPS>(w, m, groups) else {
         return; // whole warp: the butterfly below needs every lane, and gets it
-    }
-    let wrow = w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES);
+    };
     let acc = row_partials_after::<F, AHEAD>(first, wrow, groups, rows, |r, b| global_block(x.add((r * groups as usize + b as usize) * q8_1::BYTES)));
     warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
 }
@@ -202,11 +205,9 @@ unsafe fn mmvqs<F: Block>(first: [blocks::Group; 1], w: *const u8, x: *const u8,
     let smem = Smem::dynamic();
     stage::rows::<{ 32 * MMVQS_WARPS }>(smem, |r| x.add(r as usize * groups as usize * q8_1::BYTES), rows, groups, rows);
     sync::sync_lds();
-    let row = index::block_idx() * MMVQS_WARPS + index::warp_in_block();
-    if row >= m {
+    let Some((row, wrow)) = warp_row::<F, MMVQS_WARPS>(w, m, groups) else {
         return; // whole warp, after the block's only barrier
-    }
-    let wrow = w.add(row as usize * (groups / F::GROUPS) as usize * F::BYTES);
+    };
     let acc = row_partials_after::<F, 1>(first, wrow, groups, rows, |r, b| stage::block(smem, r as u32, b, groups, rows));
     warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
 }

@@ -135,7 +135,7 @@ unsafe fn gu<F: Block>(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *c
     let b = index::block_idx();
     let Some((expert, start, count)) = group_of(table, n, b / chunks) else { return }; // whole block
     let chunk = b % chunks;
-    let row_bytes = (embd_groups / F::GROUPS) as usize * F::BYTES;
+    let row_bytes = F::row_bytes(embd_groups);
     let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
     let entries = table.add(moe::entries(n as usize) + start as usize);
     let warp = index::warp_in_block();
@@ -190,7 +190,7 @@ unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: 
         return; // whole warp
     }
     let rows = (n_embd - row0).min(MOE_DOWN_ROWS);
-    let row_bytes = (ff_groups / F::GROUPS) as usize * F::BYTES;
+    let row_bytes = F::row_bytes(ff_groups);
     // Rows past the end read the last row, unused: one code path.
     let wrow = |j: usize| w.add(expert as usize * expert_bytes as usize + (row0 + (j as u32).min(rows - 1)) as usize * row_bytes);
     let entries = table.add(moe::entries(n as usize) + start as usize);
