@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use strata::host::cpu::CpuBackend;
 use strata::host::parity::{self, NMSE_MAX};
 use strata::host::{Backend, Error, Weights};
-use strata_gpu_shared::formats::{iq3_s, iq3_st, iq4_nl, iq4_nlt, q8_0, q8_0t, q8_1, FloatFormat, WeightFormat, GROUP};
+use strata_gpu_shared::formats::{iq3_s, iq3_st, iq4_nl, iq4_nlt, q6_k, q6_kt, q8_0, q8_0t, q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::replica;
 
 /// Random shapes (rows 1..8, K 32..8192 in steps of 32, M up to 4096): the replica's NMSE
@@ -118,8 +118,9 @@ fn cpu_backend_split_matches_single_thread_replica() {
 /// each tile holds its blocks' bytes, none lost or repeated; and the bytes sit where the
 /// kernels' loaders read them (the layout constants, read here byte by byte: Q8_0T's quant
 /// halves and scale, IQ4_NLT's nibbles and scale, IQ3_ST's indices, signs, high bits, scales
-/// and scale), 16-byte fields 16-byte aligned within a tile (IQ3_ST's 8- and 4-byte loads: a
-/// const assertion in `formats::iq3_st`).
+/// and scale; Q6_KT's first, second and last 16 nibble bytes, first and last 16 high-bit bytes,
+/// scales and scale), 16-byte fields 16-byte aligned within a tile (IQ3_ST's 8- and 4-byte
+/// loads: a const assertion in `formats::iq3_st`).
 #[test]
 fn tiles_decode_to_their_blocks() {
     let seed = common::seed("tiles_decode_to_their_blocks");
@@ -154,6 +155,15 @@ fn tiles_decode_to_their_blocks() {
                         (iq3_st::OFF_QH + 8 * b, iq3_s::OFF_QH, 8),
                         (iq3_st::OFF_SCALES + 4 * b, iq3_s::OFF_SCALES, 4),
                         (iq3_st::OFF_D + 2 * b, iq3_s::OFF_D, 2),
+                    ],
+                    WeightFormat::Q6KT => vec![
+                        (q6_kt::OFF_QL + 128 * b, q6_k::OFF_QL, 16),
+                        (q6_kt::OFF_QL + 128 * b + 16, q6_k::OFF_QL + 16, 16),
+                        (q6_kt::OFF_QL + 128 * b + 112, q6_k::OFF_QL + 112, 16),
+                        (q6_kt::OFF_QH + 64 * b, q6_k::OFF_QH, 16),
+                        (q6_kt::OFF_QH + 64 * b + 48, q6_k::OFF_QH + 48, 16),
+                        (q6_kt::OFF_SCALES + 16 * b, q6_k::OFF_SCALES, 16),
+                        (q6_kt::OFF_D + 2 * b, q6_k::OFF_D, 2),
                     ],
                     f => panic!("{} has no loader offsets listed here", f.name()),
                 };

@@ -179,6 +179,23 @@ struct Iq4Xs {
   }
 };
 
+// A Q6_K group from its 32 nibble bytes ql and 32 high-bit bytes qh (quarter q of its half:
+// nibble q / 2, bits 2q..2q + 2), its two scale bytes sc and d.
+STRATA_FN Group q6_group(const uint32_t* ql, const uint32_t* qh, uint32_t q, uint32_t sc, float d) {
+  Group g;
+  for (int i = 0; i < 8; i++) {
+    uint32_t lo = (ql[i] >> (4 * (q / 2))) & 0x0f0f0f0fu;
+    uint32_t hi = (qh[i] >> (2 * q)) & 0x03030303u;
+    // 6-bit u - 32: flip bit 5, then copy it into bits 6 and 7.
+    uint32_t y = (lo | hi << 4) ^ 0x20202020u;
+    g.w[i] = y | (y & 0x20202020u) * 6u;
+  }
+  g.d = d;
+  g.f[0] = (int8_t)(uint8_t)sc;
+  g.f[1] = (int8_t)(uint8_t)(sc >> 8);
+  return g;
+}
+
 struct Q6K {
   static constexpr uint32_t BYTES = STRATA_Q6_K_BYTES, GROUPS = 8, SHIFT = 0;
   static constexpr uint32_t GRID_WORDS = 0;
@@ -186,22 +203,38 @@ struct Q6K {
   STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
   template <typename G>
   STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G) {
-    Group g;
     uint32_t h = gi / 4, q = gi % 4;
     const uint8_t* ql = p + STRATA_Q6_K_OFF_QL + 64 * h + 32 * (q % 2);
     const uint8_t* qh = p + STRATA_Q6_K_OFF_QH + 32 * h;
+    uint32_t lw[8], hw[8];
     for (int i = 0; i < 8; i++) {
-      uint32_t lo = (ld_nc_u32_a2(ql + 4 * i) >> (4 * (q / 2))) & 0x0f0f0f0fu;
-      uint32_t hi = (ld_nc_u32_a2(qh + 4 * i) >> (2 * q)) & 0x03030303u;
-      // 6-bit u - 32: flip bit 5, then copy it into bits 6 and 7.
-      uint32_t y = (lo | hi << 4) ^ 0x20202020u;
-      g.w[i] = y | (y & 0x20202020u) * 6u;
+      lw[i] = ld_nc_u32_a2(ql + 4 * i);
+      hw[i] = ld_nc_u32_a2(qh + 4 * i);
     }
     uint32_t sc = ld_nc_u16(p + STRATA_Q6_K_OFF_SCALES + 2 * gi);
-    g.d = block_scale(p + STRATA_Q6_K_OFF_D);
-    g.f[0] = (int8_t)(uint8_t)sc;
-    g.f[1] = (int8_t)(uint8_t)(sc >> 8);
-    return g;
+    return q6_group(lw, hw, q, sc, block_scale(p + STRATA_Q6_K_OFF_D));
+  }
+};
+
+// Q6_K in tiles of 8 blocks (formats::q6_kt): group g is four 16-byte aligned loads (its nibble
+// and high-bit bytes), its two scales and d.
+struct Q6KT {
+  static constexpr uint32_t BYTES = STRATA_Q6_KT_BYTES, GROUPS = 64, SHIFT = 0;
+  static constexpr uint32_t GRID_WORDS = 0;
+  STRATA_FN const uint32_t* grid() { return nullptr; }
+  STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
+  template <typename G>
+  STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G) {
+    uint32_t b = gi / 8, h = gi % 8 / 4, q = gi % 4;
+    const uint8_t* ql = p + STRATA_Q6_KT_OFF_QL + 128 * b + 64 * h + 32 * (q % 2);
+    const uint8_t* qh = p + STRATA_Q6_KT_OFF_QH + 64 * b + 32 * h;
+    uint32_t lw[8], hw[8];
+    ld_nc_v4(ql, lw);
+    ld_nc_v4(ql + 16, lw + 4);
+    ld_nc_v4(qh, hw);
+    ld_nc_v4(qh + 16, hw + 4);
+    uint32_t sc = ld_nc_u16(p + STRATA_Q6_KT_OFF_SCALES + 2 * gi);
+    return q6_group(lw, hw, q, sc, block_scale(p + STRATA_Q6_KT_OFF_D + 2 * b));
   }
 };
 

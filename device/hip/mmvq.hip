@@ -92,6 +92,27 @@ static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, 
   store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 
+// Whether the one-row entries give a warp two adjacent weight rows (gpu-shared launch::mmvq1_pairs):
+// rows of 32 or 64 groups in matrices of at least STRATA_MMVQ1_MIN_ROWS rows.
+STRATA_FN bool mmvq1_pairs(uint32_t m, uint32_t groups) {
+  return (groups == 32 || groups == 64) && m >= STRATA_MMVQ1_MIN_ROWS;
+}
+
+// mmvq of one activation row with two adjacent weight rows a warp where mmvq1_pairs: each row the
+// one-row warp's partials and butterfly (device/src/kernels/mmvq.rs mmvq1_pair).
+template <typename F>
+static __device__ __forceinline__ void mmvq1_pair(const uint8_t* w, const uint8_t* x, float* y, uint32_t m,
+                                                  uint32_t groups, uint32_t accumulate) {
+  for (uint32_t j = 0; j < 2; j++) {
+    uint32_t row = (block_idx() * STRATA_MMVQ_WARPS + warp_in_block()) * 2 + j;
+    if (row >= m) return;
+    const uint8_t* wrow = w + (uint64_t)row * (groups / F::GROUPS) * F::BYTES;
+    float acc[STRATA_MMVQ_MAX_ROWS];
+    row_partials<F, 2>(wrow, groups, 1, [&](int) { return x; }, acc);
+    store_row_sums(acc, 1, accumulate != 0, [&](int) { return y + row; });
+  }
+}
+
 // mmvqs: 2..8 activation rows staged in shared memory first (stage.hip's layout, `rows`
 // rows), STRATA_MMVQS_WARPS weight rows a block (device/src/kernels/mmvq.rs mmvqs).
 template <typename F>
@@ -116,7 +137,10 @@ static __device__ __forceinline__ void mmvqs(const uint8_t* w, const uint8_t* x,
   }                                                                                                             \
   STRATA_KERNEL(one)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t,       \
                      uint32_t accumulate) {                                                                     \
-    mmvq<F, STRATA_MMVQ1_AHEAD>(w, x, y, m, groups, 1, accumulate);                                             \
+    if (mmvq1_pairs(m, groups))                                                                                 \
+      mmvq1_pair<F>(w, x, y, m, groups, accumulate);                                                            \
+    else                                                                                                        \
+      mmvq<F, STRATA_MMVQ1_AHEAD>(w, x, y, m, groups, 1, accumulate);                                           \
   }                                                                                                             \
   STRATA_KERNEL(staged)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows, \
                         uint32_t accumulate) {                                                                  \
@@ -126,6 +150,7 @@ static __device__ __forceinline__ void mmvqs(const uint8_t* w, const uint8_t* x,
 MMVQ_ENTRY(mmvq_q8_0, mmvq1_q8_0, mmvqs_q8_0, Q8_0)
 MMVQ_ENTRY(mmvq_q8_0t, mmvq1_q8_0t, mmvqs_q8_0t, Q8_0T)
 MMVQ_ENTRY(mmvq_q6_k, mmvq1_q6_k, mmvqs_q6_k, Q6K)
+MMVQ_ENTRY(mmvq_q6_kt, mmvq1_q6_kt, mmvqs_q6_kt, Q6KT)
 MMVQ_ENTRY(mmvq_iq2_xxs, mmvq1_iq2_xxs, mmvqs_iq2_xxs, Iq2Xxs)
 MMVQ_ENTRY(mmvq_iq2_xs, mmvq1_iq2_xs, mmvqs_iq2_xs, Iq2Xs)
 MMVQ_ENTRY(mmvq_iq2_s, mmvq1_iq2_s, mmvqs_iq2_s, Iq2S)

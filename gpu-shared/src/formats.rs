@@ -148,6 +148,29 @@ pub mod iq3_st {
     const _: () = assert!(BYTES % 16 == 0 && OFF_QS % 8 == 0 && OFF_SIGNS % 4 == 0 && OFF_D % 2 == 0);
 }
 
+/// Q6_KT: tiles of 8 Q6_K blocks (2,048 values, 1,680 bytes: 16-byte aligned in rows of whole
+/// tiles): the blocks' 128 low-nibble bytes, then their 64 high-bit bytes, 16 scales and fp16
+/// scales. Group g of a tile (group g % 8 of block b = g / 8, half h and quarter q of that) is
+/// two 16-byte loads of nibbles at `OFF_QL + 128 b + 64 h + 32 (q % 2)`, two of high bits at
+/// `OFF_QH + 64 b + 32 h`, its two scales at `OFF_SCALES + 16 b + 2 (g % 8)` and `d` at
+/// `OFF_D + 2 b`: six aligned loads where a Q6_K group is thirty-four 2-byte loads.
+pub mod q6_kt {
+    use super::{q6_k, tiles::Tiling, WeightFormat};
+
+    pub const TILING: Tiling = Tiling {
+        base: WeightFormat::Q6K,
+        blocks: 8,
+        fields: &[(q6_k::OFF_QL, 128), (q6_k::OFF_QH, 64), (q6_k::OFF_SCALES, 16), (q6_k::OFF_D, 2)],
+    };
+    pub const BLOCKS: usize = TILING.blocks;
+    pub const BYTES: usize = TILING.bytes();
+    pub const OFF_QL: usize = TILING.field(0);
+    pub const OFF_QH: usize = TILING.field(1);
+    pub const OFF_SCALES: usize = TILING.field(2);
+    pub const OFF_D: usize = TILING.field(3);
+    const _: () = assert!(BYTES % 16 == 0 && OFF_QL % 16 == 0 && OFF_QH % 16 == 0 && OFF_SCALES % 2 == 0 && OFF_D % 2 == 0);
+}
+
 /// Q2_0 (64 values): fp16 `d`, 16 bytes of 2-bit codes, four per byte, least significant
 /// first; value = d * (code - 1).
 pub mod q2_0 {
@@ -276,6 +299,8 @@ pub enum WeightFormat {
     Iq4NlT = 0x1014,
     /// Not a GGUF type: the device layout [`iq3_st`] of IQ3_S.
     Iq3ST = 0x1015,
+    /// Not a GGUF type: the device layout [`q6_kt`] of Q6_K.
+    Q6KT = 0x100e,
 }
 
 impl WeightFormat {
@@ -293,12 +318,12 @@ impl WeightFormat {
     ];
 
     /// The tiled device layouts ([`tiles`]).
-    pub const TILED: [WeightFormat; 3] = [WeightFormat::Q8_0T, WeightFormat::Iq4NlT, WeightFormat::Iq3ST];
+    pub const TILED: [WeightFormat; 4] = [WeightFormat::Q8_0T, WeightFormat::Iq4NlT, WeightFormat::Iq3ST, WeightFormat::Q6KT];
 
     /// Every format the matvec kernels take: the GGUF formats of [`Self::ALL`] and the tiled
     /// layouts of [`Self::TILED`].
-    pub const MATVEC: [WeightFormat; 13] = {
-        let mut all = [WeightFormat::Q8_0T; 13];
+    pub const MATVEC: [WeightFormat; 14] = {
+        let mut all = [WeightFormat::Q8_0T; 14];
         let mut i = 0;
         while i < all.len() {
             all[i] = if i < Self::ALL.len() { Self::ALL[i] } else { Self::TILED[i - Self::ALL.len()] };
@@ -313,6 +338,7 @@ impl WeightFormat {
             WeightFormat::Q8_0T => Some(q8_0t::TILING),
             WeightFormat::Iq4NlT => Some(iq4_nlt::TILING),
             WeightFormat::Iq3ST => Some(iq3_st::TILING),
+            WeightFormat::Q6KT => Some(q6_kt::TILING),
             _ => None,
         }
     }
@@ -323,6 +349,7 @@ impl WeightFormat {
             WeightFormat::Q8_0 => Some(WeightFormat::Q8_0T),
             WeightFormat::Iq4Nl => Some(WeightFormat::Iq4NlT),
             WeightFormat::Iq3S => Some(WeightFormat::Iq3ST),
+            WeightFormat::Q6K => Some(WeightFormat::Q6KT),
             _ => None,
         }
     }
@@ -348,6 +375,7 @@ impl WeightFormat {
             WeightFormat::Q8_0T => q8_0t::BLOCKS * GROUP,
             WeightFormat::Iq4NlT => iq4_nlt::BLOCKS * GROUP,
             WeightFormat::Iq3ST => iq3_st::BLOCKS * QK_K,
+            WeightFormat::Q6KT => q6_kt::BLOCKS * QK_K,
             _ => QK_K,
         }
     }
@@ -368,6 +396,7 @@ impl WeightFormat {
             WeightFormat::Q8_0T => q8_0t::BYTES,
             WeightFormat::Iq4NlT => iq4_nlt::BYTES,
             WeightFormat::Iq3ST => iq3_st::BYTES,
+            WeightFormat::Q6KT => q6_kt::BYTES,
         }
     }
 
@@ -437,6 +466,7 @@ impl WeightFormat {
             WeightFormat::Q8_0T => "Q8_0T",
             WeightFormat::Iq4NlT => "IQ4_NLT",
             WeightFormat::Iq3ST => "IQ3_ST",
+            WeightFormat::Q6KT => "Q6_KT",
         }
     }
 
@@ -456,6 +486,7 @@ impl WeightFormat {
             WeightFormat::Q8_0T => "q8_0t",
             WeightFormat::Iq4NlT => "iq4_nlt",
             WeightFormat::Iq3ST => "iq3_st",
+            WeightFormat::Q6KT => "q6_kt",
         }
     }
 
@@ -475,6 +506,7 @@ impl WeightFormat {
             WeightFormat::Q8_0T => "mmvq_q8_0t",
             WeightFormat::Iq4NlT => "mmvq_iq4_nlt",
             WeightFormat::Iq3ST => "mmvq_iq3_st",
+            WeightFormat::Q6KT => "mmvq_q6_kt",
         }
     }
 
@@ -495,6 +527,7 @@ impl WeightFormat {
             WeightFormat::Q8_0T => "mmvq1_q8_0t",
             WeightFormat::Iq4NlT => "mmvq1_iq4_nlt",
             WeightFormat::Iq3ST => "mmvq1_iq3_st",
+            WeightFormat::Q6KT => "mmvq1_q6_kt",
         }
     }
 
@@ -514,6 +547,7 @@ impl WeightFormat {
             WeightFormat::Q8_0T => "mmvqs_q8_0t",
             WeightFormat::Iq4NlT => "mmvqs_iq4_nlt",
             WeightFormat::Iq3ST => "mmvqs_iq3_st",
+            WeightFormat::Q6KT => "mmvqs_q6_kt",
         }
     }
 
@@ -525,6 +559,7 @@ impl WeightFormat {
             WeightFormat::Q8_0T => q8_0t::OFF_D,
             WeightFormat::Iq4NlT => iq4_nlt::OFF_D,
             WeightFormat::Iq3ST => iq3_st::OFF_D,
+            WeightFormat::Q6KT => q6_kt::OFF_D,
             _ => 0,
         }
     }
@@ -554,6 +589,11 @@ pub const LAYOUT_CONSTANTS: &[(&str, usize)] = &[
     ("IQ3_ST_OFF_QH", iq3_st::OFF_QH),
     ("IQ3_ST_OFF_SCALES", iq3_st::OFF_SCALES),
     ("IQ3_ST_OFF_D", iq3_st::OFF_D),
+    ("Q6_KT_BYTES", q6_kt::BYTES),
+    ("Q6_KT_OFF_QL", q6_kt::OFF_QL),
+    ("Q6_KT_OFF_QH", q6_kt::OFF_QH),
+    ("Q6_KT_OFF_SCALES", q6_kt::OFF_SCALES),
+    ("Q6_KT_OFF_D", q6_kt::OFF_D),
     ("Q2_0_BYTES", q2_0::BYTES),
     ("Q2_0_OFF_D", q2_0::OFF_D),
     ("Q2_0_OFF_QS", q2_0::OFF_QS),

@@ -93,7 +93,7 @@ pub fn mmvq(
     let runs: Vec<(usize, MmvqLaunch)> = rows_list
         .iter()
         .flat_map(|&r| {
-            let step = mmvq_launch(format, r, k / GROUP);
+            let step = mmvq_launch(format, m, r, k / GROUP);
             let plain = MmvqLaunch { kernel, rows_per_block: MMVQ_WARPS, smem: 0 };
             std::iter::once((r, step)).chain((step != plain).then_some((r, plain)))
         })

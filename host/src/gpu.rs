@@ -419,7 +419,7 @@ impl GpuBackend {
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let groups = k / GROUP;
-        let launch = mmvq_launch(format, rows, groups);
+        let launch = mmvq_launch(format, m, rows, groups);
         let kernel = launch.kernel;
         if k == 0 || k % format.block_values() != 0 || k > u32::MAX as usize {
             return Err(Error::Shape { kernel, detail: format!("row length {k} is not a positive multiple of {} in u32", format.block_values()) });
@@ -627,7 +627,7 @@ impl Backend for GpuBackend {
     }
 
     fn mmvq(&self, w: &Weights, xq: &[u8], rows: usize, accumulate: bool, y: &mut [f32]) -> Result<()> {
-        let kernel = mmvq_launch(w.format, rows, w.k / GROUP).kernel;
+        let kernel = mmvq_launch(w.format, w.m, rows, w.k / GROUP).kernel;
         check_mmvq(w, xq, rows, y)?;
         let dw = self.upload(kernel, w.data)?;
         let dx = self.upload(kernel, xq)?;

@@ -27,10 +27,11 @@ pub struct Args {
     pub require_gpu: bool,
 }
 
-/// Built-in `mmvq` shapes (M, K, rows): model-sized matrices and the small edges (K rounded up
-/// to the format's block).
-const MMVQ_SHAPES: [(usize, usize, usize); 6] =
-    [(2048, 2048, 1), (768, 2048, 4), (2048, 768, 8), (4096, 2048, 2), (1, 32, 1), (37, 96, 5)];
+/// Built-in `mmvq` shapes (M, K, rows): model-sized matrices (one of 16,385 rows for the
+/// one-row entry of heads, two rows a warp and a lone last one), and the small edges (K rounded
+/// up to the format's block).
+const MMVQ_SHAPES: [(usize, usize, usize); 7] =
+    [(2048, 2048, 1), (16385, 2048, 1), (768, 2048, 4), (2048, 768, 8), (4096, 2048, 2), (1, 32, 1), (37, 96, 5)];
 /// Built-in float `matvec` shapes (M, K, rows): the routers of 128 and 512 experts, an odd one.
 const MATVEC_SHAPES: [(usize, usize, usize); 3] = [(128, 2048, 1), (512, 2560, 4), (37, 33, 8)];
 /// Built-in MoE windows: (gate/up, down) formats, n_embd, n_ff, tokens, k (16 experts).

@@ -333,18 +333,49 @@ impl Block for Q6K {
         let (h, q) = (g as usize / 4, g % 4);
         let ql = p.add(q6_k::OFF_QL + 64 * h + 32 * (q as usize % 2));
         let qh = p.add(q6_k::OFF_QH + 32 * h);
-        let mut w = [0u32; 8];
-        for (i, word) in w.iter_mut().enumerate() {
-            let lo = (mem::ld_nc_u32_a2(ql.add(4 * i)) >> (4 * (q / 2))) & 0x0f0f_0f0f;
-            let hi = (mem::ld_nc_u32_a2(qh.add(4 * i)) >> (2 * q)) & 0x0303_0303;
-            // 6-bit u = lo | hi << 4; u - 32 is u with bit 5 flipped, read as 6-bit signed:
-            // flip, then copy bit 5 into bits 6 and 7.
-            let y = (lo | hi << 4) ^ 0x2020_2020;
-            *word = y | (y & 0x2020_2020) * 6;
-        }
+        let ql: [u32; 8] = core::array::from_fn(|i| mem::ld_nc_u32_a2(ql.add(4 * i)));
+        let qh: [u32; 8] = core::array::from_fn(|i| mem::ld_nc_u32_a2(qh.add(4 * i)));
         let sc = mem::ld_nc_u16(p.add(q6_k::OFF_SCALES + 2 * g as usize));
-        Group { d: scale(p.add(q6_k::OFF_D)), w, f: [sc as u8 as i8 as i32, (sc >> 8) as u8 as i8 as i32] }
+        q6_group(ql, qh, q, sc, scale(p.add(q6_k::OFF_D)))
     }
+}
+
+/// Q6_K in tiles of 8 blocks (`formats::q6_kt`): group g of a tile is four 16-byte aligned
+/// loads (its 32 nibble bytes and 32 high-bit bytes), its two scales and `d`, where a Q6_K group
+/// is thirty-four 2-byte loads.
+pub struct Q6KT;
+impl Block for Q6KT {
+    const BYTES: usize = q6_kt::BYTES;
+    const GROUPS: u32 = 8 * q6_kt::BLOCKS as u32;
+    const SHIFT: u32 = 0;
+    #[inline(always)]
+    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
+        // Tiles are 1,680 bytes (105 x 16) in rows of whole tiles from a 16-byte aligned
+        // allocation, and the nibble and high-bit fields start 16-byte aligned in a tile.
+        let (b, h, q) = (g as usize / 8, g as usize % 8 / 4, g % 4);
+        let ql = p.add(q6_kt::OFF_QL + 128 * b + 64 * h + 32 * (q as usize % 2));
+        let qh = p.add(q6_kt::OFF_QH + 64 * b + 32 * h);
+        let (l0, l1, h0, h1) = (mem::ld_nc_v4(ql), mem::ld_nc_v4(ql.add(16)), mem::ld_nc_v4(qh), mem::ld_nc_v4(qh.add(16)));
+        let ql = [l0[0], l0[1], l0[2], l0[3], l1[0], l1[1], l1[2], l1[3]];
+        let qh = [h0[0], h0[1], h0[2], h0[3], h1[0], h1[1], h1[2], h1[3]];
+        let sc = mem::ld_nc_u16(p.add(q6_kt::OFF_SCALES + 2 * g as usize));
+        q6_group(ql, qh, q, sc, scale(p.add(q6_kt::OFF_D + 2 * b)))
+    }
+}
+
+/// A Q6_K group from its 32 nibble bytes `ql` and 32 high-bit bytes `qh` (quarter `q` of its
+/// half: nibble `q / 2`, bits `2q..2q + 2`), its two scale bytes `sc` and `d`.
+#[inline(always)]
+fn q6_group(ql: [u32; 8], qh: [u32; 8], q: u32, sc: u16, d: f32) -> Group {
+    let w = core::array::from_fn(|i| {
+        let lo = (ql[i] >> (4 * (q / 2))) & 0x0f0f_0f0f;
+        let hi = (qh[i] >> (2 * q)) & 0x0303_0303;
+        // 6-bit u = lo | hi << 4; u - 32 is u with bit 5 flipped, read as 6-bit signed:
+        // flip, then copy bit 5 into bits 6 and 7.
+        let y = (lo | hi << 4) ^ 0x2020_2020;
+        y | (y & 0x2020_2020) * 6
+    });
+    Group { d, w, f: [sc as u8 as i8 as i32, (sc >> 8) as u8 as i8 as i32] }
 }
 
 /// An 8-magnitude grid entry with its 8 sign bits, as two words.

@@ -11,7 +11,7 @@ use super::stage;
 use crate::arch::mem::Smem;
 use crate::arch::{convert, index, int, mem, sync, warp};
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::{MMVQ1_AHEAD, MMVQS_WARPS, MMVQ_MAX_ROWS, MMVQ_WARPS};
+use strata_gpu_shared::launch::{self, MMVQ1_AHEAD, MMVQS_WARPS, MMVQ_MAX_ROWS, MMVQ_WARPS};
 
 // The unrolled row loop below lists the slots 0..8.
 const _: () = assert!(MMVQ_MAX_ROWS == 8);
@@ -128,7 +128,14 @@ unsafe fn warp_first_groups<F: Block, const WARPS: u32, const AHEAD: usize>(w: *
 /// or `None` for a warp past `m`. `w` holds `m` rows of `groups` groups of `F`.
 #[inline(always)]
 fn warp_row<F: Block, const WARPS: u32>(w: *const u8, m: u32, groups: u32) -> Option<(u32, *const u8)> {
-    let row = index::block_idx() * WARPS + index::warp_in_block();
+    warp_row_of::<F, WARPS, 1>(w, m, groups, 0)
+}
+
+/// Row `j` of the warp's `PER` adjacent weight rows (`WARPS * PER` rows a block) and the
+/// address of its first block, or `None` past `m`.
+#[inline(always)]
+fn warp_row_of<F: Block, const WARPS: u32, const PER: u32>(w: *const u8, m: u32, groups: u32, j: u32) -> Option<(u32, *const u8)> {
+    let row = (index::block_idx() * WARPS + index::warp_in_block()) * PER + j;
     (row < m).then(|| (row, w.wrapping_add(row as usize * F::row_bytes(groups))))
 }
 
@@ -212,6 +219,54 @@ unsafe fn mmvqs<F: Block>(first: [blocks::Group; 1], w: *const u8, x: *const u8,
     warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
 }
 
+/// `mmvq` of one activation row with two adjacent weight rows a warp (`launch::mmvq1_pairs`:
+/// rows of 32 or 64 groups). The pair is one row of twice the groups in memory, so lane `l`'s
+/// groups `l, l + 32, ...` of it are its groups of row A, then of row B, and `first` (loaded by
+/// the entry before its grid wait: [`pair_first_groups`]) is its whole share of both. Each row's
+/// partial adds its groups left to right from +0.0 and gets the warp butterfly: the one-row
+/// warp's partials, so the bits of `mmvq1`.
+///
+/// # Safety
+/// As `mmvq` with `rows == 1` and `groups` 32 or 64.
+#[inline(always)]
+unsafe fn mmvq1_pair<F: Block>(first: [blocks::Group; 4], w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, accumulate: u32) {
+    let Some((row, _)) = warp_row_of::<F, MMVQ_WARPS, 2>(w, m, groups, 0) else {
+        return; // whole warp: the butterflies below need every lane
+    };
+    let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
+    // Slot i's activation block: `at` for row A, `at - groups` for row B; with groups 64 or 32
+    // (a multiple of 32) that is block lane + 32 (i % 2) mod groups, so two loads serve all.
+    let act: [([u32; 8], f32); 2] = core::array::from_fn(|i| global_block(x.add(((index::lane() + 32 * i as u32) & (groups - 1)) as usize * q8_1::BYTES)));
+    let mut acc = [0.0f32; MMVQ_MAX_ROWS];
+    crate::unroll!(i in [0, 1, 2, 3] {
+        let at = index::lane() + 32 * i as u32;
+        if at < 2 * groups {
+            let (q, dx) = &act[i % 2];
+            let c = contribution_words(&first[i], q, *dx, pow2);
+            if at < groups {
+                acc[0] += c;
+            } else {
+                acc[1] += c;
+            }
+        }
+    });
+    let rows = if row + 1 < m { 2 } else { 1 };
+    warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(row as usize + r));
+}
+
+/// The lane's groups of the warp's two rows in [`mmvq1_pair`] (row B's zero past `m`), for the
+/// entry to load before its grid wait: the warp's loads cover both rows, so no L2 prefetch.
+///
+/// # Safety
+/// `w`: `m` rows of `groups` (32 or 64) groups of `F` (whole blocks).
+#[inline(always)]
+unsafe fn pair_first_groups<F: Block>(w: *const u8, m: u32, groups: u32) -> [blocks::Group; 4] {
+    match warp_row_of::<F, MMVQ_WARPS, 2>(w, m, groups, 0) {
+        Some((row, wrow)) => lane_groups::<F, 4>(wrow, if row + 1 < m { 2 * groups } else { groups }, index::lane()),
+        None => [blocks::Group::ZERO; 4],
+    }
+}
+
 /// Declares, per format, the `extern "ptx-kernel"` entry for 1..8 activation rows, the one
 /// for a single row (`mmvq1_*`: the row count a constant, which frees the registers of seven
 /// row slots for `MMVQ1_AHEAD` weight groups in flight) and the staged one for 2..8 rows
@@ -232,12 +287,18 @@ macro_rules! mmvq_entries {
         }
 
         /// `mmvq` of one activation row (`rows` must be 1; the parameter keeps the signature
-        /// of the entry above). Launch as that entry.
+        /// of the entry above). Launch as that entry, with `2 * MMVQ_WARPS` rows a block where
+        /// `launch::mmvq1_pairs` ([`mmvq1_pair`]).
         ///
         /// # Safety
         /// As `mmvq` with `rows == 1`.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $one(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, _rows: u32, accumulate: u32) {
+            if launch::mmvq1_pairs(m as usize, groups as usize) {
+                let first = pair_first_groups::<$block>(w, m, groups);
+                crate::arch::sync::chain_grids();
+                return mmvq1_pair::<$block>(first, w, x, y, m, groups, accumulate);
+            }
             let first = warp_first_groups::<$block, MMVQ_WARPS, { MMVQ1_AHEAD as usize }>(w, m, groups);
             prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
             crate::arch::sync::chain_grids();
@@ -265,6 +326,7 @@ mmvq_entries! {
     mmvq_q8_0t, mmvq1_q8_0t, mmvqs_q8_0t => blocks::Q8_0T,
     mmvq_iq4_nlt, mmvq1_iq4_nlt, mmvqs_iq4_nlt => blocks::Iq4NlT,
     mmvq_q6_k, mmvq1_q6_k, mmvqs_q6_k => blocks::Q6K,
+    mmvq_q6_kt, mmvq1_q6_kt, mmvqs_q6_kt => blocks::Q6KT,
     mmvq_iq2_xxs, mmvq1_iq2_xxs, mmvqs_iq2_xxs => blocks::Iq2Xxs,
     mmvq_iq2_xs, mmvq1_iq2_xs, mmvqs_iq2_xs => blocks::Iq2Xs,
     mmvq_iq2_s, mmvq1_iq2_s, mmvqs_iq2_s => blocks::Iq2S,

@@ -144,14 +144,17 @@ pub struct MmvqLaunch {
     pub smem: u32,
 }
 
-/// The `mmvq` launch for `rows` (1..=8) activation rows of `groups` q8_1 blocks: `mmvq1_*` for
-/// one row, `mmvqs_*` (the rows staged in shared memory) for 2..8 whose blocks fit
-/// [`MMVQS_SMEM_MAX`], else `mmvq_*`.
-pub fn mmvq_launch(format: WeightFormat, rows: usize, groups: usize) -> MmvqLaunch {
+/// The `mmvq` launch for `m` weight rows times `rows` (1..=8) activation rows of `groups` q8_1
+/// blocks: for one row, `mmvq1_*` from [`MMVQ1_MIN_ROWS`] rows (two weight rows a warp where
+/// [`mmvq1_pairs`]) and `mmvq_*` below; for 2..8, `mmvqs_*` (the rows staged in shared memory)
+/// where their blocks fit [`MMVQS_SMEM_MAX`], else `mmvq_*`.
+pub fn mmvq_launch(format: WeightFormat, m: usize, rows: usize, groups: usize) -> MmvqLaunch {
     let bytes = rows.saturating_mul(groups).saturating_mul(crate::formats::q8_1::BYTES);
     let plain = |kernel| MmvqLaunch { kernel, rows_per_block: MMVQ_WARPS, smem: 0 };
     match rows {
-        1 => plain(format.mmvq1_kernel()),
+        1 if mmvq1_pairs(m, groups) => MmvqLaunch { kernel: format.mmvq1_kernel(), rows_per_block: 2 * MMVQ_WARPS, smem: 0 },
+        1 if m >= MMVQ1_MIN_ROWS => plain(format.mmvq1_kernel()),
+        1 => plain(format.mmvq_kernel()),
         _ if bytes <= MMVQS_SMEM_MAX as usize => MmvqLaunch { kernel: format.mmvqs_kernel(), rows_per_block: MMVQS_WARPS, smem: bytes as u32 },
         _ => plain(format.mmvq_kernel()),
     }
@@ -163,6 +166,26 @@ pub const MMVQ_MAX_ROWS: usize = 8;
 /// up to 4,096 values (4 groups a lane) in one memory latency instead of one latency a group.
 /// (The 1..8-row entries load one at a time: at their 64 registers two spilled.)
 pub const MMVQ1_AHEAD: u32 = 4;
+
+/// Weight rows from which a one-row matvec runs `mmvq1_*` ([`mmvq_launch`]). Its lanes hold
+/// `MMVQ1_AHEAD` groups before the grid wait at 80 registers (6 blocks of 4 warps a SM on the
+/// H200); `mmvq_*` holds one and asks L2 for the rest of its row, at 64 (8 blocks a SM). In a
+/// chain of launches (`strata bench mmvq`, sixteenth session) `mmvq_*` was faster on the
+/// matrices of a layer (Q8_0T 5120 x 2048: 3.96 us against 5.08; 2048 x 2048: 2.30 against
+/// 2.75; Q6_K, Q6_KT alike; 2048 x 4096 even) and `mmvq1_*` on the head (151,936 rows: Q8_0T
+/// 77.2 against 81.0, Q6_KT 90.6 against 97.8); in the decode step one-row matrices under
+/// 16,384 rows on `mmvq_*` made tg128 1.1 % faster.
+pub const MMVQ1_MIN_ROWS: usize = 16384;
+
+/// Whether `mmvq1_*` gives a warp two adjacent weight rows of `m`, each of `groups` groups: rows
+/// of 1,024 or 2,048 values (one or two groups a lane, so a pair is at most the `MMVQ1_AHEAD`
+/// groups a lane holds in flight anyway, and lane `l`'s groups `l, l + 32, ...` of the pair,
+/// one row of twice the groups in memory, are its groups of each row, whose activation blocks
+/// it loads once for both) in matrices `mmvq1_*` runs ([`MMVQ1_MIN_ROWS`]). Each row's partials
+/// and butterfly are the one-row warp's: same bits.
+pub const fn mmvq1_pairs(m: usize, groups: usize) -> bool {
+    (groups == 32 || groups == 64) && m >= MMVQ1_MIN_ROWS
+}
 
 /// The matvec geometry: one warp per weight row, `MMVQ_WARPS` rows per block.
 const fn mmvq(kernel: &'static str) -> Bounds {
@@ -188,11 +211,12 @@ const fn mmvq1(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 6, smem_bytes: 0 }
 }
 
-const BASE: [Bounds; 79] = [
+const BASE: [Bounds; 82] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q8_0t"),
     mmvq("mmvq_q6_k"),
+    mmvq("mmvq_q6_kt"),
     mmvq("mmvq_iq2_xxs"),
     mmvq("mmvq_iq2_xs"),
     mmvq("mmvq_iq2_s"),
@@ -206,6 +230,7 @@ const BASE: [Bounds; 79] = [
     mmvq1("mmvq1_q8_0"),
     mmvq1("mmvq1_q8_0t"),
     mmvq1("mmvq1_q6_k"),
+    mmvq1("mmvq1_q6_kt"),
     mmvq1("mmvq1_iq2_xxs"),
     mmvq1("mmvq1_iq2_xs"),
     mmvq1("mmvq1_iq2_s"),
@@ -219,6 +244,7 @@ const BASE: [Bounds; 79] = [
     mmvqs("mmvqs_q8_0"),
     mmvqs("mmvqs_q8_0t"),
     mmvqs("mmvqs_q6_k"),
+    mmvqs("mmvqs_q6_kt"),
     mmvqs("mmvqs_iq2_xxs"),
     mmvqs("mmvqs_iq2_xs"),
     mmvqs("mmvqs_iq2_s"),
@@ -485,11 +511,15 @@ mod tests {
             assert!(bounds(f.mmvq1_kernel()).is_some(), "{}", f.mmvq1_kernel());
             assert!(bounds(f.mmvqs_kernel()).is_some(), "{}", f.mmvqs_kernel());
             // 2..8 rows staged up to 48 KiB: 8 rows of 170 groups (48,960 bytes), not 171.
-            assert_eq!(mmvq_launch(f, 8, 170), MmvqLaunch { kernel: f.mmvqs_kernel(), rows_per_block: MMVQS_WARPS, smem: 48_960 });
-            assert_eq!(mmvq_launch(f, 8, 171), MmvqLaunch { kernel: f.mmvq_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
-            assert_eq!(mmvq_launch(f, 1, 64), MmvqLaunch { kernel: f.mmvq1_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
-            assert_eq!(mmvq_launch(f, 1, 1 << 20).kernel, f.mmvq1_kernel());
-            assert_eq!(mmvq_launch(f, 2, 64).smem, 2 * 64 * 36);
+            assert_eq!(mmvq_launch(f, 9000, 8, 170), MmvqLaunch { kernel: f.mmvqs_kernel(), rows_per_block: MMVQS_WARPS, smem: 48_960 });
+            assert_eq!(mmvq_launch(f, 9000, 8, 171), MmvqLaunch { kernel: f.mmvq_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
+            // One row: the plain entry under 16,384 rows, then mmvq1_*, two rows a warp for 32 or 64 groups.
+            assert_eq!(mmvq_launch(f, 16383, 1, 64), MmvqLaunch { kernel: f.mmvq_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
+            for (groups, per_warp) in [(64, 2), (32, 2), (65, 1), (48, 1), (128, 1)] {
+                assert_eq!(mmvq_launch(f, 16384, 1, groups), MmvqLaunch { kernel: f.mmvq1_kernel(), rows_per_block: per_warp * MMVQ_WARPS, smem: 0 });
+            }
+            assert_eq!(mmvq_launch(f, 151_936, 1, 1 << 20).kernel, f.mmvq1_kernel());
+            assert_eq!(mmvq_launch(f, 9000, 2, 64).smem, 2 * 64 * 36);
         }
     }
 

@@ -169,7 +169,7 @@ pub fn decode_group(format: WeightFormat, block: &[u8], g: usize) -> IntGroup {
             let s = (block[iq3_s::OFF_SCALES + g / 2] >> (4 * (g % 2))) & 15;
             one(1 + 2 * s as i32)
         }
-        WeightFormat::Q8_0T | WeightFormat::Iq4NlT | WeightFormat::Iq3ST => unreachable!("a tiled layout decodes through its base format above"),
+        WeightFormat::Q8_0T | WeightFormat::Iq4NlT | WeightFormat::Iq3ST | WeightFormat::Q6KT => unreachable!("a tiled layout decodes through its base format above"),
     };
     IntGroup { d, v, f }
 }
