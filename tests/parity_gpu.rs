@@ -104,8 +104,11 @@ macro_rules! parity_pair {
                 let mut rng = SmallRng::seed_from_u64(seed);
                 let gu = [WeightFormat::Iq2Xxs, WeightFormat::Iq2Xs, WeightFormat::Iq2S, WeightFormat::Iq3Xxs, WeightFormat::Iq3S, WeightFormat::Q8_0, WeightFormat::Iq4NlT, WeightFormat::Iq3ST];
                 // IQ4_NLT, IQ3_ST: the tiles the step holds IQ4_NL and IQ3_S experts as (rows of
-                // 256 and 2,048 values and more).
-                let dn = [WeightFormat::Iq4Nl, WeightFormat::Q2_0, WeightFormat::Iq3S, WeightFormat::Q8_0, WeightFormat::Iq4NlT];
+                // 256 and 2,048 values and more). Q6_K down: the format with unsigned group bytes
+                // (`Block::OFFSET`). (As gate/up format with Q2_0 down its windows gave the same
+                // bits on every backend but an NMSE against float64 over the bound, 1e-3 to 2e-2:
+                // not in the list until that is understood.)
+                let dn = [WeightFormat::Iq4Nl, WeightFormat::Q2_0, WeightFormat::Iq3S, WeightFormat::Q8_0, WeightFormat::Iq4NlT, WeightFormat::Q6K];
                 for (i, &g) in gu.iter().enumerate() {
                     for (j, &d) in dn.iter().enumerate() {
                         // The model shapes for some pairs, smaller ones for the rest. IQ3_ST at

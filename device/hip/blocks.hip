@@ -180,7 +180,9 @@ struct Iq4Xs {
 };
 
 // A Q6_K group from its 32 nibble bytes ql and 32 high-bit bytes qh (quarter q of its half:
-// nibble q / 2, bits 2q..2q + 2), its two scale bytes sc and d.
+// nibble q / 2, bits 2q..2q + 2), its two scale bytes sc and d, the values signed. (The Rust
+// twin keeps the bytes unsigned and takes 32 times the q8_1 bytes' sum off in its dp4a chain,
+// Block::OFFSET: the same integer dot products.)
 STRATA_FN Group q6_group(const uint32_t* ql, const uint32_t* qh, uint32_t q, uint32_t sc, float d) {
   Group g;
   for (int i = 0; i < 8; i++) {

@@ -14,6 +14,20 @@ pub fn dp4a(a: u32, b: u32, c: i32) -> i32 {
     r
 }
 
+/// `c + sum of the four products of a's unsigned bytes and b's signed bytes`
+/// (`dp4a.u32.s32`).
+#[inline(always)]
+pub fn dp4a_us(a: u32, b: u32, c: i32) -> i32 {
+    let r: i32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("dp4a.u32.s32 {r}, {a}, {b}, {c};",
+             r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c,
+             options(nostack, pure, nomem))
+    };
+    r
+}
+
 /// Byte permute (`prmt.b32`): result byte i is byte `(sel >> 4i) & 7` of the 8-byte value
 /// `hi:lo`, or with bit 3 of that selector nibble set, that byte's bit 7 replicated (0x00 or
 /// 0xff).

@@ -15,7 +15,8 @@ use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_
 use strata_gpu_shared::formats::*;
 use strata_gpu_shared::signed_grids::IQ3_S_SIGNED;
 
-/// One decoded group: value j = `d * f[j / 16] * byte j of w * 2^-SHIFT`.
+/// One decoded group: value j = `d * f[j / 16] * v_j * 2^-SHIFT`, `v_j` byte j of w: signed, or
+/// for a format with an [`Block::OFFSET`] unsigned minus the offset.
 pub struct Group {
     pub d: f32,
     pub w: [u32; 8],
@@ -149,6 +150,11 @@ pub trait Block {
     }
     /// Whether [`Self::staged_grid`] is the signed expansion.
     const SIGNED_GRID: bool = false;
+    /// 0: a group's bytes are its signed values. Else they are unsigned, each its value plus
+    /// `OFFSET` (Q6_K's 6-bit values, 32): a dot product with q8_1 bytes is then the unsigned
+    /// by signed `dp4a` less `OFFSET` times the q8_1 bytes' sum, the same integer with the
+    /// sign extension left out ([`super::mmvq::contribution_words`]).
+    const OFFSET: i32 = 0;
     /// Bytes from a row's start to the block holding its group `g`.
     #[inline(always)]
     fn block_offset(g: u32) -> usize {
@@ -328,6 +334,7 @@ impl Block for Q6K {
     const BYTES: usize = q6_k::BYTES;
     const GROUPS: u32 = 8;
     const SHIFT: u32 = 0;
+    const OFFSET: i32 = 32;
     #[inline(always)]
     unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
         let (h, q) = (g as usize / 4, g % 4);
@@ -348,6 +355,7 @@ impl Block for Q6KT {
     const BYTES: usize = q6_kt::BYTES;
     const GROUPS: u32 = 8 * q6_kt::BLOCKS as u32;
     const SHIFT: u32 = 0;
+    const OFFSET: i32 = 32;
     #[inline(always)]
     unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
         // Tiles are 1,680 bytes (105 x 16) in rows of whole tiles from a 16-byte aligned
@@ -364,17 +372,14 @@ impl Block for Q6KT {
 }
 
 /// A Q6_K group from its 32 nibble bytes `ql` and 32 high-bit bytes `qh` (quarter `q` of its
-/// half: nibble `q / 2`, bits `2q..2q + 2`), its two scale bytes `sc` and `d`.
+/// half: nibble `q / 2`, bits `2q..2q + 2`), its two scale bytes `sc` and `d`: the 6-bit values
+/// unsigned (`Block::OFFSET` 32).
 #[inline(always)]
 fn q6_group(ql: [u32; 8], qh: [u32; 8], q: u32, sc: u16, d: f32) -> Group {
-    let w = core::array::from_fn(|i| {
-        let lo = (ql[i] >> (4 * (q / 2))) & 0x0f0f_0f0f;
-        let hi = (qh[i] >> (2 * q)) & 0x0303_0303;
-        // 6-bit u = lo | hi << 4; u - 32 is u with bit 5 flipped, read as 6-bit signed:
-        // flip, then copy bit 5 into bits 6 and 7.
-        let y = (lo | hi << 4) ^ 0x2020_2020;
-        y | (y & 0x2020_2020) * 6
-    });
+    // Bits 2q, 2q + 1 of every byte to bits 4, 5: a rotation left by 4 - 2q (right by 2 for
+    // q = 3); what wraps around lands outside the mask.
+    let rot = (4 + 32 - 2 * q) % 32;
+    let w = core::array::from_fn(|i| (ql[i] >> (4 * (q / 2))) & 0x0f0f_0f0f | qh[i].rotate_left(rot) & 0x3030_3030);
     Group { d, w, f: [sc as u8 as i8 as i32, (sc >> 8) as u8 as i8 as i32] }
 }
 

@@ -36,7 +36,8 @@ impl<B: Block> RowValue for Quant<B> {
                 word = g.w[i];
             }
         });
-        let v = (word >> (8 * (l % 4))) as u8 as i8 as i32;
+        let byte = (word >> (8 * (l % 4))) as u8;
+        let v = if B::OFFSET == 0 { byte as i8 as i32 } else { byte as i32 - B::OFFSET };
         let f = if l < 16 { g.f[0] } else { g.f[1] };
         g.d * group_scale(f * v, B::SHIFT)
     }

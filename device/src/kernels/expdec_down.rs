@@ -84,7 +84,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
                     let (q, dx) = stage::block(smem, r, g, g_count, EXPDEC_ENTRIES);
                     crate::unroll!(j in [0, 1, 2, 3] {
                         if j < DR && row(j) < end_row {
-                            let p = 0.0f32 + contribution_words(&wg[j], &q, dx, pow2);
+                            let p = 0.0f32 + contribution_words::<F>(&wg[j], &q, dx, pow2);
                             smem.st_u32(p_base + (r * step_rows + row(j) - step) * g_count + g, p.to_bits());
                         }
                     });

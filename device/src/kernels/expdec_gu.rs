@@ -52,8 +52,8 @@ unsafe fn staged_partials<F: Block, const R: usize>(
                 let (q, dx) = stage::block(smem, r as u32, b, groups, EXPDEC_ENTRIES);
                 crate::unroll!(j in [0, 1] {
                     if j < R {
-                        ag[j][r] += contribution_words(&gw[j], &q, dx, pow2);
-                        au[j][r] += contribution_words(&uw[j], &q, dx, pow2);
+                        ag[j][r] += contribution_words::<F>(&gw[j], &q, dx, pow2);
+                        au[j][r] += contribution_words::<F>(&uw[j], &q, dx, pow2);
                     }
                 });
             }

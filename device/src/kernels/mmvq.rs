@@ -27,12 +27,22 @@ unsafe fn global_block(xb: *const u8) -> ([u32; 8], f32) {
     (q, dx)
 }
 
-/// `c_b = (dw * dx) * (S * 2^-k)` of one decoded weight group and one q8_1 block given as its 8
-/// quant words and its scale widened to f32 (from global memory, [`global_block`], or staged in
-/// shared memory): `S = f[0] * dot(values 0..16) + f[1] * dot(values 16..32)`, exact.
+/// `c_b = (dw * dx) * (S * 2^-k)` of one decoded weight group of `F` and one q8_1 block given
+/// as its 8 quant words and its scale widened to f32 (from global memory, [`global_block`], or
+/// staged in shared memory): `S = f[0] * dot(values 0..16) + f[1] * dot(values 16..32)`, exact.
+/// With an `F::OFFSET` the dot of a half is that of the unsigned bytes less the offset times the
+/// q8_1 half's sum: the same integer.
 #[inline(always)]
-pub fn contribution_words(g: &blocks::Group, q: &[u32; 8], dx: f32, pow2: f32) -> f32 {
-    let half = |h: usize| (4 * h..4 * h + 4).fold(0, |s, i| int::dp4a(g.w[i], q[i], s));
+pub fn contribution_words<F: Block>(g: &blocks::Group, q: &[u32; 8], dx: f32, pow2: f32) -> f32 {
+    let half = |h: usize| {
+        if F::OFFSET == 0 {
+            (4 * h..4 * h + 4).fold(0, |s, i| int::dp4a(g.w[i], q[i], s))
+        } else {
+            // -OFFSET in every byte: the signed dp4a adds -OFFSET times the word's q8_1 bytes.
+            let minus = (-F::OFFSET) as u8 as u32 * 0x0101_0101;
+            (4 * h..4 * h + 4).fold(0, |s, i| int::dp4a(minus, q[i], int::dp4a_us(g.w[i], q[i], s)))
+        }
+    };
     let exact = g.f[0] * half(0) + g.f[1] * half(1);
     (g.d * dx) * (exact as f32 * pow2)
 }
@@ -100,7 +110,7 @@ pub unsafe fn row_partials_after<F: Block, const AHEAD: usize>(first: [blocks::G
                 crate::unroll!(r in [0, 1, 2, 3, 4, 5, 6, 7] {
                     if (r as u32) < rows {
                         let (q, dx) = xb(r, at(i));
-                        acc[r] += contribution_words(&g[i], &q, dx, pow2);
+                        acc[r] += contribution_words::<F>(&g[i], &q, dx, pow2);
                     }
                 });
             }
@@ -164,7 +174,7 @@ pub unsafe fn rows_partials<F: Block, const N: usize>(wrow: impl Fn(usize) -> *c
         });
         crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
             if j < N {
-                acc[j] += contribution_words(&g[j], &q, dx, pow2);
+                acc[j] += contribution_words::<F>(&g[j], &q, dx, pow2);
             }
         });
         b += 32;
@@ -242,7 +252,7 @@ unsafe fn mmvq1_pair<F: Block>(first: [blocks::Group; 4], w: *const u8, x: *cons
         let at = index::lane() + 32 * i as u32;
         if at < 2 * groups {
             let (q, dx) = &act[i % 2];
-            let c = contribution_words(&first[i], q, *dx, pow2);
+            let c = contribution_words::<F>(&first[i], q, *dx, pow2);
             if at < groups {
                 acc[0] += c;
             } else {
