@@ -138,14 +138,14 @@ unsafe fn warp_first_groups<F: Block, const WARPS: u32, const AHEAD: usize>(w: *
 /// or `None` for a warp past `m`. `w` holds `m` rows of `groups` groups of `F`.
 #[inline(always)]
 fn warp_row<F: Block, const WARPS: u32>(w: *const u8, m: u32, groups: u32) -> Option<(u32, *const u8)> {
-    warp_row_of::<F, WARPS, 1>(w, m, groups, 0)
+    warp_row_of::<F, WARPS, 1>(w, m, groups)
 }
 
-/// Row `j` of the warp's `PER` adjacent weight rows (`WARPS * PER` rows a block) and the
+/// The first of the warp's `PER` adjacent weight rows (`WARPS * PER` rows a block) and the
 /// address of its first block, or `None` past `m`.
 #[inline(always)]
-fn warp_row_of<F: Block, const WARPS: u32, const PER: u32>(w: *const u8, m: u32, groups: u32, j: u32) -> Option<(u32, *const u8)> {
-    let row = (index::block_idx() * WARPS + index::warp_in_block()) * PER + j;
+fn warp_row_of<F: Block, const WARPS: u32, const PER: u32>(w: *const u8, m: u32, groups: u32) -> Option<(u32, *const u8)> {
+    let row = (index::block_idx() * WARPS + index::warp_in_block()) * PER;
     (row < m).then(|| (row, w.wrapping_add(row as usize * F::row_bytes(groups))))
 }
 
@@ -240,7 +240,7 @@ unsafe fn mmvqs<F: Block>(first: [blocks::Group; 1], w: *const u8, x: *const u8,
 /// As `mmvq` with `rows == 1` and `groups` 32 or 64.
 #[inline(always)]
 unsafe fn mmvq1_pair<F: Block>(first: [blocks::Group; 4], w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, accumulate: u32) {
-    let Some((row, _)) = warp_row_of::<F, MMVQ_WARPS, 2>(w, m, groups, 0) else {
+    let Some((row, _)) = warp_row_of::<F, MMVQ_WARPS, 2>(w, m, groups) else {
         return; // whole warp: the butterflies below need every lane
     };
     let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
@@ -271,7 +271,7 @@ unsafe fn mmvq1_pair<F: Block>(first: [blocks::Group; 4], w: *const u8, x: *cons
 /// `w`: `m` rows of `groups` (32 or 64) groups of `F` (whole blocks).
 #[inline(always)]
 unsafe fn pair_first_groups<F: Block>(w: *const u8, m: u32, groups: u32) -> [blocks::Group; 4] {
-    match warp_row_of::<F, MMVQ_WARPS, 2>(w, m, groups, 0) {
+    match warp_row_of::<F, MMVQ_WARPS, 2>(w, m, groups) {
         Some((row, wrow)) => lane_groups::<F, 4>(wrow, if row + 1 < m { 2 * groups } else { groups }, index::lane()),
         None => [blocks::Group::ZERO; 4],
     }
