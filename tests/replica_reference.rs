@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use strata::host::cpu::CpuBackend;
 use strata::host::parity::{self, NMSE_MAX};
 use strata::host::{Backend, Error, Weights};
+use strata_gpu_shared::formats::tiles::Regroup;
 use strata_gpu_shared::formats::{iq3_s, iq3_st, iq4_nl, iq4_nlt, q6_k, q6_kt, q8_0, q8_0t, q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::replica;
 
@@ -118,9 +119,10 @@ fn cpu_backend_split_matches_single_thread_replica() {
 /// each tile holds its blocks' bytes, none lost or repeated; and the bytes sit where the
 /// kernels' loaders read them (the layout constants, read here byte by byte: Q8_0T's quant
 /// halves and scale, IQ4_NLT's nibbles and scale, IQ3_ST's indices, signs, high bits, scales
-/// and scale; Q6_KT's first, second and last 16 nibble bytes, first and last 16 high-bit bytes,
-/// scales and scale), 16-byte fields 16-byte aligned within a tile (IQ3_ST's 8- and 4-byte
-/// loads: a const assertion in `formats::iq3_st`).
+/// and scale; Q6_KT's regrouped nibbles and high bits of every group, scales and scale),
+/// 16-byte fields 16-byte aligned within a tile (IQ3_ST's 8- and 4-byte loads: a const
+/// assertion in `formats::iq3_st`). Q6_KT moves bits, not bytes: every tile holds its blocks'
+/// bits (as many ones), the others their bytes.
 #[test]
 fn tiles_decode_to_their_blocks() {
     let seed = common::seed("tiles_decode_to_their_blocks");
@@ -156,15 +158,10 @@ fn tiles_decode_to_their_blocks() {
                         (iq3_st::OFF_SCALES + 4 * b, iq3_s::OFF_SCALES, 4),
                         (iq3_st::OFF_D + 2 * b, iq3_s::OFF_D, 2),
                     ],
-                    WeightFormat::Q6KT => vec![
-                        (q6_kt::OFF_QL + 128 * b, q6_k::OFF_QL, 16),
-                        (q6_kt::OFF_QL + 128 * b + 16, q6_k::OFF_QL + 16, 16),
-                        (q6_kt::OFF_QL + 128 * b + 112, q6_k::OFF_QL + 112, 16),
-                        (q6_kt::OFF_QH + 64 * b, q6_k::OFF_QH, 16),
-                        (q6_kt::OFF_QH + 64 * b + 48, q6_k::OFF_QH + 48, 16),
-                        (q6_kt::OFF_SCALES + 16 * b, q6_k::OFF_SCALES, 16),
-                        (q6_kt::OFF_D + 2 * b, q6_k::OFF_D, 2),
-                    ],
+                    WeightFormat::Q6KT => {
+                        q6_kt_groups_where_read(tile, block, b, seed);
+                        vec![(q6_kt::OFF_SCALES + 16 * b, q6_k::OFF_SCALES, 16), (q6_kt::OFF_D + 2 * b, q6_k::OFF_D, 2)]
+                    }
                     f => panic!("{} has no loader offsets listed here", f.name()),
                 };
                 for (at, from, len) in reads {
@@ -172,12 +169,37 @@ fn tiles_decode_to_their_blocks() {
                     assert_eq!(&tile[at..at + len], &block[from..from + len], "seed {seed}: {} tile {n}, block {b}, tile offset {at}", format.name());
                 }
             }
-            let (mut a, mut b) = (tile.to_vec(), src.to_vec());
-            a.sort_unstable();
-            b.sort_unstable();
-            assert_eq!(a, b, "seed {seed}: {} tile {n} is not a permutation of its blocks' bytes", format.name());
+            let ones = |b: &[u8]| b.iter().map(|x| x.count_ones()).sum::<u32>();
+            assert_eq!(ones(tile), ones(src), "seed {seed}: {} tile {n} does not hold its blocks' bits", format.name());
+            if t.regroup == Regroup::None {
+                let (mut a, mut b) = (tile.to_vec(), src.to_vec());
+                a.sort_unstable();
+                b.sort_unstable();
+                assert_eq!(a, b, "seed {seed}: {} tile {n} is not a permutation of its blocks' bytes", format.name());
+            }
         }
     }
+}
+
+/// Where the Q6_KT loaders read group `k` of block `b` (`8 b + k` of the tile): 16 nibble bytes
+/// at `OFF_QL + 16 g`, byte j holding value j's nibble low and value j + 16's high, and 8
+/// high-bit bytes at `OFF_QH + 8 g`, bits 2s of byte `4 u + c` holding value `16 u + 4 s + c`'s
+/// two high bits; the values read from the Q6_K block as GGUF lays them out (group k: half `k
+/// / 4`, quarter `k % 4`: nibble `q / 2` of `ql[64 h + 32 (q % 2) + i]`, bits `2 q` of `qh[32
+/// h + i]`).
+fn q6_kt_groups_where_read(tile: &[u8], block: &[u8], b: usize, seed: u64) {
+    for k in 0..8 {
+        let (h, q, g) = (k / 4, k % 4, 8 * b + k);
+        let v: Vec<u8> = (0..32).map(|i| (block[q6_k::OFF_QL + 64 * h + 32 * (q % 2) + i] >> (4 * (q / 2)) & 15) | (block[q6_k::OFF_QH + 32 * h + i] >> (2 * q) & 3) << 4).collect();
+        for j in 0..16 {
+            assert_eq!(tile[q6_kt::OFF_QL + 16 * g + j], v[j] & 15 | (v[j + 16] & 15) << 4, "seed {seed}: Q6_KT group {g}, nibble byte {j}");
+        }
+        for (i, &x) in v.iter().enumerate() {
+            let (u, s, c) = (i / 16, i / 4 % 4, i % 4);
+            assert_eq!(tile[q6_kt::OFF_QH + 8 * g + 4 * u + c] >> (2 * s) & 3, x >> 4, "seed {seed}: Q6_KT group {g}, high bits of value {i}");
+        }
+    }
+    assert_eq!(q6_kt::OFF_QL % 16 + q6_kt::OFF_QH % 8, 0, "Q6_KT's 16- and 8-byte loads are aligned in a tile");
 }
 
 /// Bad shapes are errors naming the kernel, on every backend, never panics.

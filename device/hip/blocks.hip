@@ -218,8 +218,8 @@ struct Q6K {
   }
 };
 
-// Q6_K in tiles of 8 blocks (formats::q6_kt): group g is four 16-byte aligned loads (its nibble
-// and high-bit bytes), its two scales and d.
+// Q6_K in tiles of 8 regrouped blocks (formats::q6_kt): group g is a 16-byte load of its
+// nibbles, an 8-byte load of its high bits, its two scales and d.
 struct Q6KT {
   static constexpr uint32_t BYTES = STRATA_Q6_KT_BYTES, GROUPS = 64, SHIFT = 0;
   static constexpr uint32_t GRID_WORDS = 0;
@@ -227,16 +227,17 @@ struct Q6KT {
   STRATA_FN Group load(const uint8_t* p, uint32_t gi) { return load_with(p, gi, GlobalGrid{grid()}); }
   template <typename G>
   STRATA_FN Group load_with(const uint8_t* p, uint32_t gi, G) {
-    uint32_t b = gi / 8, h = gi % 8 / 4, q = gi % 4;
-    const uint8_t* ql = p + STRATA_Q6_KT_OFF_QL + 128 * b + 64 * h + 32 * (q % 2);
-    const uint8_t* qh = p + STRATA_Q6_KT_OFF_QH + 64 * b + 32 * h;
-    uint32_t lw[8], hw[8];
-    ld_nc_v4(ql, lw);
-    ld_nc_v4(ql + 16, lw + 4);
-    ld_nc_v4(qh, hw);
-    ld_nc_v4(qh + 16, hw + 4);
+    uint32_t nb[4], hb[2], lw[8], hw[8];
+    ld_nc_v4(p + STRATA_Q6_KT_OFF_QL + 16 * gi, nb);
+    ld_nc_v2(p + STRATA_Q6_KT_OFF_QH + 8 * gi, hb);
+    // Word i's values 4i..: the low nibbles of the first four nibble words, then their high
+    // nibbles; bits 2s, 2s + 1 (s = i % 4) of high-bit word i / 4. So quarter 0 of q6_group.
+    for (int i = 0; i < 8; i++) {
+      lw[i] = nb[i % 4] >> (4 * (i / 4));
+      hw[i] = hb[i / 4] >> (2 * (i % 4));
+    }
     uint32_t sc = ld_nc_u16(p + STRATA_Q6_KT_OFF_SCALES + 2 * gi);
-    return q6_group(lw, hw, q, sc, block_scale(p + STRATA_Q6_KT_OFF_D + 2 * b));
+    return q6_group(lw, hw, 0, sc, block_scale(p + STRATA_Q6_KT_OFF_D + 2 * (gi / 8)));
   }
 };
 

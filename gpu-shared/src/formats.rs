@@ -40,10 +40,22 @@ pub mod q8_0 {
 /// blocks of the base format field by field (field 0 of every block, then field 1, ...), so
 /// that lane g of a warp reading group g of a tile finds each field next to lane g+1's, at
 /// offsets aligned to the field's size: one coalesced load a field where the base format's
-/// 2-byte-aligned blocks cost a lane many 2-byte loads. The bytes, so every value and bit, are
-/// the base format's; the host tiles what the kernels read that way ([`Tiling::tile`]).
+/// 2-byte-aligned blocks cost a lane many 2-byte loads. The values, so every bit of a product,
+/// are the base format's; a block's bytes are the base block's, or where the tiling names a
+/// [`Regroup`], those bytes with a group's bits brought together. The host tiles what the
+/// kernels read that way ([`Tiling::tile`]).
 pub mod tiles {
-    use super::WeightFormat;
+    use super::{q6_k, WeightFormat};
+
+    /// The largest base block a tiling regroups (Q6_K's).
+    const MAX_BASE_BYTES: usize = q6_k::BYTES;
+    const _: () = {
+        let mut i = 0;
+        while i < WeightFormat::TILED.len() {
+            assert!(WeightFormat::TILED[i].base().block_bytes() <= MAX_BASE_BYTES);
+            i += 1;
+        }
+    };
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Tiling {
@@ -53,6 +65,69 @@ pub mod tiles {
         /// The base block's fields in tile order: (byte offset in the block, length). Together
         /// they cover the block once.
         pub fields: &'static [(usize, usize)],
+        /// A permutation of a base block's bits applied before its fields are placed.
+        pub regroup: Regroup,
+    }
+
+    /// A permutation of the bits of a base block (the same length, the same fields), so that
+    /// the bits of one 32-value group lie together.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Regroup {
+        /// The bytes as they are.
+        None,
+        /// Q6_K's 128 nibble bytes and 64 high-bit bytes, where a group's 32 nibbles are spread
+        /// over 32 bytes and its 2-bit highs over 32 more, to 16 nibble bytes and 8 high-bit
+        /// bytes a group ([`q6_values`]): group k (half `k / 4`, quarter `k % 4`) at nibble
+        /// byte `16 k`, byte j holding value j's nibble low and value j + 16's high, and at
+        /// high-bit byte `128 + 8 k`, byte `4 u + c` holding in bits `2 s, 2 s + 1` the high
+        /// bits of value `4 (4 u + s) + c`. Scales and `d` stay.
+        Q6Groups,
+    }
+
+    /// The 32 six-bit values (0..64, before Q6_K's -32) of group `k` of a Q6_K block.
+    pub fn q6_values(block: &[u8], k: usize) -> [u8; 32] {
+        let (h, q) = (k / 4, k % 4);
+        core::array::from_fn(|i| {
+            let lo = block[q6_k::OFF_QL + 64 * h + 32 * (q % 2) + i] >> (4 * (q / 2)) & 15;
+            let hi = block[q6_k::OFF_QH + 32 * h + i] >> (2 * q) & 3;
+            lo | hi << 4
+        })
+    }
+
+    impl Regroup {
+        /// `block` (a base block) regrouped into `out` (as long).
+        pub fn apply(self, block: &[u8], out: &mut [u8]) {
+            out.copy_from_slice(block);
+            if self == Regroup::Q6Groups {
+                out[q6_k::OFF_QL..q6_k::OFF_QH + 64].fill(0);
+                for k in 0..8 {
+                    let v = q6_values(block, k);
+                    for (i, &x) in v.iter().enumerate() {
+                        out[q6_k::OFF_QL + 16 * k + i % 16] |= (x & 15) << (4 * (i / 16));
+                        let (u, s, c) = (i / 16, i / 4 % 4, i % 4);
+                        out[q6_k::OFF_QH + 8 * k + 4 * u + c] |= (x >> 4) << (2 * s);
+                    }
+                }
+            }
+        }
+
+        /// The inverse of [`Regroup::apply`]: a regrouped block back to the base block.
+        pub fn invert(self, regrouped: &[u8], out: &mut [u8]) {
+            out.copy_from_slice(regrouped);
+            if self == Regroup::Q6Groups {
+                out[q6_k::OFF_QL..q6_k::OFF_QH + 64].fill(0);
+                for k in 0..8 {
+                    let (h, q) = (k / 4, k % 4);
+                    for i in 0..32 {
+                        let lo = regrouped[q6_k::OFF_QL + 16 * k + i % 16] >> (4 * (i / 16)) & 15;
+                        let (u, s, c) = (i / 16, i / 4 % 4, i % 4);
+                        let hi = regrouped[q6_k::OFF_QH + 8 * k + 4 * u + c] >> (2 * s) & 3;
+                        out[q6_k::OFF_QL + 64 * h + 32 * (q % 2) + i] |= lo << (4 * (q / 2));
+                        out[q6_k::OFF_QH + 32 * h + i] |= hi << (2 * q);
+                    }
+                }
+            }
+        }
     }
 
     impl Tiling {
@@ -77,11 +152,13 @@ pub mod tiles {
             let (bb, tb) = (self.base.block_bytes(), self.bytes());
             assert!(tb == self.blocks * bb, "the fields of a tile cover its blocks");
             assert!(blocks.len() % tb == 0 && out.len() == blocks.len(), "{} tiles {} whole {} blocks", self.base.name(), self.blocks, self.base.name());
+            let mut regrouped = [0u8; MAX_BASE_BYTES];
             for (tile, src) in out.chunks_exact_mut(tb).zip(blocks.chunks_exact(tb)) {
                 for (b, block) in src.chunks_exact(bb).enumerate() {
+                    self.regroup.apply(block, &mut regrouped[..bb]);
                     for (i, &(off, len)) in self.fields.iter().enumerate() {
                         let at = self.field(i) + b * len;
-                        tile[at..at + len].copy_from_slice(&block[off..off + len]);
+                        tile[at..at + len].copy_from_slice(&regrouped[off..off + len]);
                     }
                 }
             }
@@ -89,10 +166,13 @@ pub mod tiles {
 
         /// Block `b` of `tile` back in the base layout, into `out[..base block bytes]`.
         pub fn untile_block(&self, tile: &[u8], b: usize, out: &mut [u8]) {
+            let bb = self.base.block_bytes();
+            let mut regrouped = [0u8; MAX_BASE_BYTES];
             for (i, &(off, len)) in self.fields.iter().enumerate() {
                 let at = self.field(i) + b * len;
-                out[off..off + len].copy_from_slice(&tile[at..at + len]);
+                regrouped[off..off + len].copy_from_slice(&tile[at..at + len]);
             }
+            self.regroup.invert(&regrouped[..bb], &mut out[..bb]);
         }
     }
 }
@@ -101,9 +181,9 @@ pub mod tiles {
 /// bytes, then their last 16, then their fp16 scales. Group g of a tile (Q8_0 block g) is two
 /// 16-byte aligned loads and `d[g]`, where a Q8_0 block is seventeen 2-byte loads.
 pub mod q8_0t {
-    use super::{q8_0, tiles::Tiling, WeightFormat};
+    use super::{q8_0, tiles::{Regroup, Tiling}, WeightFormat};
 
-    pub const TILING: Tiling = Tiling { base: WeightFormat::Q8_0, blocks: 32, fields: &[(q8_0::OFF_Q, 16), (q8_0::OFF_Q + 16, 16), (q8_0::OFF_D, 2)] };
+    pub const TILING: Tiling = Tiling { base: WeightFormat::Q8_0, blocks: 32, fields: &[(q8_0::OFF_Q, 16), (q8_0::OFF_Q + 16, 16), (q8_0::OFF_D, 2)], regroup: Regroup::None };
     pub const BLOCKS: usize = TILING.blocks;
     pub const BYTES: usize = TILING.bytes();
     pub const OFF_LO: usize = TILING.field(0);
@@ -115,9 +195,9 @@ pub mod q8_0t {
 /// tiles): the blocks' 16 nibble bytes, then their fp16 scales. Group g of a tile (IQ4_NL block
 /// g) is one 16-byte load and `d[g]`, where an IQ4_NL block is nine 2-byte loads.
 pub mod iq4_nlt {
-    use super::{iq4_nl, tiles::Tiling, WeightFormat};
+    use super::{iq4_nl, tiles::{Regroup, Tiling}, WeightFormat};
 
-    pub const TILING: Tiling = Tiling { base: WeightFormat::Iq4Nl, blocks: 8, fields: &[(iq4_nl::OFF_QS, 16), (iq4_nl::OFF_D, 2)] };
+    pub const TILING: Tiling = Tiling { base: WeightFormat::Iq4Nl, blocks: 8, fields: &[(iq4_nl::OFF_QS, 16), (iq4_nl::OFF_D, 2)], regroup: Regroup::None };
     pub const BLOCKS: usize = TILING.blocks;
     pub const BYTES: usize = TILING.bytes();
     pub const OFF_QS: usize = TILING.field(0);
@@ -131,12 +211,13 @@ pub mod iq4_nlt {
 /// `OFF_QH + g`, scale nibble in byte `OFF_SCALES + g / 2` and `d` at `OFF_D + 2 (g / 8)`:
 /// five aligned loads where an IQ3_S group is nine 1- and 2-byte loads.
 pub mod iq3_st {
-    use super::{iq3_s, tiles::Tiling, WeightFormat};
+    use super::{iq3_s, tiles::{Regroup, Tiling}, WeightFormat};
 
     pub const TILING: Tiling = Tiling {
         base: WeightFormat::Iq3S,
         blocks: 8,
         fields: &[(iq3_s::OFF_QS, 64), (iq3_s::OFF_SIGNS, 32), (iq3_s::OFF_QH, 8), (iq3_s::OFF_SCALES, 4), (iq3_s::OFF_D, 2)],
+        regroup: Regroup::None,
     };
     pub const BLOCKS: usize = TILING.blocks;
     pub const BYTES: usize = TILING.bytes();
@@ -149,18 +230,20 @@ pub mod iq3_st {
 }
 
 /// Q6_KT: tiles of 8 Q6_K blocks (2,048 values, 1,680 bytes: 16-byte aligned in rows of whole
-/// tiles): the blocks' 128 low-nibble bytes, then their 64 high-bit bytes, 16 scales and fp16
-/// scales. Group g of a tile (group g % 8 of block b = g / 8, half h and quarter q of that) is
-/// two 16-byte loads of nibbles at `OFF_QL + 128 b + 64 h + 32 (q % 2)`, two of high bits at
-/// `OFF_QH + 64 b + 32 h`, its two scales at `OFF_SCALES + 16 b + 2 (g % 8)` and `d` at
-/// `OFF_D + 2 b`: six aligned loads where a Q6_K group is thirty-four 2-byte loads.
+/// tiles), each block regrouped ([`tiles::Regroup::Q6Groups`]): the blocks' 128 nibble bytes,
+/// then their 64 high-bit bytes, 16 scales and fp16 scales. Group g of a tile (group g % 8 of
+/// block g / 8) is one 16-byte load of its nibbles at `OFF_QL + 16 g`, one 8-byte load of its
+/// high bits at `OFF_QH + 8 g`, its two scales at `OFF_SCALES + 2 g` and `d` at `OFF_D + 2 (g /
+/// 8)`: four aligned loads of 28 bytes, where a Q6_K group is thirty-four 2-byte loads (and
+/// Q6_K's own bytes tiled, 64 bytes in four 16-byte loads).
 pub mod q6_kt {
-    use super::{q6_k, tiles::Tiling, WeightFormat};
+    use super::{q6_k, tiles::{Regroup, Tiling}, WeightFormat};
 
     pub const TILING: Tiling = Tiling {
         base: WeightFormat::Q6K,
         blocks: 8,
         fields: &[(q6_k::OFF_QL, 128), (q6_k::OFF_QH, 64), (q6_k::OFF_SCALES, 16), (q6_k::OFF_D, 2)],
+        regroup: Regroup::Q6Groups,
     };
     pub const BLOCKS: usize = TILING.blocks;
     pub const BYTES: usize = TILING.bytes();

@@ -347,9 +347,9 @@ impl Block for Q6K {
     }
 }
 
-/// Q6_K in tiles of 8 blocks (`formats::q6_kt`): group g of a tile is four 16-byte aligned
-/// loads (its 32 nibble bytes and 32 high-bit bytes), its two scales and `d`, where a Q6_K group
-/// is thirty-four 2-byte loads.
+/// Q6_K in tiles of 8 regrouped blocks (`formats::q6_kt`): group g of a tile is one 16-byte
+/// load of its nibbles, one 8-byte load of its high bits, its two scales and `d`, where a Q6_K
+/// group is thirty-four 2-byte loads.
 pub struct Q6KT;
 impl Block for Q6KT {
     const BYTES: usize = q6_kt::BYTES;
@@ -359,15 +359,19 @@ impl Block for Q6KT {
     #[inline(always)]
     unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
         // Tiles are 1,680 bytes (105 x 16) in rows of whole tiles from a 16-byte aligned
-        // allocation, and the nibble and high-bit fields start 16-byte aligned in a tile.
-        let (b, h, q) = (g as usize / 8, g as usize % 8 / 4, g % 4);
-        let ql = p.add(q6_kt::OFF_QL + 128 * b + 64 * h + 32 * (q as usize % 2));
-        let qh = p.add(q6_kt::OFF_QH + 64 * b + 32 * h);
-        let (l0, l1, h0, h1) = (mem::ld_nc_v4(ql), mem::ld_nc_v4(ql.add(16)), mem::ld_nc_v4(qh), mem::ld_nc_v4(qh.add(16)));
-        let ql = [l0[0], l0[1], l0[2], l0[3], l1[0], l1[1], l1[2], l1[3]];
-        let qh = [h0[0], h0[1], h0[2], h0[3], h1[0], h1[1], h1[2], h1[3]];
+        // allocation: a group's nibbles are 16-byte aligned, its high bits 8-byte aligned.
+        let nb = mem::ld_nc_v4(p.add(q6_kt::OFF_QL + 16 * g as usize));
+        let hb = mem::ld_nc_v2(p.add(q6_kt::OFF_QH + 8 * g as usize));
         let sc = mem::ld_nc_u16(p.add(q6_kt::OFF_SCALES + 2 * g as usize));
-        q6_group(ql, qh, q, sc, scale(p.add(q6_kt::OFF_D + 2 * b)))
+        // Word i: the nibbles of values 4i.. (low nibbles of the first four words, then their
+        // high nibbles), and bits 2s, 2s + 1 (s = i % 4) of high-bit word i / 4 moved to bits
+        // 4, 5 by one rotation (left by 4 - 2s; right by 2 for s = 3), what wraps around
+        // landing outside the mask.
+        let w = core::array::from_fn(|i| {
+            let rot = (4 + 32 - 2 * (i as u32 % 4)) % 32;
+            (nb[i % 4] >> (4 * (i as u32 / 4))) & 0x0f0f_0f0f | hb[i / 4].rotate_left(rot) & 0x3030_3030
+        });
+        Group { d: scale(p.add(q6_kt::OFF_D + 2 * (g as usize / 8))), w, f: q6_factors(sc) }
     }
 }
 
@@ -380,7 +384,13 @@ fn q6_group(ql: [u32; 8], qh: [u32; 8], q: u32, sc: u16, d: f32) -> Group {
     // q = 3); what wraps around lands outside the mask.
     let rot = (4 + 32 - 2 * q) % 32;
     let w = core::array::from_fn(|i| (ql[i] >> (4 * (q / 2))) & 0x0f0f_0f0f | qh[i].rotate_left(rot) & 0x3030_3030);
-    Group { d, w, f: [sc as u8 as i8 as i32, (sc >> 8) as u8 as i8 as i32] }
+    Group { d, w, f: q6_factors(sc) }
+}
+
+/// A Q6_K group's two signed scales (values 0..16 and 16..32) from their two bytes.
+#[inline(always)]
+fn q6_factors(sc: u16) -> [i32; 2] {
+    [sc as u8 as i8 as i32, (sc >> 8) as u8 as i8 as i32]
 }
 
 /// An 8-magnitude grid entry with its 8 sign bits, as two words.

@@ -168,8 +168,9 @@ pub const MMVQ_MAX_ROWS: usize = 8;
 pub const MMVQ1_AHEAD: u32 = 4;
 
 /// Weight rows from which a one-row matvec runs `mmvq1_*` ([`mmvq_launch`]). Its lanes hold
-/// `MMVQ1_AHEAD` groups before the grid wait at 80 registers (6 blocks of 4 warps a SM on the
-/// H200); `mmvq_*` holds one and asks L2 for the rest of its row, at 64 (8 blocks a SM). In a
+/// `MMVQ1_AHEAD` groups before the grid wait; `mmvq_*` holds one and asks L2 for the rest of
+/// its row. Measured when `mmvq1_*` took 80 registers (6 blocks a SM; 64 and 8 since the
+/// seventeenth session, Q6_K excepted, not re-measured here) against `mmvq_*`'s 64: in a
 /// chain of launches (`strata bench mmvq`, sixteenth session) `mmvq_*` was faster on the
 /// matrices of a layer (Q8_0T 5120 x 2048: 3.96 us against 5.08; 2048 x 2048: 2.30 against
 /// 2.75; Q6_K, Q6_KT alike; 2048 x 4096 even) and `mmvq1_*` on the head (151,936 rows: Q8_0T
@@ -205,10 +206,16 @@ const fn mmvqs(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQS_WARPS, min_blocks: 4, smem_bytes: 0 }
 }
 
-/// The one-row `mmvq1_*` entries: the matvec geometry at 6 blocks per SM (80 registers), room
-/// for [`MMVQ1_AHEAD`] decoded groups (Q6_K spilled at 64).
+/// The one-row `mmvq1_*` entries: the matvec geometry at 8 blocks per SM (64 registers), room
+/// for [`MMVQ1_AHEAD`] decoded groups.
 const fn mmvq1(kernel: &'static str) -> Bounds {
-    Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 6, smem_bytes: 0 }
+    Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8, smem_bytes: 0 }
+}
+
+/// `mmvq1_q6_k` at 6 blocks per SM (80 registers): its four groups of 34 two-byte loads spill
+/// at 64.
+const fn mmvq1_wide(kernel: &'static str) -> Bounds {
+    Bounds { min_blocks: 6, ..mmvq1(kernel) }
 }
 
 const BASE: [Bounds; 82] = [
@@ -229,7 +236,7 @@ const BASE: [Bounds; 82] = [
     mmvq("mmvq_q2_0"),
     mmvq1("mmvq1_q8_0"),
     mmvq1("mmvq1_q8_0t"),
-    mmvq1("mmvq1_q6_k"),
+    mmvq1_wide("mmvq1_q6_k"),
     mmvq1("mmvq1_q6_kt"),
     mmvq1("mmvq1_iq2_xxs"),
     mmvq1("mmvq1_iq2_xs"),
