@@ -169,9 +169,10 @@ pub const MMVQ1_AHEAD: u32 = 4;
 
 /// Weight rows from which a one-row matvec runs `mmvq1_*` ([`mmvq_launch`]). Its lanes hold
 /// `MMVQ1_AHEAD` groups before the grid wait; `mmvq_*` holds one and asks L2 for the rest of
-/// its row. Measured when `mmvq1_*` took 80 registers (6 blocks a SM; 64 and 8 since the
-/// seventeenth session, Q6_K excepted, not re-measured here) against `mmvq_*`'s 64: in a
-/// chain of launches (`strata bench mmvq`, sixteenth session) `mmvq_*` was faster on the
+/// its row. With `mmvq1_*` at 64 registers too (seventeenth session), every one-row launch on
+/// `mmvq1_*` made the 30b-a3b's tg128 1.7 % slower (397.0 against 403.8 tok/s). At 80
+/// registers (sixteenth session), in a
+/// chain of launches (`strata bench mmvq`) `mmvq_*` was faster on the
 /// matrices of a layer (Q8_0T 5120 x 2048: 3.96 us against 5.08; 2048 x 2048: 2.30 against
 /// 2.75; Q6_K, Q6_KT alike; 2048 x 4096 even) and `mmvq1_*` on the head (151,936 rows: Q8_0T
 /// 77.2 against 81.0, Q6_KT 90.6 against 97.8); in the decode step one-row matrices under
