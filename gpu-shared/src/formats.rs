@@ -77,53 +77,47 @@ pub mod tiles {
         None,
         /// Q6_K's 128 nibble bytes and 64 high-bit bytes, where a group's 32 nibbles are spread
         /// over 32 bytes and its 2-bit highs over 32 more, to 16 nibble bytes and 8 high-bit
-        /// bytes a group ([`q6_values`]): group k (half `k / 4`, quarter `k % 4`) at nibble
+        /// bytes a group (`q6_fields`): group k (half `k / 4`, quarter `k % 4`) at nibble
         /// byte `16 k`, byte j holding value j's nibble low and value j + 16's high, and at
         /// high-bit byte `128 + 8 k`, byte `4 u + c` holding in bits `2 s, 2 s + 1` the high
         /// bits of value `4 (4 u + s) + c`. Scales and `d` stay.
         Q6Groups,
     }
 
-    /// The 32 six-bit values (0..64, before Q6_K's -32) of group `k` of a Q6_K block.
-    pub fn q6_values(block: &[u8], k: usize) -> [u8; 32] {
+    /// Where value `i` of group `k` of a Q6_K block keeps its nibble and its two high bits:
+    /// for each, (byte, shift) in the Q6_K block, (byte, shift) regrouped, and its mask.
+    fn q6_fields(k: usize, i: usize) -> [((usize, usize), (usize, usize), u8); 2] {
         let (h, q) = (k / 4, k % 4);
-        core::array::from_fn(|i| {
-            let lo = block[q6_k::OFF_QL + 64 * h + 32 * (q % 2) + i] >> (4 * (q / 2)) & 15;
-            let hi = block[q6_k::OFF_QH + 32 * h + i] >> (2 * q) & 3;
-            lo | hi << 4
-        })
+        let (u, s, c) = (i / 16, i / 4 % 4, i % 4);
+        [
+            ((q6_k::OFF_QL + 64 * h + 32 * (q % 2) + i, 4 * (q / 2)), (q6_k::OFF_QL + 16 * k + i % 16, 4 * (i / 16)), 15),
+            ((q6_k::OFF_QH + 32 * h + i, 2 * q), (q6_k::OFF_QH + 8 * k + 4 * u + c, 2 * s), 3),
+        ]
     }
 
     impl Regroup {
         /// `block` (a base block) regrouped into `out` (as long).
         pub fn apply(self, block: &[u8], out: &mut [u8]) {
-            out.copy_from_slice(block);
-            if self == Regroup::Q6Groups {
-                out[q6_k::OFF_QL..q6_k::OFF_QH + 64].fill(0);
-                for k in 0..8 {
-                    let v = q6_values(block, k);
-                    for (i, &x) in v.iter().enumerate() {
-                        out[q6_k::OFF_QL + 16 * k + i % 16] |= (x & 15) << (4 * (i / 16));
-                        let (u, s, c) = (i / 16, i / 4 % 4, i % 4);
-                        out[q6_k::OFF_QH + 8 * k + 4 * u + c] |= (x >> 4) << (2 * s);
-                    }
-                }
-            }
+            self.move_bits(block, out, true);
         }
 
         /// The inverse of [`Regroup::apply`]: a regrouped block back to the base block.
         pub fn invert(self, regrouped: &[u8], out: &mut [u8]) {
-            out.copy_from_slice(regrouped);
+            self.move_bits(regrouped, out, false);
+        }
+
+        /// `from` into `out` with every field of the permutation moved from its base place to
+        /// its regrouped one (`forward`) or back.
+        fn move_bits(self, from: &[u8], out: &mut [u8], forward: bool) {
+            out.copy_from_slice(from);
             if self == Regroup::Q6Groups {
                 out[q6_k::OFF_QL..q6_k::OFF_QH + 64].fill(0);
                 for k in 0..8 {
-                    let (h, q) = (k / 4, k % 4);
                     for i in 0..32 {
-                        let lo = regrouped[q6_k::OFF_QL + 16 * k + i % 16] >> (4 * (i / 16)) & 15;
-                        let (u, s, c) = (i / 16, i / 4 % 4, i % 4);
-                        let hi = regrouped[q6_k::OFF_QH + 8 * k + 4 * u + c] >> (2 * s) & 3;
-                        out[q6_k::OFF_QL + 64 * h + 32 * (q % 2) + i] |= lo << (4 * (q / 2));
-                        out[q6_k::OFF_QH + 32 * h + i] |= hi << (2 * q);
+                        for (base, regrouped, mask) in q6_fields(k, i) {
+                            let ((sb, ss), (db, ds)) = if forward { (base, regrouped) } else { (regrouped, base) };
+                            out[db] |= (from[sb] >> ss & mask) << ds;
+                        }
                     }
                 }
             }

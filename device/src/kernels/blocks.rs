@@ -363,14 +363,9 @@ impl Block for Q6KT {
         let nb = mem::ld_nc_v4(p.add(q6_kt::OFF_QL + 16 * g as usize));
         let hb = mem::ld_nc_v2(p.add(q6_kt::OFF_QH + 8 * g as usize));
         let sc = mem::ld_nc_u16(p.add(q6_kt::OFF_SCALES + 2 * g as usize));
-        // Word i: the nibbles of values 4i.. (low nibbles of the first four words, then their
-        // high nibbles), and bits 2s, 2s + 1 (s = i % 4) of high-bit word i / 4 moved to bits
-        // 4, 5 by one rotation (left by 4 - 2s; right by 2 for s = 3), what wraps around
-        // landing outside the mask.
-        let w = core::array::from_fn(|i| {
-            let rot = (4 + 32 - 2 * (i as u32 % 4)) % 32;
-            (nb[i % 4] >> (4 * (i as u32 / 4))) & 0x0f0f_0f0f | hb[i / 4].rotate_left(rot) & 0x3030_3030
-        });
+        // Word i: the low nibbles of the first four nibble words, then their high nibbles;
+        // bits 2s, 2s + 1 (s = i % 4) of high-bit word i / 4.
+        let w = core::array::from_fn(|i| q6_word(nb[i % 4], i as u32 / 4, hb[i / 4], i as u32 % 4));
         Group { d: scale(p.add(q6_kt::OFF_D + 2 * (g as usize / 8))), w, f: q6_factors(sc) }
     }
 }
@@ -380,11 +375,16 @@ impl Block for Q6KT {
 /// unsigned (`Block::OFFSET` 32).
 #[inline(always)]
 fn q6_group(ql: [u32; 8], qh: [u32; 8], q: u32, sc: u16, d: f32) -> Group {
-    // Bits 2q, 2q + 1 of every byte to bits 4, 5: a rotation left by 4 - 2q (right by 2 for
-    // q = 3); what wraps around lands outside the mask.
-    let rot = (4 + 32 - 2 * q) % 32;
-    let w = core::array::from_fn(|i| (ql[i] >> (4 * (q / 2))) & 0x0f0f_0f0f | qh[i].rotate_left(rot) & 0x3030_3030);
-    Group { d, w, f: q6_factors(sc) }
+    Group { d, w: core::array::from_fn(|i| q6_word(ql[i], q / 2, qh[i], q)), f: q6_factors(sc) }
+}
+
+/// Four unsigned 6-bit values: in every byte, nibble `n` of `nibbles` and bits `2s, 2s + 1` of
+/// `highs`, the latter moved to bits 4, 5 by one rotation (left by `4 - 2s`, right by 2 for `s =
+/// 3`); what wraps around lands outside the mask.
+#[inline(always)]
+fn q6_word(nibbles: u32, n: u32, highs: u32, s: u32) -> u32 {
+    let rot = (4 + 32 - 2 * s) % 32;
+    (nibbles >> (4 * n)) & 0x0f0f_0f0f | highs.rotate_left(rot) & 0x3030_3030
 }
 
 /// A Q6_K group's two signed scales (values 0..16 and 16..32) from their two bytes.
