@@ -10,7 +10,7 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use strata_gpu_shared::launch::BOUNDS;
+use strata_gpu_shared::launch::{cluster_blocks, Bounds, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS};
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 const SETUP: &str = "scripts/setup-toolchain.sh";
@@ -76,31 +76,38 @@ fn find_toolchain(root: &Path) -> Result<Toolchain, String> {
     ))
 }
 
-/// Inserts `.maxntid` / `.minnctapersm` after each entry's parameter list, and checks that the
-/// PTX's entries and the bounds table name the same kernels.
-fn add_launch_bounds(ptx: &str) -> Result<String, String> {
+/// Inserts `.maxntid` / `.minnctapersm` after each entry's parameter list (and
+/// `.reqnctapercluster` for the cluster entries), and checks that the PTX's entries and the
+/// bounds tables name the same kernels: `BOUNDS` in every image, `CLUSTER_BOUNDS` in the
+/// `CLUSTER_ARCHS` images only.
+fn add_launch_bounds(ptx: &str, arch: &str) -> Result<String, String> {
+    let clusters: &[Bounds] = if CLUSTER_ARCHS.contains(&arch) { &CLUSTER_BOUNDS } else { &[] };
+    let table = || BOUNDS.iter().chain(clusters);
     let mut out = String::with_capacity(ptx.len() + 1024);
     let mut entries = Vec::new();
-    let mut pending: Option<&str> = None;
+    let mut pending: Option<&Bounds> = None;
     for line in ptx.lines() {
         if let Some(rest) = line.trim_start().strip_prefix(".visible .entry ") {
             let name = rest.split('(').next().unwrap_or("").trim();
-            pending = Some(BOUNDS.iter().find(|b| b.kernel == name).map(|b| b.kernel).ok_or_else(|| {
-                format!("kernel `{name}` has no launch bounds in gpu-shared/src/launch.rs BOUNDS")
+            pending = Some(table().find(|b| b.kernel == name).ok_or_else(|| {
+                format!("kernel `{name}` has no launch bounds for {arch} in gpu-shared/src/launch.rs BOUNDS or CLUSTER_BOUNDS")
             })?);
             entries.push(name.to_string());
         }
-        if pending.is_some() && line.trim() == "{" {
-            let b = BOUNDS.iter().find(|b| Some(b.kernel) == pending).expect("found above");
+        if let (Some(b), "{") = (pending, line.trim()) {
             out.push_str(&format!(".maxntid {}, 1, 1\n.minnctapersm {}\n", b.threads, b.min_blocks));
+            let cluster = cluster_blocks(b.kernel);
+            if cluster > 1 {
+                out.push_str(&format!(".reqnctapercluster {cluster}, 1, 1\n"));
+            }
             pending = None;
         }
         out.push_str(line);
         out.push('\n');
     }
-    for b in BOUNDS {
+    for b in table() {
         if !entries.iter().any(|e| e == b.kernel) {
-            return Err(format!("launch bounds name `{}`, which the device crate does not export", b.kernel));
+            return Err(format!("launch bounds name `{}`, which the device crate does not export for {arch}", b.kernel));
         }
     }
     Ok(out)
@@ -178,7 +185,7 @@ fn main() {
     let target_dir = root.join("target/device");
     for arch in ARCHS {
         let ptx = build_arch(&tc, &root, &target_dir, arch).unwrap_or_else(|e| fail(&e));
-        let ptx = add_launch_bounds(&ptx).unwrap_or_else(|e| fail(&e));
+        let ptx = add_launch_bounds(&ptx, arch).unwrap_or_else(|e| fail(&e));
         if CHAINED.contains(&arch) {
             check_chained(&ptx).unwrap_or_else(|e| fail(&e));
         }

@@ -174,6 +174,11 @@ fn padded_grids_change_nothing() {
             check(parity::quantize_case(&[&*plain, &padded], rows, 32 * rng.random_range(1..=300), seed).unwrap());
             check(parity::quantize_q8_0_case(&[&*plain, &padded], rows, 32 * rng.random_range(1..=300), true, seed).unwrap());
             check(parity::matvec_case(&[&*plain, &padded], FloatFormat::Bf16, rng.random_range(1..=700), rng.random_range(1..=3000), rows, seed, true).unwrap());
+            // The expert kernels, a one-token window among them (on cuda sm_90 the pair
+            // gate/up blocks, whose padded grid stays whole clusters).
+            let (tokens, k) = (rng.random_range(1..=2), rng.random_range(6..=10));
+            let case = parity::MoeCase::random(&mut rng, (WeightFormat::Iq3S, WeightFormat::Iq4Nl), 16, 2048, 768, tokens, k);
+            check(parity::moe_case(&[&*plain, &padded], &case, seed).unwrap());
         }
     }
 }
@@ -209,8 +214,8 @@ fn moe_window_invariance() {
 }
 
 /// Every value of every expert knob gives the CPU replica's bytes on both GPU backends (hq, y
-/// and the combined rows, all written): gate/up knobs (EXPDEC, R, MINB, WARPS, RB including the
-/// rule)
+/// and the combined rows, all written): gate/up knobs (EXPDEC, R, MINB, WARPS, PAIRS, RB
+/// including the rule)
 /// per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0,
 /// IQ4_NL and its tiles (IQ4_NLT, at n_ff 768 only), over windows whose groups hold 0 to 11 entries, at the model shapes and an odd one
 /// (n_ff 448: 14 q8_1 chunks, so 128 rows per block leave a partial block; 14 groups per down
@@ -224,6 +229,8 @@ fn expert_knobs_every_value() {
     let cpu = CpuBackend::new();
     for name in ["cuda", "hip"] {
         let Some(mut g) = common::open_gpu(name) else { return };
+        // The cuda backend of a device with clusters must have the pair entries to test.
+        assert_eq!(g.clusters(), name == "cuda" && g.info().compute_capability.0 >= 9, "{name}: cluster entries");
         let seed = common::seed("expert_knobs_every_value");
         let mut rng = SmallRng::seed_from_u64(seed);
         let plain = ExpertKnobs { expdec: false, down: false, d20: false, ..ExpertKnobs::default() };
@@ -241,6 +248,8 @@ fn expert_knobs_every_value() {
         for rb in [0].into_iter().chain(EXPDEC_RB) {
             sets.push(ExpertKnobs { expdec: true, r: 1, rb, warps: 16, minblk: rng.random_range(1..=2000), ..plain });
         }
+        // The pair entries (cuda on sm_90 and later; the plan refuses them elsewhere).
+        sets.push(ExpertKnobs { expdec: true, r: 1, warps: 0, pairs: 2, ..plain });
         for dr in EXPDEC_DR {
             for dminb in EXPDEC_MINB {
                 for drb in [0].into_iter().chain(EXPDEC_DRB) {
@@ -260,16 +269,19 @@ fn expert_knobs_every_value() {
                 let case = parity::MoeCase::crowded(&mut rng, (gf, df), n_embd, n_ff);
                 let xq = parity::moe_xq(&cpu, &case).unwrap();
                 let (want, _) = parity::moe_words(&cpu, &case, &xq).unwrap();
-                let sms = g.info().sms();
+                let (sms, clusters) = (g.info().sms(), g.clusters());
                 for &knobs in &sets {
-                    if knobs.expdec && (knobs.minb == 4 || knobs.warps == 16) && !EXPDEC_GU_MINB4_FORMATS.contains(&gf) {
-                        // Not compiled (spills at 4 blocks per SM; no 16-warp entry): the plan refuses it.
-                        assert!(knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms).is_err(), "{}", knobs.describe());
+                    let pairs = knobs.expdec && knobs.pairs == 2;
+                    if knobs.expdec && (knobs.minb == 4 || knobs.warps == 16 || pairs) && !EXPDEC_GU_MINB4_FORMATS.contains(&gf) || pairs && !clusters {
+                        // Not compiled (spills at 4 blocks per SM; no 16-warp or pair entry), or
+                        // no cluster entries on this backend: the plan refuses it.
+                        assert!(knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms, clusters).is_err(), "{}", knobs.describe());
                         continue;
                     }
                     g.set_expert_knobs(knobs);
-                    let plan = knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms).unwrap();
+                    let plan = knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms, clusters).unwrap();
                     assert_eq!(plan.gu.kernel.ends_with("_w16"), knobs.expdec && knobs.warps == 16, "{}", plan.gu.kernel);
+                    assert_eq!(plan.gu.kernel.ends_with("_p2"), pairs, "{}", plan.gu.kernel);
                     let label = format!("{name} {} {}/{}", knobs.describe(), plan.gu.kernel, plan.down.kernel);
                     check(parity::moe_against(("cpu", &want), &g, &label, &case, &xq, seed).unwrap());
                     runs += 1;

@@ -7,7 +7,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use strata_gpu_shared::launch::BOUNDS;
+use strata_gpu_shared::launch::{cluster_blocks, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS};
 
 /// One function's numbers from a ptxas `-v` report.
 #[derive(Debug, Default)]
@@ -163,6 +163,18 @@ fn rust_ptx_assembles_without_spills() {
                 b.kernel,
                 image.arch
             );
+        }
+        // The cluster entries: in the CLUSTER_ARCHS images only, each asking for its cluster.
+        for b in CLUSTER_BOUNDS {
+            let header = image.ptx.split(&format!(".entry {}(", b.kernel)).nth(1);
+            if !CLUSTER_ARCHS.contains(&image.arch) {
+                assert!(header.is_none(), "{} is in the {} PTX, which has no clusters", b.kernel, image.arch);
+                continue;
+            }
+            let header = header.unwrap_or_else(|| panic!("{} missing from the {} PTX", b.kernel, image.arch));
+            let head = &header[..header.find('{').unwrap()];
+            let want = [format!(".maxntid {}, 1, 1", b.threads), format!(".minnctapersm {}", b.min_blocks), format!(".reqnctapercluster {}, 1, 1", cluster_blocks(b.kernel))];
+            assert!(want.iter().all(|w| head.contains(w.as_str())), "{} in {} PTX lacks {want:?}", b.kernel, image.arch);
         }
         assert_no_contraction(&format!("Rust PTX {}", image.arch), image.ptx);
         check_and_print(&format!("Rust PTX {} (ptxas -arch={})", image.arch, image.arch), &ptxas_report(image.ptx, image.arch));

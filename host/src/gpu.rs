@@ -18,7 +18,7 @@ use crate::launch::KernelArgs;
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::knobs::{ExpertKnobs, Launch, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{bounds, expdec_entry, Bounds, BOUNDS, HEAD_CHUNK, mmvq_launch, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, Bounds, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS, HEAD_CHUNK, mmvq_launch, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -225,6 +225,8 @@ pub struct GpuBackend {
     chains_grids: bool,
     /// Launches are chained by programmatic dependent launch ([`crate::launch`]).
     chained: bool,
+    /// The module has the thread-block cluster entries (`launch::CLUSTER_BOUNDS`).
+    clusters: bool,
     _module: Arc<CudaModule>,
 }
 
@@ -239,7 +241,10 @@ impl GpuBackend {
             detail: e.to_string(),
         })?;
         let mut functions = HashMap::new();
-        for b in BOUNDS {
+        // The cluster entries exist in the CLUSTER_ARCHS images only.
+        let clusters = CLUSTER_ARCHS.contains(&ptx_arch.as_str());
+        let cluster_bounds: &[Bounds] = if clusters { &CLUSTER_BOUNDS } else { &[] };
+        for b in BOUNDS.iter().chain(cluster_bounds) {
             let f = module.load_function(b.kernel).map_err(|e| Error::Setup {
                 backend: name,
                 what: format!("kernel {} missing from the module", b.kernel),
@@ -260,7 +265,7 @@ impl GpuBackend {
         // A stream of its own: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(|e| Error::Setup { backend: name, what: "creating a stream".into(), detail: e.to_string() })?;
         let chained = chains_grids && pdl_wanted().map_err(|detail| Error::Setup { backend: name, what: "STRATA_PDL".into(), detail })?;
-        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, chains_grids, chained, _module: module })
+        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, chains_grids, chained, clusters, _module: module })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -284,6 +289,11 @@ impl GpuBackend {
 
     pub fn grid_pad_on(&self) -> bool {
         self.pad.is_some()
+    }
+
+    /// Whether the module has the thread-block cluster entries (the pair gate/up kernels).
+    pub fn clusters(&self) -> bool {
+        self.clusters
     }
 
     /// Whether launches are chained by programmatic dependent launch.
@@ -372,9 +382,10 @@ impl GpuBackend {
     }
 
     /// `blocks` of `kernel`, padded by `grid_pad` when this backend pads its grids.
-    pub(crate) fn padded_grid(&self, kernel: &'static str, blocks: u32) -> u32 {
+    pub(crate) fn padded_grid(&self, kernel: &str, blocks: u32) -> u32 {
         let threads = self.bounds_of(kernel).threads;
-        self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots))
+        // A cluster entry's grid stays whole clusters.
+        self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots).next_multiple_of(cluster_blocks(kernel)))
     }
 
     /// Waits for the queued work, reporting a failure against `kernel`.
@@ -536,11 +547,8 @@ impl GpuBackend {
         let (embd_groups, ff_groups, n_embd, n_ff) = ((l.n_embd / 32) as u32, (l.n_ff / 32) as u32, l.n_embd as u32, l.n_ff as u32);
         let gu_bytes = (l.n_ff * g.row_bytes(l.n_embd)) as u64;
         let down_bytes = (l.n_embd * d.row_bytes(l.n_ff)) as u64;
-        let plan = self.experts.plan(l.formats, l.n_embd, l.n_ff, n as usize, self.info.sms()).map_err(|e| Error::Request(format!("{}: expert knobs: {e}", self.name)))?;
-        let pad = |kernel: &str, blocks: u32| {
-            let threads = self.bounds_of(kernel).threads;
-            self.pad.map_or(blocks, |slots| grid_pad(blocks, threads, slots))
-        };
+        let plan = self.experts.plan(l.formats, l.n_embd, l.n_ff, n as usize, self.info.sms(), self.clusters).map_err(|e| Error::Request(format!("{}: expert knobs: {e}", self.name)))?;
+        let pad = |kernel: &str, blocks: u32| self.padded_grid(kernel, blocks);
         // SAFETY (all four): the parameters are each kernel's, in order, over buffers sized by
         // `check_moe` (or the bench's own equivalent shapes), with the shared memory the plan
         // computed for this shape; kernels return at once in blocks past the real groups, rows

@@ -6,9 +6,9 @@
 //! numbers; docs/bench/ the whole tables).
 use strata_gpu_shared::formats::WeightFormat;
 use strata_gpu_shared::launch::{
-    bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_smem, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
+    bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_pair_kernel, expdec_gu_smem, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
     EXPDEC_DOWN_MAX_GROUPS, EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R,
-    EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_GU_ROWS,
+    EXPDEC_PAIR, EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_GU_ROWS,
 };
 
 /// Dynamic shared memory an EXPDEC launch may ask for (96 KiB; the backends opt the EXPDEC
@@ -47,11 +47,15 @@ pub struct ExpertKnobs {
     /// `STRATA_EXPDEC_WARPS`: warps of a gate/up block, 8 or 16 (`expdec_gu_*_r1_w16`: R = 1, an
     /// IQ format); 0 picks 16 where 8-warp blocks would not give every SM two ([`Self::plan`]).
     pub warps: u32,
+    /// `STRATA_EXPDEC_PAIRS`: the pair gate/up entries (`expdec_gu_*_r1_p2`: each 32-row chunk
+    /// over the two blocks of a cluster; R = 1, an IQ format, a backend with cluster entries):
+    /// 0 never, 1 where the rule would pick 16-warp blocks ([`Self::plan`]), 2 always.
+    pub pairs: u32,
 }
 
 impl Default for ExpertKnobs {
     fn default() -> Self {
-        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0 }
+        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1 }
     }
 }
 
@@ -63,7 +67,7 @@ pub struct Knob {
     pub what: &'static str,
 }
 
-pub const KNOBS: [Knob; 11] = [
+pub const KNOBS: [Knob; 12] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
     Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
@@ -75,6 +79,7 @@ pub const KNOBS: [Knob; 11] = [
     Knob { name: "EXPDEC_DMINB", values: "2|4", what: "EXPDEC down launch bounds: minimum blocks per SM (4 needs DR<=2)" },
     Knob { name: "EXPDEC_MINBLK", values: "1..=1000000", what: "minimum-blocks rule: blocks a launch should reach" },
     Knob { name: "EXPDEC_WARPS", values: "0|8|16", what: "EXPDEC gate/up warps per block (16 needs R=1 and an IQ format; 0: 16 where 8 leaves SMs under two blocks)" },
+    Knob { name: "EXPDEC_PAIRS", values: "0|1|2", what: "EXPDEC gate/up chunks split over a cluster's two blocks (cuda on sm_90+, R=1, an IQ format): 0 never, 1 where the rule picks 16 warps, 2 always" },
 ];
 
 impl ExpertKnobs {
@@ -107,6 +112,7 @@ impl ExpertKnobs {
             "EXPDEC_DMINB" => self.dminb = one_of(&EXPDEC_MINB)?,
             "EXPDEC_MINBLK" => self.minblk = num().and_then(|v| if (1..=1_000_000).contains(&v) { Ok(v) } else { Err(bad()) })?,
             "EXPDEC_WARPS" => self.warps = one_of(&[0, 8, 16])?,
+            "EXPDEC_PAIRS" => self.pairs = one_of(&[0, 1, 2])?,
             _ => unreachable!("every name of KNOBS is matched"),
         }
         Ok(())
@@ -121,6 +127,9 @@ impl ExpertKnobs {
         }
         if self.warps == 16 && self.r != 1 {
             return Err(format!("EXPDEC_WARPS=16 needs EXPDEC_R=1 (given {}): the 16-warp gate/up entries take one row a lane", self.r));
+        }
+        if self.pairs == 2 && (self.r != 1 || self.warps != 0) {
+            return Err(format!("EXPDEC_PAIRS=2 needs EXPDEC_R=1 and EXPDEC_WARPS=0 (given {} and {}): the pair entries take one row a lane in blocks of 8 warps", self.r, self.warps));
         }
         if self.dminb == 4 && self.dr > EXPDEC_MINB4_MAX_DR {
             return Err(format!("EXPDEC_DMINB=4 needs EXPDEC_DR<={EXPDEC_MINB4_MAX_DR} (given {}): more rows per lane spill in 64 registers", self.dr));
@@ -158,17 +167,19 @@ impl ExpertKnobs {
     /// One line naming every knob and its value.
     pub fn describe(&self) -> String {
         format!(
-            "EXPDEC={} R={} RB={} MINB={} WARPS={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
-            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
+            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
+            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
         )
     }
 
     /// The kernels and launch sizes for one window of `n = tokens * k` selections over a layer
     /// of `formats` (gate/up, down) and `n_embd` x `n_ff`; an error when the knobs ask for an
     /// entry that is not compiled ([`Self::check`], and `EXPDEC_MINB=4` for a gate/up format
-    /// outside `EXPDEC_GU_MINB4_FORMATS`, `EXPDEC_WARPS=16` for one without a 16-warp entry).
-    /// `sms`: the device's SMs (compute units), for the `EXPDEC_WARPS=0` rule.
-    pub fn plan(&self, formats: (WeightFormat, WeightFormat), n_embd: usize, n_ff: usize, n: usize, sms: u32) -> Result<ExpertPlan, String> {
+    /// outside `EXPDEC_GU_MINB4_FORMATS`, `EXPDEC_WARPS=16` for one without a 16-warp entry,
+    /// `EXPDEC_PAIRS=2` for one without a pair entry or on a backend without clusters).
+    /// `sms`: the device's SMs (compute units), for the `EXPDEC_WARPS=0` rule; `clusters`:
+    /// the backend has the thread-block cluster entries (`launch::CLUSTER_BOUNDS`).
+    pub fn plan(&self, formats: (WeightFormat, WeightFormat), n_embd: usize, n_ff: usize, n: usize, sms: u32, clusters: bool) -> Result<ExpertPlan, String> {
         self.check()?;
         let (gf, df) = formats;
         let n = n as u32;
@@ -179,29 +190,42 @@ impl ExpertKnobs {
         };
         let gu_smem = expdec_gu_smem(n_embd, rb, gf.staged_grid().len());
         let blocks = n * n_ff32.div_ceil(rb);
-        let expdec_gu = if self.expdec && gu_smem <= EXPDEC_SMEM_MAX && EXPDEC_GU_FORMATS.contains(&gf) {
-            let minb4 = || EXPDEC_GU_MINB4_FORMATS.map(|f| f.name()).join(", ");
+        let expdec = self.expdec && gu_smem <= EXPDEC_SMEM_MAX && EXPDEC_GU_FORMATS.contains(&gf);
+        // The rule (docs/kernels/moe.md has the measurements): where 8-warp blocks would leave
+        // the SMs under two each, 16-warp blocks; and where splitting each 32-row chunk over a
+        // cluster's pair of blocks gives the busiest SM fewer rows than that (a pair block is
+        // 16 rows, 4 fit a SM), the pairs, if the backend has them.
+        let few = self.warps == 0 && self.r == 1 && blocks < 2 * sms;
+        let chunks = n * (n_ff32 / MOE_GU_ROWS);
+        let pairs_lighter = (EXPDEC_PAIR * chunks).div_ceil(sms) < EXPDEC_PAIR * chunks.div_ceil(sms);
+        let pair_kernel = expdec_gu_pair_kernel(gf).filter(|_| clusters);
+        let pair = match self.pairs {
+            2 if expdec => Some(pair_kernel.ok_or_else(|| {
+                let why = if clusters { format!("{} has no pair gate/up entry (compiled for {} only)", gf.name(), minb4_names()) } else { "this backend has no cluster entries (cuda on sm_90 and later)".into() };
+                format!("EXPDEC_PAIRS=2: {why}: set EXPDEC_PAIRS=1")
+            })?),
+            1 if expdec && few && pairs_lighter && rb == MOE_GU_ROWS => pair_kernel, // (not over an explicit EXPDEC_RB)
+            _ => None,
+        };
+        let gu = if let Some(kernel) = pair {
+            let smem = expdec_gu_smem(n_embd, MOE_GU_ROWS, gf.staged_grid().len());
+            Launch { kernel, blocks: EXPDEC_PAIR * chunks, smem, rows_per_block: MOE_GU_ROWS }
+        } else if expdec {
             let w16 = expdec_gu_w16_kernel(gf);
-            // The rule (docs/kernels/moe.md has the measurements): 16 warps where 8-warp blocks
-            // would leave the SMs under two each.
             let sixteen = match self.warps {
-                16 => Some(w16.ok_or_else(|| format!("EXPDEC_WARPS=16 has no {} gate/up entry (it is compiled for {} only): set EXPDEC_WARPS=8", gf.name(), minb4()))?),
-                0 if self.r == 1 && blocks < 2 * sms => w16,
+                16 => Some(w16.ok_or_else(|| format!("EXPDEC_WARPS=16 has no {} gate/up entry (it is compiled for {} only): set EXPDEC_WARPS=8", gf.name(), minb4_names()))?),
+                0 if few => w16,
                 _ => None,
             };
             let kernel = match sixteen {
                 Some(k) => k,
                 None => expdec_gu_kernel(gf, self.r, self.minb).ok_or_else(|| {
-                    format!("EXPDEC_MINB={} has no {} gate/up entry (it spills in 64 registers; 4 blocks per SM is compiled for {} only): set EXPDEC_MINB=2", self.minb, gf.name(), minb4())
+                    format!("EXPDEC_MINB={} has no {} gate/up entry (it spills in 64 registers; 4 blocks per SM is compiled for {} only): set EXPDEC_MINB=2", self.minb, gf.name(), minb4_names())
                 })?,
             };
-            Some(kernel)
+            Launch { kernel, blocks, smem: gu_smem, rows_per_block: rb }
         } else {
-            None
-        };
-        let gu = match expdec_gu {
-            Some(kernel) => Launch { kernel, blocks, smem: gu_smem, rows_per_block: rb },
-            None => plain(&format!("moe_gu_{}", gf.tag()), n * (n_ff32 / MOE_GU_ROWS), MOE_GU_ROWS),
+            plain(&format!("moe_gu_{}", gf.tag()), n * (n_ff32 / MOE_GU_ROWS), MOE_GU_ROWS)
         };
         let ff_groups = n_ff32 / 32;
         let drb = match self.drb {
@@ -222,6 +246,11 @@ impl ExpertKnobs {
         };
         Ok(ExpertPlan { gu, down })
     }
+}
+
+/// The formats with 4-blocks-per-SM, 16-warp and pair gate/up entries, for the errors.
+fn minb4_names() -> String {
+    EXPDEC_GU_MINB4_FORMATS.map(|f| f.name()).join(", ")
 }
 
 static PROCESS: std::sync::OnceLock<Result<ExpertKnobs, String>> = std::sync::OnceLock::new();
@@ -292,38 +321,38 @@ mod tests {
 
     #[test]
     fn plan_follows_the_knobs() {
-        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8 };
-        let p = on.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS).unwrap();
+        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1 };
+        let p = on.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.
         assert_eq!(p.down, Launch { kernel: "expdec_down_q2_0_d4_m2", blocks: 40 * 2560u32.div_ceil(96), smem: expdec_down_smem(20, 4), rows_per_block: 96 });
-        assert_eq!(on.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS).unwrap().down.kernel, "expdec_down_iq4_nl_d4_m2");
+        assert_eq!(on.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS, false).unwrap().down.kernel, "expdec_down_iq4_nl_d4_m2");
         // IQ3_ST stages its signed codebook (16 x 512 words).
-        let p = on.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS).unwrap();
+        let p = on.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, false).unwrap();
         assert_eq!((p.gu.kernel, p.gu.smem), ("expdec_gu_iq3_st_r1_m2", expdec_gu_smem(2048, 64, 16 * 512)));
         let m4 = ExpertKnobs { minb: 4, dminb: 4, dr: 2, ..on };
-        assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS).unwrap().down.kernel, "expdec_down_iq4_nl_d2_m4");
-        assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
+        assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS, false).unwrap().down.kernel, "expdec_down_iq4_nl_d2_m4");
+        assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
         // Knobs off, formats without EXPDEC entries, rows too long: the default kernels.
         let off = ExpertKnobs { expdec: false, down: false, d20: false, ..on };
-        let p = off.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS).unwrap();
+        let p = off.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         // moe_down: 4 warps of 4 rows a block.
         assert_eq!((p.gu.kernel, p.gu.blocks, p.down.kernel, p.down.blocks, p.down.rows_per_block), ("moe_gu_iq3_s", 40 * 20, "moe_down_q2_0", 40 * 160, 16));
-        assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8, H200_SMS).unwrap().gu.kernel, "moe_gu_iq4_xs");
-        assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8, H200_SMS).unwrap().down.kernel, "moe_down_iq3_s");
-        assert_eq!(on.plan((Iq2S, Q2_0), 2048, 2048, 8, H200_SMS).unwrap().down.kernel, "moe_down_q2_0");
+        assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "moe_gu_iq4_xs");
+        assert_eq!(on.plan((Iq4Xs, Iq3S), 2048, 768, 8, H200_SMS, false).unwrap().down.kernel, "moe_down_iq3_s");
+        assert_eq!(on.plan((Iq2S, Q2_0), 2048, 2048, 8, H200_SMS, false).unwrap().down.kernel, "moe_down_q2_0");
         // Staged rows over 96 KiB: the default gate/up; under it, EXPDEC.
         assert!(expdec_gu_smem(24576, 64, 2048) > EXPDEC_SMEM_MAX && expdec_gu_smem(12288, 64, 2048) > 48 * 1024);
-        assert_eq!(on.plan((Iq2S, Q2_0), 24576, 640, 8, H200_SMS).unwrap().gu.kernel, "moe_gu_iq2_s");
-        assert_eq!(on.plan((Iq2S, Q2_0), 12288, 640, 8, H200_SMS).unwrap().gu.kernel, "expdec_gu_iq2_s_r1_m2");
+        assert_eq!(on.plan((Iq2S, Q2_0), 24576, 640, 8, H200_SMS, false).unwrap().gu.kernel, "moe_gu_iq2_s");
+        assert_eq!(on.plan((Iq2S, Q2_0), 12288, 640, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq2_s_r1_m2");
         // Q8_0 gate/up has no entry at 4 blocks per SM: refused, naming it; at 2, or with
         // EXPDEC gate/up off, it plans.
-        let e = m4.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS).unwrap_err();
+        let e = m4.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap_err();
         assert!(e.contains("EXPDEC_MINB=4 has no Q8_0 gate/up entry"), "{e}");
-        assert_eq!(on.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
-        assert_eq!(ExpertKnobs { expdec: false, ..m4 }.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS).unwrap().gu.kernel, "moe_gu_q8_0");
+        assert_eq!(on.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
+        assert_eq!(ExpertKnobs { expdec: false, ..m4 }.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap().gu.kernel, "moe_gu_q8_0");
         // Combinations `check` refuses are refused by the plan too.
-        assert!(ExpertKnobs { r: 2, ..m4 }.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS).unwrap_err().contains("EXPDEC_MINB=4 needs"));
+        assert!(ExpertKnobs { r: 2, ..m4 }.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap_err().contains("EXPDEC_MINB=4 needs"));
     }
 
     #[test]
@@ -331,32 +360,69 @@ mod tests {
         let rule = ExpertKnobs::default();
         assert_eq!(rule.warps, 0);
         // One token of 8 experts at n_ff 768: 8 x 24 blocks of 32 rows, under 2 x 132.
-        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
-        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS).unwrap().gu.blocks, 192);
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.blocks, 192);
         // Two tokens: 384 blocks, 8 warps. A device of 256 SMs: too few blocks for it at 8 warps.
-        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
-        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 16, 256).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
-        assert_eq!(ExpertKnobs { minb: 4, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 16, 256, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(ExpertKnobs { minb: 4, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
         // No 16-warp entry (Q8_0, or two rows a lane): the rule keeps 8 warps; asked for, it is
         // refused.
-        assert_eq!(rule.plan((Q8_0, Iq4Nl), 2048, 768, 8, H200_SMS).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
-        assert_eq!(ExpertKnobs { r: 2, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS).unwrap().gu.kernel, "expdec_gu_iq3_s_r2_m2");
+        assert_eq!(rule.plan((Q8_0, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
+        assert_eq!(ExpertKnobs { r: 2, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r2_m2");
         let sixteen = ExpertKnobs { warps: 16, ..rule };
-        assert_eq!(sixteen.plan((Iq2S, Q2_0), 2560, 640, 80, H200_SMS).unwrap().gu.kernel, "expdec_gu_iq2_s_r1_w16");
-        assert!(sixteen.plan((Q8_0, Q2_0), 2560, 640, 8, H200_SMS).unwrap_err().contains("EXPDEC_WARPS=16 has no Q8_0 gate/up entry"));
+        assert_eq!(sixteen.plan((Iq2S, Q2_0), 2560, 640, 80, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq2_s_r1_w16");
+        assert!(sixteen.plan((Q8_0, Q2_0), 2560, 640, 8, H200_SMS, false).unwrap_err().contains("EXPDEC_WARPS=16 has no Q8_0 gate/up entry"));
         assert!(ExpertKnobs { r: 2, ..sixteen }.check().unwrap_err().contains("EXPDEC_WARPS=16 needs EXPDEC_R=1"));
-        assert_eq!(ExpertKnobs { warps: 8, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
+        assert_eq!(ExpertKnobs { warps: 8, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
+    }
+
+    #[test]
+    fn pairs_take_the_sixteen_warp_cases_where_the_backend_has_clusters() {
+        let rule = ExpertKnobs::default();
+        assert_eq!(rule.pairs, 1);
+        // One token of 8 experts at n_ff 768: 192 chunks, each over a pair of 8-warp blocks.
+        let p = rule.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, true).unwrap();
+        assert_eq!((p.gu.kernel, p.gu.blocks, p.gu.rows_per_block), ("expdec_gu_iq3_st_r1_p2", 384, 32));
+        assert_eq!(p.gu.smem, expdec_gu_smem(2048, 32, 16 * 512));
+        assert_eq!(bounds(p.gu.kernel).unwrap().threads, 256);
+        // Where the rule keeps 8 warps, or 16 are asked for, or the format has no pair entry,
+        // or the backend no clusters: no pairs.
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
+        assert_eq!(ExpertKnobs { warps: 16, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(rule.plan((Q8_0, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(ExpertKnobs { pairs: 0, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(ExpertKnobs { rb: 64, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        // Where the pairs' busiest SM would hold as many rows as the 16-warp blocks' (10 of 512
+        // at n_ff 640: 400 pair blocks put 4 on some SMs, 64 rows, as 2 blocks of 32 do; and
+        // under one 16-warp block a SM, 100 chunks: 2 pair blocks or 1 block, 32 rows), not.
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2560, 640, 10, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2560, 640, 5, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2560, 640, 3, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_p2");
+        // Always: at any window, refused without clusters or a pair entry, or with R=2 or 16 warps.
+        let always = ExpertKnobs { pairs: 2, ..rule };
+        let p = always.plan((Iq2S, Q2_0), 2560, 640, 80, H200_SMS, true).unwrap();
+        assert_eq!((p.gu.kernel, p.gu.blocks), ("expdec_gu_iq2_s_r1_p2", 2 * 80 * 20));
+        assert!(always.plan((Iq2S, Q2_0), 2560, 640, 8, H200_SMS, false).unwrap_err().contains("no cluster entries"));
+        assert!(always.plan((Q8_0, Q2_0), 2560, 640, 8, H200_SMS, true).unwrap_err().contains("Q8_0 has no pair gate/up entry"));
+        assert!(ExpertKnobs { r: 2, ..always }.check().unwrap_err().contains("EXPDEC_PAIRS=2 needs"));
+        assert!(ExpertKnobs { warps: 16, ..always }.check().unwrap_err().contains("EXPDEC_PAIRS=2 needs"));
+        let mut k = ExpertKnobs::default();
+        k.set("EXPDEC_PAIRS", "0").unwrap();
+        assert_eq!(k.pairs, 0);
+        assert!(k.set("EXPDEC_PAIRS", "3").unwrap_err().contains("expected 0|1|2"));
     }
 
     #[test]
     fn rows_per_block_zero_follows_the_minimum_blocks_rule() {
         let auto = ExpertKnobs { rb: 0, drb: 0, minblk: 400, dminb: 2, ..ExpertKnobs::default() };
         // 10 selections of n_ff 640: 20 blocks each at 32 rows, 10 at 64, 5 at 128.
-        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 10, H200_SMS).unwrap().gu.rows_per_block, 32);
-        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 40, H200_SMS).unwrap().gu.rows_per_block, 64);
-        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 80, H200_SMS).unwrap().gu.rows_per_block, 128);
+        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 10, H200_SMS, false).unwrap().gu.rows_per_block, 32);
+        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 40, H200_SMS, false).unwrap().gu.rows_per_block, 64);
+        assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 80, H200_SMS, false).unwrap().gu.rows_per_block, 128);
         // 256, 128, 64 rows per block: 100, 200, 400 blocks; 64 rounds to two steps of 12 x 2.
-        let p = ExpertKnobs { dr: 2, ..auto }.plan((Iq2Xxs, Q2_0), 2560, 640, 10, H200_SMS).unwrap();
+        let p = ExpertKnobs { dr: 2, ..auto }.plan((Iq2Xxs, Q2_0), 2560, 640, 10, H200_SMS, false).unwrap();
         assert_eq!((p.down.rows_per_block, p.down.blocks), (48, 10 * 2560u32.div_ceil(48)));
     }
 }

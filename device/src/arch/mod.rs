@@ -10,7 +10,10 @@
 //! | [`int`] | `dp4a`, `prmt` (byte permute) |
 //! | [`mem`] | read-only global loads (2, 4, 16 bytes), stores, typed dynamic shared memory |
 //! | [`convert`] | fp16 <-> f32, f32 -> i32 round-to-nearest-even, `sqrt_rn`, `fma_rn` |
+//! | [`cluster`] | sm_90 thread-block clusters: `rank`, `sync`, stores to a neighbour block's shared memory |
 
+#[cfg(target_feature = "sm_90")]
+pub mod cluster;
 pub mod convert;
 pub mod index;
 pub mod int;

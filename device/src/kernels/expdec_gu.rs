@@ -10,6 +10,13 @@
 //! groups then wait on L2, not DRAM) and for its share of the expert's down rows, which the
 //! next launch reads: hints, which change no value.
 //!
+//! A **pair** entry (`_p2`, sm_90 only) splits each 32-row chunk over the two blocks of a
+//! thread-block cluster, 16 rows each: the odd block stores its SwiGLU outputs into the even
+//! block's `H` (distributed shared memory), one cluster barrier, and the even block quantizes
+//! the chunk. A one-token window's 192 chunks (8 experts at n_ff 768) are then 384 blocks of 8
+//! warps that every SM holds two or three of, where 192 blocks of 16 warps left 72 SMs one and
+//! 60 two. Each row is still one warp's, in the same order: the same bits.
+//!
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]` and
 //! the codebook (`launch::expdec_gu_smem`, given at launch). A signed codebook comes first
 //! instead: at word 0 its words' addresses need no base added, one instruction less in a
@@ -22,8 +29,10 @@ use super::moe::{group_of, ld};
 use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
 use crate::arch::{index, mem, sync, warp};
+#[cfg(target_feature = "sm_90")]
+use crate::arch::cluster;
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_RB, EXPDEC_THREADS, EXPDEC_W16_THREADS, MOE_GU_ROWS};
+use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_PAIR, EXPDEC_RB, EXPDEC_THREADS, EXPDEC_W16_THREADS, MOE_GU_ROWS};
 use strata_gpu_shared::moe;
 
 /// `R` gate rows and `R` up rows starting at `row` against the `m` staged entries: this lane's
@@ -63,12 +72,79 @@ unsafe fn staged_partials<F: Block, const R: usize>(
     (ag, au)
 }
 
+/// Who computes a 32-row q8_1 chunk of the SwiGLU output: one block ([`Whole`]) or the two
+/// blocks of a cluster, 16 rows each ([`Pair`]).
+trait Chunk {
+    /// Blocks a chunk is split over.
+    const BLOCKS: u32;
+    /// This block's part of its chunk, `0..BLOCKS`.
+    fn part() -> u32;
+    /// Orders the `H` stores of every part before the quantizing part reads them (and its
+    /// reads before the next pass's stores).
+    fn sync();
+    /// [`Self::sync`] in two halves, at the start and before the first `H` store: a block may
+    /// write its partner's shared memory only once the partner has started.
+    fn arrive();
+    fn wait();
+    /// Stores SwiGLU output `v` at word `word` of the quantizing part's `H` (part 0's).
+    unsafe fn store_h(smem: Smem, word: u32, v: u32);
+}
+
+struct Whole;
+impl Chunk for Whole {
+    const BLOCKS: u32 = 1;
+    #[inline(always)]
+    fn part() -> u32 {
+        0
+    }
+    #[inline(always)]
+    fn sync() {
+        sync::sync_lds();
+    }
+    #[inline(always)]
+    fn arrive() {}
+    #[inline(always)]
+    fn wait() {}
+    #[inline(always)]
+    unsafe fn store_h(smem: Smem, word: u32, v: u32) {
+        smem.st_u32(word, v);
+    }
+}
+
+#[cfg(target_feature = "sm_90")]
+struct Pair;
+#[cfg(target_feature = "sm_90")]
+impl Chunk for Pair {
+    const BLOCKS: u32 = EXPDEC_PAIR;
+    #[inline(always)]
+    fn part() -> u32 {
+        cluster::rank()
+    }
+    #[inline(always)]
+    fn sync() {
+        cluster::sync();
+    }
+    #[inline(always)]
+    fn arrive() {
+        cluster::arrive();
+    }
+    #[inline(always)]
+    fn wait() {
+        cluster::wait();
+    }
+    #[inline(always)]
+    unsafe fn store_h(smem: Smem, word: u32, v: u32) {
+        smem.st_u32_cluster(0, word, v);
+    }
+}
+
 /// The body of every `expdec_gu_*` entry: `moe_gu`'s contract and output, with `rb` rows per
-/// block (a multiple of `MOE_GU_ROWS`, at most `4 * MOE_GU_ROWS`) and `THREADS` threads a
-/// block, each warp taking `rb / (THREADS / 32)` rows. `down`, `down_bytes`: the layer's down
-/// matrices and the bytes of one expert's (prefetched only).
+/// block (a multiple of `MOE_GU_ROWS`, at most `4 * MOE_GU_ROWS`; for a pair, `MOE_GU_ROWS`
+/// per cluster) and `THREADS` threads a block, each warp taking `rb / C::BLOCKS / (THREADS /
+/// 32)` rows. `down`, `down_bytes`: the layer's down matrices and the bytes of one expert's
+/// (prefetched only).
 #[inline(always)]
-unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
+unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
     gate: *const u8,
     up: *const u8,
     expert_bytes: u64,
@@ -83,6 +159,10 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
     down_bytes: u64,
     hq: *mut u8,
 ) {
+    // This block has started: its partner may write its H once it waited. First, so that the
+    // arrive's release has no memory operation before it to wait for. (A pair's blocks leave
+    // early together or not at all: no thread waits for a block that left.)
+    C::arrive();
     // The codebook is a module constant: staged while the previous grid drains, before the
     // wait; the first pass's post-staging barrier orders it before its readers.
     let h_base = stage::expdec_words(groups);
@@ -92,41 +172,50 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
         (stage::grid::<F, THREADS>(Smem::dynamic(), h_base + EXPDEC_ENTRIES * rb), Smem::dynamic())
     };
     sync::chain_grids();
+    // A pair's rows are one chunk (its launch passes that too): a constant frees a register.
+    let rb = if C::BLOCKS > 1 { MOE_GU_ROWS } else { rb };
     let chunks = n_ff / MOE_GU_ROWS;
     let per_block = rb / MOE_GU_ROWS;
     let blocks_per_group = chunks.div_ceil(per_block);
-    let b = index::block_idx();
-    let Some((expert, start, count)) = group_of(table, n, b / blocks_per_group) else { return }; // whole block
+    // `b` counts chunks of `rb` rows; a pair's two blocks share one (clusters tile the grid in
+    // order, so the part is also `block_idx() % 2`).
+    let (b, part) = (index::block_idx() / C::BLOCKS, C::part());
+    let Some((expert, start, count)) = group_of(table, n, b / blocks_per_group) else { return }; // whole block (a pair's both)
     let chunk0 = b % blocks_per_group * per_block;
     let mine = per_block.min(chunks - chunk0);
+    // This block's rows of its `mine` chunks: all of them, or its part's half.
+    let part_rows = mine * MOE_GU_ROWS / C::BLOCKS;
     let row_bytes = F::row_bytes(groups);
     let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
-    let rows = (chunk0 * MOE_GU_ROWS) as usize * row_bytes;
-    mem::prefetch_l2_block::<THREADS>(gate.wrapping_add(rows), (mine * MOE_GU_ROWS) as usize * row_bytes);
-    mem::prefetch_l2_block::<THREADS>(up.wrapping_add(rows), (mine * MOE_GU_ROWS) as usize * row_bytes);
+    let rows = (chunk0 * MOE_GU_ROWS + part * part_rows) as usize * row_bytes;
+    mem::prefetch_l2_block::<THREADS>(gate.wrapping_add(rows), part_rows as usize * row_bytes);
+    mem::prefetch_l2_block::<THREADS>(up.wrapping_add(rows), part_rows as usize * row_bytes);
     // (In 32 bits: one expert's down rows are far below 4 GiB, and a 64-bit division is a
     // subroutine whose registers made other entries spill.)
     let down_bytes = down_bytes as u32;
-    let share = down_bytes.div_ceil(blocks_per_group);
-    let first_down = (b % blocks_per_group * share).min(down_bytes);
+    let share = down_bytes.div_ceil(blocks_per_group * C::BLOCKS);
+    let first_down = ((b % blocks_per_group * C::BLOCKS + part) * share).min(down_bytes);
     let down = down.wrapping_add(expert as usize * down_bytes as usize + first_down as usize);
     mem::prefetch_l2_block::<THREADS>(down, share.min(down_bytes - first_down) as usize);
     let entries = table.add(moe::entries(n as usize) + start as usize);
     let warp = index::warp_in_block();
     let warps = THREADS / 32;
-    let rows_per_warp = rb / warps;
-    let first = warp * rows_per_warp; // this warp's first row in the block, inside one chunk
+    let rows_per_warp = rb / C::BLOCKS / warps;
+    let first = warp * rows_per_warp; // this warp's first row in the block's part, inside one chunk
     let mut pass = 0;
     while pass < count {
         if pass > 0 {
-            sync::sync_lds(); // the previous pass's readers are done with the stage and H
+            C::sync(); // the previous pass's readers are done with the stage and H
         }
         let m = (count - pass).min(EXPDEC_ENTRIES);
         stage::rows::<THREADS>(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups, EXPDEC_ENTRIES);
         sync::sync_lds();
+        if pass == 0 {
+            C::wait(); // the partner has started (it arrived long before; no wait in practice)
+        }
         let mut j0 = 0;
-        while first < mine * MOE_GU_ROWS && j0 < rows_per_warp {
-            let local = first + j0;
+        while first < part_rows && j0 < rows_per_warp {
+            let local = part * part_rows + first + j0; // the row in the block's chunks
             let (ag, au) = staged_partials::<F, R>(smem, grid, gate, up, row_bytes, (chunk0 * MOE_GU_ROWS + local) as usize, m, groups);
             crate::unroll!(j in [0, 1] {
                 if j < R {
@@ -134,7 +223,7 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
                         if (r as u32) < m {
                             let h = moe::swiglu(warp::warp_sum_f32(ag[j][r]), warp::warp_sum_f32(au[j][r]));
                             if index::lane() == 0 {
-                                smem.st_u32(h_base + r as u32 * rb + local + j as u32, h.to_bits());
+                                C::store_h(smem, h_base + r as u32 * rb + local + j as u32, h.to_bits());
                             }
                         }
                     });
@@ -142,9 +231,9 @@ unsafe fn expdec_gu<F: Block, const R: usize, const THREADS: u32>(
             });
             j0 += R as u32;
         }
-        sync::sync_lds();
-        // One warp per (entry, chunk) quantizes that chunk's 32 SwiGLU outputs.
-        let mut i = warp;
+        C::sync();
+        // One warp per (entry, chunk) of part 0 quantizes that chunk's 32 SwiGLU outputs.
+        let mut i = if part == 0 { warp } else { m * mine };
         while i < m * mine {
             let (r, c) = (i / mine, i % mine);
             let e = ld(entries, (pass + r) as usize);
@@ -171,7 +260,27 @@ macro_rules! expdec_gu_entries {
         /// `down`: `n_expert` matrices of `down_bytes` each (only prefetched, never loaded).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-            expdec_gu::<$block, $r, { $threads }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+            expdec_gu::<$block, Whole, $r, { $threads }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+        }
+    )*};
+}
+
+/// The pair entries (sm_90: `launch::CLUSTER_BOUNDS`, clusters of `EXPDEC_PAIR` blocks of
+/// `EXPDEC_THREADS`, R = 1, 4 blocks per SM), one per format of `EXPDEC_GU_MINB4_FORMATS`.
+macro_rules! expdec_gu_pair_entries {
+    ($($name:ident => $block:ty;)*) => {$(
+        /// EXPDEC gate/up, each 32-row chunk split over a cluster's two blocks. Launch as the
+        /// other entries with `rb` = `MOE_GU_ROWS` and `EXPDEC_PAIR` blocks a chunk:
+        /// `2 n (n_ff / 32)` blocks of `EXPDEC_THREADS`.
+        ///
+        /// # Safety
+        /// As the other `expdec_gu_*` entries, with `rb` = `MOE_GU_ROWS`; launched as clusters
+        /// of `EXPDEC_PAIR` blocks along x (the PTX header asks for them), so every block's
+        /// partner runs and the grid is a whole number of pairs.
+        #[cfg(target_feature = "sm_90")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
+            expdec_gu::<$block, Pair, 1, EXPDEC_THREADS>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
         }
     )*};
 }
@@ -192,10 +301,17 @@ expdec_gu_entries! {
     expdec_gu_iq3_st_r2_m2 => blocks::Iq3ST, 2, EXPDEC_THREADS; expdec_gu_iq3_st_r1_w16 => blocks::Iq3ST, 1, EXPDEC_W16_THREADS;
 }
 
+expdec_gu_pair_entries! {
+    expdec_gu_iq2_xxs_r1_p2 => blocks::Iq2Xxs; expdec_gu_iq2_xs_r1_p2 => blocks::Iq2Xs; expdec_gu_iq2_s_r1_p2 => blocks::Iq2S;
+    expdec_gu_iq3_xxs_r1_p2 => blocks::Iq3Xxs; expdec_gu_iq3_s_r1_p2 => blocks::Iq3S; expdec_gu_iq3_st_r1_p2 => blocks::Iq3ST;
+}
+
 // Four staged entries and R <= 2 (the unrolled loops list them); every `rb` splits into whole
 // R steps per warp (R = 2 at 8 warps, R = 1 at 16), and a warp's rows stay inside one q8_1 chunk.
 const _: () = {
     let (w8, w16) = (EXPDEC_THREADS / 32, EXPDEC_W16_THREADS / 32);
     assert!(EXPDEC_ENTRIES == 4 && w8 == 8 && w16 == 16);
     assert!(EXPDEC_RB[0] / w8 % 2 == 0 && MOE_GU_ROWS % (EXPDEC_RB[2] / w8) == 0 && MOE_GU_ROWS % (EXPDEC_RB[2] / w16) == 0);
+    // A pair's block takes half a chunk, whole rows a warp.
+    assert!(MOE_GU_ROWS % (EXPDEC_PAIR * w8) == 0);
 };

@@ -67,6 +67,10 @@ pub const EXPDEC_GU_MINB4_FORMATS: [WeightFormat; 6] =
 /// formats of [`EXPDEC_GU_MINB4_FORMATS`]. A window of few selections launches few gate/up
 /// blocks (192 for one token of 8 experts at n_ff 768), so their warps are what fills the SMs.
 pub const EXPDEC_W16_THREADS: u32 = 2 * EXPDEC_THREADS;
+/// Blocks of one thread-block cluster of the pair gate/up entries (`expdec_gu_<format>_r1_p2`,
+/// [`CLUSTER_BOUNDS`]): each 32-row chunk of the SwiGLU output is split over them, 16 rows
+/// each, and the first quantizes it.
+pub const EXPDEC_PAIR: u32 = 2;
 /// Gate/up rows per block of `expdec_gu_*` (`STRATA_EXPDEC_RB`): whole q8_1 groups of the
 /// SwiGLU output, 1, 2 or 4 of them. A run-time argument.
 pub const EXPDEC_RB: [u32; 3] = [32, 64, 128];
@@ -347,7 +351,32 @@ macro_rules! expdec_bounds {
 /// Whether `kernel` is an EXPDEC entry: its shared memory is sized at launch, and the backends
 /// let it take more than a launch gets without opting in.
 pub fn expdec_entry(kernel: &str) -> bool {
-    EXPDEC_BOUNDS.iter().any(|b| b.kernel == kernel)
+    EXPDEC_BOUNDS.iter().chain(&CLUSTER_BOUNDS).any(|b| b.kernel == kernel)
+}
+
+/// The entries that run as thread-block clusters, which only the sm_90 image has (not the
+/// sm_80 one, nor the HIP sources): the pair gate/up entries `expdec_gu_<format>_r1_p2` for
+/// the formats of [`EXPDEC_GU_MINB4_FORMATS`], blocks of [`EXPDEC_THREADS`] at 4 a SM, in
+/// clusters of [`EXPDEC_PAIR`] (build.rs writes `.reqnctapercluster` into their headers).
+pub const CLUSTER_BOUNDS: [Bounds; 6] = [
+    expdec("expdec_gu_iq2_xxs_r1_p2", 4),
+    expdec("expdec_gu_iq2_xs_r1_p2", 4),
+    expdec("expdec_gu_iq2_s_r1_p2", 4),
+    expdec("expdec_gu_iq3_xxs_r1_p2", 4),
+    expdec("expdec_gu_iq3_s_r1_p2", 4),
+    expdec("expdec_gu_iq3_st_r1_p2", 4),
+];
+
+/// The images (`strata::ptx::IMAGES` architectures) that have the [`CLUSTER_BOUNDS`] entries.
+pub const CLUSTER_ARCHS: [&str; 1] = ["sm_90"];
+
+/// Blocks of a cluster of `kernel`: [`EXPDEC_PAIR`] for a [`CLUSTER_BOUNDS`] entry, else 1.
+pub fn cluster_blocks(kernel: &str) -> u32 {
+    if CLUSTER_BOUNDS.iter().any(|b| b.kernel == kernel) {
+        EXPDEC_PAIR
+    } else {
+        1
+    }
 }
 
 /// The formats with EXPDEC entries: gate/up, then down.
@@ -399,6 +428,11 @@ pub fn expdec_gu_w16_kernel(format: WeightFormat) -> Option<&'static str> {
     named(&["expdec_gu_", format.tag(), "_r1_w16"])
 }
 
+/// The pair `expdec_gu_*` entry for `format` ([`CLUSTER_BOUNDS`]), where it has one.
+pub fn expdec_gu_pair_kernel(format: WeightFormat) -> Option<&'static str> {
+    named_in(&CLUSTER_BOUNDS, &["expdec_gu_", format.tag(), "_r1_p2"])
+}
+
 /// The `expdec_down_*` entry for `format`, `dr` rows per lane and `minb` blocks per SM.
 pub fn expdec_down_kernel(format: WeightFormat, dr: u32, minb: u32) -> Option<&'static str> {
     named(&["expdec_down_", format.tag(), "_d", digit(dr)?, "_m", digit(minb)?])
@@ -410,6 +444,11 @@ fn digit(v: u32) -> Option<&'static str> {
 
 /// The table's kernel whose name is `parts` joined.
 fn named(parts: &[&str]) -> Option<&'static str> {
+    named_in(BOUNDS, parts)
+}
+
+/// The kernel of `table` whose name is `parts` joined.
+fn named_in(table: &[Bounds], parts: &[&str]) -> Option<&'static str> {
     let is = |name: &str| {
         let mut rest = name;
         for p in parts {
@@ -420,12 +459,12 @@ fn named(parts: &[&str]) -> Option<&'static str> {
         }
         rest.is_empty()
     };
-    BOUNDS.iter().find(|b| is(b.kernel)).map(|b| b.kernel)
+    table.iter().find(|b| is(b.kernel)).map(|b| b.kernel)
 }
 
 /// The bounds of `kernel`, if it is in the table.
 pub fn bounds(kernel: &str) -> Option<Bounds> {
-    BOUNDS.iter().copied().find(|b| b.kernel == kernel)
+    BOUNDS.iter().chain(&CLUSTER_BOUNDS).copied().find(|b| b.kernel == kernel)
 }
 
 /// AMD waves per EU (SIMD) for `(threads, min_blocks)` on wave32 parts with 4 SIMDs per WGP:
