@@ -19,16 +19,17 @@ pub fn rank() -> u32 {
 /// another's, are seen by every thread of the cluster after it.
 #[inline(always)]
 pub fn sync() {
-    // SAFETY: a barrier; every thread of every block of the cluster must reach it, which callers
-    // guarantee by calling it outside divergent control flow and in blocks that all run it.
-    unsafe { asm!("barrier.cluster.arrive.aligned;", "barrier.cluster.wait.aligned;", options(nostack)) }
+    arrive();
+    wait();
 }
 
 /// The first half of [`sync`]: this thread has arrived (its writes before it released). Each
 /// thread arrives once, then waits once ([`wait`]) before it arrives again.
 #[inline(always)]
 pub fn arrive() {
-    // SAFETY: as `sync`; the matching `wait` comes later in the same threads.
+    // SAFETY: a barrier; every thread of every block of the cluster must reach it, which callers
+    // guarantee by calling it outside divergent control flow and in blocks that all run it; the
+    // matching `wait` comes later in the same threads.
     unsafe { asm!("barrier.cluster.arrive.aligned;", options(nostack)) }
 }
 
