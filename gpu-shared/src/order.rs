@@ -149,20 +149,23 @@ pub fn butterfly_sum(mut v: [f32; LANES]) -> f32 {
 /// code holds one half written out).
 #[inline(always)]
 pub fn butterfly_tree<const H: usize>(leaf: impl Fn(u32) -> [f32; H]) -> [f32; H] {
-    two_turns(0, 1, |half| butterfly_half_tree(half, &leaf))
+    two_turns(0, 1, |half| butterfly_half_tree(half, &|first, off| leaf(first + off)))
 }
 
 /// The butterfly's subtree of the 16 lanes `p = half (mod 2)`, `n2(half)` above, for `H` sums at
-/// once: a loop of two turns of 8 leaves, each turn written out, so a GPU thread addresses each
-/// leaf of a turn at a constant offset.
+/// once: a loop of two turns of 8 leaves, each turn written out. Leaf `p` is asked for as
+/// `leaf(first, off)`, `p = first + off`: the turn's first leaf (`half`, then `half + 2`) and an
+/// offset that is a constant once inlined, so a GPU thread addresses each leaf of a turn at a
+/// constant offset from the turn's addresses (given `p` alone, the compiler formed `first | off`
+/// and an address computation a leaf and head).
 /// The leaves come subtree by subtree (`n8(p) = (leaf(p) + leaf(p + 16)) + (leaf(p + 8) +
 /// leaf(p + 24))` for `p = half, half + 4, half + 2, half + 6`), each added to its sibling as
 /// soon as both are there. Two threads can each take one half of a sum: `even + odd` is the
 /// butterfly's last addition, and as addition commutes both get its bits.
 #[inline(always)]
-pub fn butterfly_half_tree<const H: usize>(half: u32, leaf: &impl Fn(u32) -> [f32; H]) -> [f32; H] {
+pub fn butterfly_half_tree<const H: usize>(half: u32, leaf: &impl Fn(u32, u32) -> [f32; H]) -> [f32; H] {
     debug_assert!(half < 2);
-    two_turns(half, 2, |p| n4(p, leaf))
+    two_turns(half, 2, |first| n4(first, leaf))
 }
 
 /// `turn(first) + turn(first + step)` for `H` sums at once, as a loop of two turns, so a GPU
@@ -180,13 +183,13 @@ fn two_turns<const H: usize>(first: u32, step: u32, turn: impl Fn(u32) -> [f32; 
 }
 
 #[inline(always)]
-fn n4<const H: usize>(p: u32, leaf: &impl Fn(u32) -> [f32; H]) -> [f32; H] {
-    add_each(n8(p, leaf), n8(p + 4, leaf))
+fn n4<const H: usize>(first: u32, leaf: &impl Fn(u32, u32) -> [f32; H]) -> [f32; H] {
+    add_each(n8(first, 0, leaf), n8(first, 4, leaf))
 }
 
 #[inline(always)]
-fn n8<const H: usize>(p: u32, leaf: &impl Fn(u32) -> [f32; H]) -> [f32; H] {
-    add_each(add_each(leaf(p), leaf(p + 16)), add_each(leaf(p + 8), leaf(p + 24)))
+fn n8<const H: usize>(first: u32, off: u32, leaf: &impl Fn(u32, u32) -> [f32; H]) -> [f32; H] {
+    add_each(add_each(leaf(first, off), leaf(first, off + 16)), add_each(leaf(first, off + 8), leaf(first, off + 24)))
 }
 
 /// `a[i] + b[i]` for each `i`. An index loop: the optimizer unrolls it and keeps the arrays in
@@ -362,7 +365,8 @@ mod tests {
             let leaf = |p: u32| [v[0][p as usize], v[1][p as usize], v[2][p as usize]];
             let tree = butterfly_tree(leaf);
             // Two threads' halves joined either way round (the attention's pairs of threads).
-            let (even, odd) = (butterfly_half_tree(0, &leaf), butterfly_half_tree(1, &leaf));
+            let by_parts = |first, off| leaf(first + off);
+            let (even, odd) = (butterfly_half_tree(0, &by_parts), butterfly_half_tree(1, &by_parts));
             for k in 0..3 {
                 let want = butterfly_sum(v[k]).to_bits();
                 assert_eq!(tree[k].to_bits(), want, "sum {k} of {:?}", v[k]);

@@ -1,5 +1,17 @@
-//! Integer SIMD-within-a-register operations.
+//! Integer SIMD-within-a-register operations, and [`opaque`].
 use core::arch::asm;
+
+/// `x`, through a register move the optimizer cannot see through. With its known bits lost, a
+/// sum of it and a constant stays a sum, which ptxas folds into a load's address offset (given
+/// a value it knew to be small, LLVM turned `x + 16` into `x | 16`: one more address computation
+/// per load).
+#[inline(always)]
+pub fn opaque(x: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a register move.
+    unsafe { asm!("mov.b32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nostack, pure, nomem, preserves_flags)) };
+    r
+}
 
 /// `c + sum of the four signed byte products of a and b` (`dp4a.s32.s32`).
 #[inline(always)]

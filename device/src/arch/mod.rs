@@ -7,7 +7,7 @@
 //! | [`index`] | thread / block / lane / warp indices |
 //! | [`sync`] | `sync_threads`, `sync_lds` (LDS-only barrier), `trap` |
 //! | [`warp`] | `shfl_xor_*`, `warp_sum_f32` (butterfly), `warp_max_f32`, `warp_sum_i32` |
-//! | [`int`] | `dp4a`, `prmt` (byte permute) |
+//! | [`int`] | `dp4a`, `prmt` (byte permute), `opaque` (a value whose bits the optimizer does not know) |
 //! | [`mem`] | read-only global loads (2, 4, 16 bytes), stores, typed dynamic shared memory |
 //! | [`convert`] | fp16 <-> f32, f32 -> i32 round-to-nearest-even, `sqrt_rn`, `fma_rn` |
 //! | [`cluster`] | sm_90 thread-block clusters: `rank`, `sync`, stores to a neighbour block's shared memory |

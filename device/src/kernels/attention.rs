@@ -8,7 +8,7 @@
 //! `strata_gpu_shared::replica::attention` (module doc).
 use crate::arch::mem::Smem;
 use super::quantize_q8_1::quantize_group;
-use crate::arch::{convert, index, mem, sync, warp};
+use crate::arch::{convert, index, int, mem, sync, warp};
 use strata_gpu_shared::formats::{q8_1, GROUP};
 use strata_gpu_shared::launch::attention::{attn_key_stage, ATTN_CHUNK, ATTN_CHUNK_SMEM_WORDS, ATTN_STAGE_WORDS, ATTN_MAX_BAND, ATTN_MAX_HD, ATTN_Q_WORDS, ATTN_PREP_WARPS, ATTN_SET_HEADS, ATTN_THREADS};
 use strata_gpu_shared::order;
@@ -280,14 +280,14 @@ attn_chunk_entries! { attn_chunk => 8, 4, attn_chunk_one => 1, 1 }
 /// Shared words of the `attn_chunk` entries: the band's queries from `Q_WORD`, value `d = p + 32
 /// i` of head `h` at `h * hd + (hd / 32) p + i` (a key's lane partial `p` reads its `hd / 32`
 /// query values together: one or two 16-byte loads for heads of 128 or 256 values); the scores
-/// then softmax terms `S[heads][ATTN_CHUNK]` from `S_WORD`; the warps' maxima `M[warp][heads]`
-/// from `M_WORD`; the two stage buffers from `K_WORD`, `ATTN_STAGE_WORDS` each (`attn_key_stage(hd)`
+/// then softmax terms `S[heads][ATTN_CHUNK]` from `S_WORD`; the warps' maxima `M[heads][warp]`
+/// from `M_WORD` (a head's in two 16-byte loads); the two stage buffers from `K_WORD`, `ATTN_STAGE_WORDS` each (`attn_key_stage(hd)`
 /// fp16 rows of `hd / 2 + 2` words for keys, `hd / 2` for values).
 const Q_WORD: u32 = 0;
 const S_WORD: u32 = Q_WORD + ATTN_Q_WORDS;
 const M_WORD: u32 = S_WORD + (ATTN_MAX_BAND * ATTN_CHUNK) as u32;
 const K_WORD: u32 = M_WORD + WARPS * ATTN_MAX_BAND as u32;
-const _: () = assert!(K_WORD % 4 == 0 && ATTN_STAGE_WORDS % 4 == 0 && K_WORD + 2 * ATTN_STAGE_WORDS <= ATTN_CHUNK_SMEM_WORDS && ATTN_MAX_HD / 32 <= 8);
+const _: () = assert!(M_WORD % 4 == 0 && WARPS == 8 && K_WORD % 4 == 0 && ATTN_STAGE_WORDS % 4 == 0 && K_WORD + 2 * ATTN_STAGE_WORDS <= ATTN_CHUNK_SMEM_WORDS && ATTN_MAX_HD / 32 <= 8);
 
 /// The query word of value `d` of head `h` for heads of `hd` values (the layout above).
 #[inline(always)]
@@ -356,9 +356,11 @@ unsafe fn store_output(out: *mut f32, xq: *mut u8, at: usize, v: f32) {
 /// Head `h`'s maximum over the chunk's scores: the warps' maxima folded.
 #[inline(always)]
 unsafe fn head_max(smem: Smem, h: u32) -> f32 {
+    let at = M_WORD + h * WARPS;
+    let maxima = [smem.ld_v4(at), smem.ld_v4(at + 4)];
     let mut m = f32::NEG_INFINITY;
-    for x in 0..WARPS {
-        m = m.max(f32::from_bits(smem.ld_u32(M_WORD + x * ATTN_MAX_BAND as u32 + h)));
+    for x in 0..WARPS as usize {
+        m = m.max(f32::from_bits(maxima[x / 4][x % 4]));
     }
     m
 }
@@ -399,7 +401,7 @@ impl Band {
             let s = if tid < n { f32::from_bits(smem.ld_u32(S_WORD + h * ATTN_CHUNK as u32 + tid)) } else { f32::NEG_INFINITY };
             let m = warp::warp_max_f32(s);
             if lane == 0 {
-                smem.st_u32(M_WORD + w * ATTN_MAX_BAND as u32 + h, m.to_bits());
+                smem.st_u32(M_WORD + h * WARPS + w, m.to_bits());
             }
         }
         sync::sync_threads();
@@ -426,11 +428,10 @@ impl Band {
             if active {
                 let ((base, rows), buffer) = (stages.span(s), stages.buffer(s));
                 let sum = ValueSum { smem, buffer, base, rows, row_words: hd / 2, d, r, sets, heads };
-                match (with_l, full_set) {
-                    (true, true) => sum.add::<W, true, true>(&mut l, &mut o),
-                    (true, false) => sum.add::<W, true, false>(&mut l, &mut o),
-                    (false, true) => sum.add::<W, false, true>(&mut l, &mut o),
-                    (false, false) => sum.add::<W, false, false>(&mut l, &mut o),
+                if hd == 128 {
+                    sum.add_to::<W, 128>(with_l, full_set, &mut l, &mut o);
+                } else {
+                    sum.add_to::<W, 0>(with_l, full_set, &mut l, &mut o);
                 }
             }
         }
@@ -529,7 +530,7 @@ impl Band {
             j += 2 * WARPS;
         }
         if lane == 0 {
-            smem.st_u32(M_WORD + w * ATTN_MAX_BAND as u32, warp_max.to_bits());
+            smem.st_u32(M_WORD + w, warp_max.to_bits());
         }
         sync::sync_threads();
         if tid < n {
@@ -594,7 +595,8 @@ impl Band {
     /// 16, and stores only those in it.
     #[inline(always)]
     unsafe fn score_heads<const NH: usize, const PL: usize, const EXACT: bool>(&self, smem: Smem, (buffer, base, rows): (u32, u32, u32), scale: f32) {
-        let hd = self.hd;
+        // With `EXACT`, `hd` is a constant, and so are the query heads' distances.
+        let hd = if EXACT { 32 * PL as u32 } else { self.hd };
         let per_lane = hd / 32;
         let kps = attn_key_stage(hd as usize);
         let tpk = ATTN_THREADS / (2 * kps);
@@ -612,11 +614,14 @@ impl Band {
                 query[x] = smem.addr(q_word(slot + tpk * x as u32, 0, hd));
             }
         });
-        let mine = order::butterfly_half_tree::<NH>(half, &|p| {
+        // Leaf `p = first + off`: the turn's addresses from `first`, the leaf's at constant
+        // offsets `off` from them.
+        let mine = order::butterfly_half_tree::<NH>(half, &|first, off| {
+            let first = int::opaque(first);
             let mut k = [0.0f32; 8];
             crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
                 if used(i) {
-                    k[i] = convert::f16_to_f32(Smem::ld_u16_at(key + 2 * p + 64 * i as u32));
+                    k[i] = convert::f16_to_f32(Smem::ld_u16_at(key + 2 * first + 2 * off + 64 * i as u32));
                 }
             });
             let mut acc = [0.0f32; NH];
@@ -624,7 +629,8 @@ impl Band {
                 if x < NH {
                     // Lane partial p's query values (16-byte aligned where the lane count is
                     // exactly 4 or 8).
-                    let at = query[x] + 4 * if EXACT { PL as u32 } else { per_lane } * p;
+                    let lane_bytes = 4 * if EXACT { PL as u32 } else { per_lane };
+                    let at = query[x] + lane_bytes * first + lane_bytes * off;
                     let mut qv = [[0u32; 4]; 2];
                     if EXACT {
                         qv[0] = Smem::ld_v4_at(at);
@@ -702,18 +708,30 @@ impl Stages {
         let dst = self.smem.addr(self.buffer(s));
         // 8-byte pieces of the keys' padded rows, 16-byte pieces of the values'.
         let (piece_halves, row_bytes) = if values { (8, 2 * self.hd) } else { (4, 2 * self.hd + 8) };
-        let pieces = self.hd / piece_halves;
-        let mut i = index::thread_idx();
-        while i < rows * pieces {
-            let (row, piece) = (i / pieces, i % pieces);
-            let from = src.add(row as usize * self.stride + (piece * piece_halves) as usize) as *const u8;
-            let to = dst + row * row_bytes + 2 * piece * piece_halves;
+        let (pieces, piece_bytes) = (self.hd / piece_halves, 2 * piece_halves);
+        // The thread's pieces are `tid, tid + ATTN_THREADS, ...` of the stage's `rows * pieces`,
+        // walked with the piece's row and both addresses stepped, not divided out (a divide by
+        // the run-time `pieces` and the addresses from it were 29 instructions a piece).
+        let stride_bytes = 2 * self.stride;
+        let tid = index::thread_idx();
+        let (mut row, mut piece) = (tid / pieces, tid % pieces);
+        let (row_step, piece_step) = (ATTN_THREADS / pieces, ATTN_THREADS % pieces);
+        let mut from = (src as *const u8).add(row as usize * stride_bytes + (piece * piece_bytes) as usize);
+        let mut to = dst + row * row_bytes + piece * piece_bytes;
+        let from_step = row_step as usize * stride_bytes + (piece_step * piece_bytes) as usize;
+        let to_step = row_step * row_bytes + piece_step * piece_bytes;
+        // Into the next row: a row further on, `pieces` pieces back.
+        let (from_wrap, to_wrap) = (stride_bytes - (pieces * piece_bytes) as usize, row_bytes - pieces * piece_bytes);
+        while row < rows {
             if values {
                 mem::cp_async_16(to, from);
             } else {
                 mem::cp_async_8(to, from);
             }
-            i += ATTN_THREADS;
+            (row, piece, from, to) = (row + row_step, piece + piece_step, from.wrapping_add(from_step), to + to_step);
+            if piece >= pieces {
+                (row, piece, from, to) = (row + 1, piece - pieces, from.wrapping_add(from_wrap), to + to_wrap);
+            }
         }
     }
 
@@ -742,48 +760,65 @@ struct ValueSum {
 }
 
 impl ValueSum {
+    /// [`ValueSum::add`] for the thread's sums: `with_l`, also the terms' sum; `full_set`, all
+    /// `ATTN_SET_HEADS` heads of the thread's set in the band. `HD`: the heads' values where a
+    /// constant (0: `hd` read at run time).
+    #[inline(always)]
+    unsafe fn add_to<const W: usize, const HD: u32>(&self, with_l: bool, full_set: bool, l: &mut [f32; ATTN_SET_HEADS], o: &mut [f32; ATTN_SET_HEADS]) {
+        match (with_l, full_set) {
+            (true, true) => self.add::<W, true, true, HD>(l, o),
+            (true, false) => self.add::<W, true, false, HD>(l, o),
+            (false, true) => self.add::<W, false, true, HD>(l, o),
+            (false, false) => self.add::<W, false, false, HD>(l, o),
+        }
+    }
+
     /// `o[x] = fma(p_j, v_j[d], o[x])` (and with `L`, `l[x] += p_j`) over the stage's keys in order, for
     /// head `r + x * sets` of the band (`FULL`: all `ATTN_SET_HEADS` of them, unchecked); each
-    /// head's terms of 4 keys come in one 16-byte load (`base` is a multiple of 4).
+    /// head's terms of 4 keys come in one 16-byte load (`base` is a multiple of 4). The shared
+    /// addresses are stepped, 8 keys a turn: with `HD` a constant, every load of a turn is at a
+    /// constant offset from one value address and one terms address.
     #[inline(always)]
-    unsafe fn add<const W: usize, const L: bool, const FULL: bool>(&self, l: &mut [f32; ATTN_SET_HEADS], o: &mut [f32; ATTN_SET_HEADS]) {
+    unsafe fn add<const W: usize, const L: bool, const FULL: bool, const HD: u32>(&self, l: &mut [f32; ATTN_SET_HEADS], o: &mut [f32; ATTN_SET_HEADS]) {
         let has = |x: usize| x < W && (FULL || self.r + x as u32 * self.sets < self.heads);
-        // Shared addresses stepped in 32 bits: value d of the stage's rows, each head's terms.
-        let (row_bytes, value0) = (4 * self.row_words, self.smem.addr(self.buffer) + 2 * self.d);
-        let value = |jj: u32| convert::f16_to_f32(Smem::ld_u16_at(value0 + row_bytes * jj));
-        let mut terms = [0u32; ATTN_SET_HEADS];
-        crate::unroll!(x in [0, 1, 2, 3] {
-            terms[x] = self.smem.addr(S_WORD + (self.r + x as u32 * self.sets) * ATTN_CHUNK as u32 + self.base);
-        });
+        let (row_bytes, sets) = if HD > 0 { (2 * HD, ATTN_THREADS / HD) } else { (4 * self.row_words, self.sets) };
+        // Value d of key jj, and head x's terms from key jj (`ATTN_CHUNK` words a head).
+        let mut value = self.smem.addr(self.buffer) + 2 * self.d;
+        let mut terms = self.smem.addr(S_WORD + self.r * ATTN_CHUNK as u32 + self.base);
+        let head_bytes = 4 * sets * ATTN_CHUNK as u32;
+        let mut add_key = |x: usize, p: u32, v: f32| {
+            let p = f32::from_bits(p);
+            if L {
+                l[x] += p;
+            }
+            o[x] = convert::fma_rn(p, v, o[x]);
+        };
         let mut jj = 0;
-        while jj + 4 <= self.rows {
-            let v = [value(jj), value(jj + 1), value(jj + 2), value(jj + 3)];
+        while jj + 8 <= self.rows {
+            let mut v = [0.0f32; 8];
+            crate::unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
+                v[u] = convert::f16_to_f32(Smem::ld_u16_at(value + u as u32 * row_bytes));
+            });
             crate::unroll!(x in [0, 1, 2, 3] {
                 if has(x) {
-                    let p = Smem::ld_v4_at(terms[x] + 4 * jj);
-                    crate::unroll!(u in [0, 1, 2, 3] {
-                        let p = f32::from_bits(p[u]);
-                        if L {
-                            l[x] += p;
-                        }
-                        o[x] = convert::fma_rn(p, v[u], o[x]);
+                    crate::unroll!(quad in [0, 1] {
+                        let p = Smem::ld_v4_at(terms + x as u32 * head_bytes + 16 * quad as u32);
+                        crate::unroll!(u in [0, 1, 2, 3] {
+                            add_key(x, p[u], v[4 * quad + u]);
+                        });
                     });
                 }
             });
-            jj += 4;
+            (jj, value, terms) = (jj + 8, value + 8 * row_bytes, terms + 32);
         }
         while jj < self.rows {
-            let v = value(jj);
+            let v = convert::f16_to_f32(Smem::ld_u16_at(value));
             crate::unroll!(x in [0, 1, 2, 3] {
                 if has(x) {
-                    let p = f32::from_bits(Smem::ld_u32_at(terms[x] + 4 * jj));
-                    if L {
-                        l[x] += p;
-                    }
-                    o[x] = convert::fma_rn(p, v, o[x]);
+                    add_key(x, Smem::ld_u32_at(terms + x as u32 * head_bytes), v);
                 }
             });
-            jj += 1;
+            (jj, value, terms) = (jj + 1, value + row_bytes, terms + 4);
         }
     }
 }
