@@ -1,47 +1,38 @@
-// router_topk: the MoE router's softmax, top-k and renormalisation, one warp per token. Twin of
-// device/src/kernels/route.rs; spec in gpu-shared/src/replica/route.rs. Uses head.hip's
-// top_prob_term and ld_f32 and moe.hip's table offsets (earlier in the translation unit).
+// router_topk: the MoE router's softmax, top-k and renormalisation, one block of
+// STRATA_ROUTER_THREADS per token. Twin of device/src/kernels/route.rs; spec in
+// gpu-shared/src/replica/route.rs. Uses head.hip's top_prob_term and ld_f32 and moe.hip's table
+// offsets (earlier in the translation unit).
 //
-// Lane l holds experts l, l + 32, ... as prob_keys (order::prob_key: the probability's bits above
-// the inverted id, whose integer order is argmax_better's) and keeps the best of them; each of
-// the k passes takes the warp's maximum key, the best expert not yet taken (the spec's pick), and
-// the lane that held it clears that slot and finds its next best. With table not null (a
-// one-token window) it also writes the window's group table: k groups of one pick in increasing
-// id, lane r's group its pick's rank among the picks.
+// Thread i holds experts i, i + STRATA_ROUTER_THREADS, ... and stores each one's prob_key
+// (order::prob_key: the probability's bits above the inverted id, whose integer order is
+// argmax_better's) into shared memory, 0 past n_expert. An expert's selection slot is its rank,
+// the number of keys that beat its own: each thread counts that for its experts against every
+// key, 8 a turn, and an expert of rank r < k writes pick r. Warp 0 adds the picks in slot order
+// and stores them. With table not null (a one-token window) it also writes the window's group
+// table: k groups of one pick in increasing id, lane r's group its pick's rank among the picks.
 #include "strata_hip.h"
 
 STRATA_FN uint64_t prob_key(float p, uint32_t i) {
   return ((uint64_t)__builtin_bit_cast(uint32_t, p) << 32) | (uint64_t)(~i);
 }
 
-// The warp's maximum key, in every lane: the high words' maximum, then the low words' among the
-// lanes holding it.
-STRATA_FN uint64_t warp_max_key(uint64_t v) {
-  uint32_t hi = (uint32_t)(v >> 32), lo = (uint32_t)v;
-  for (uint32_t o = 16; o > 0; o >>= 1) {
-    uint32_t h = shfl_xor_u32(hi, o);
-    hi = h > hi ? h : hi;
-  }
-  lo = (uint32_t)(v >> 32) == hi ? lo : 0u;
-  for (uint32_t o = 16; o > 0; o >>= 1) {
-    uint32_t x = shfl_xor_u32(lo, o);
-    lo = x > lo ? x : lo;
-  }
-  return ((uint64_t)hi << 32) | lo;
+STRATA_FN uint64_t router_smem_key(uint32_t e) {
+  return (uint64_t)strata_smem[STRATA_ROUTER_KEY_WORD + 2 * e] | (uint64_t)strata_smem[STRATA_ROUTER_KEY_WORD + 2 * e + 1] << 32;
 }
 
-// The best of a lane's keys (0 when it holds none), as a tree of pairwise maxima (four dependent
-// steps, not fifteen).
-STRATA_FN uint64_t lane_best(const uint64_t (&key)[STRATA_ROUTER_PER_LANE]) {
-  uint64_t m[STRATA_ROUTER_PER_LANE];
+// How many of the first 8 turns keys in shared memory beat each of the thread's S keys.
+template <uint32_t S>
+STRATA_FN void router_ranks(const uint64_t (&key)[STRATA_ROUTER_PER_THREAD], uint32_t turns, uint32_t (&rank)[STRATA_ROUTER_PER_THREAD]) {
+  for (uint32_t i = 0; i < turns; i++) {
+    uint64_t other[8];
 #pragma unroll
-  for (uint32_t i = 0; i < STRATA_ROUTER_PER_LANE; i++) m[i] = key[i];
+    for (uint32_t u = 0; u < 8; u++) other[u] = router_smem_key(8 * i + u);
 #pragma unroll
-  for (uint32_t half = STRATA_ROUTER_PER_LANE / 2; half > 0; half /= 2) {
+    for (uint32_t u = 0; u < 8; u++) {
 #pragma unroll
-    for (uint32_t i = 0; i < half; i++) m[i] = m[i + half] > m[i] ? m[i + half] : m[i];
+      for (uint32_t j = 0; j < S; j++) rank[j] += other[u] > key[j] ? 1u : 0u;
+    }
   }
-  return m[0];
 }
 
 // moe::group's table of one token's k picks (distinct ids below n_expert), lane r holding pick r.
@@ -59,43 +50,61 @@ STRATA_FN void one_token_table(uint32_t id, uint32_t k, uint32_t* table) {
 
 STRATA_KERNEL(router_topk)(const float* logits, uint32_t tokens, uint32_t n_expert, uint32_t k, uint32_t* ids, float* weights,
                            uint32_t* table) {
-  uint32_t t = block_idx() * STRATA_ROUTER_WARPS + warp_in_block();
-  if (t >= tokens) return;  // padded grid: the whole warp
+  uint32_t t = block_idx();
+  if (t >= tokens) return;  // padded grid: the whole block
   const float* row = logits + (uint64_t)t * n_expert;
-  uint32_t ln = lane();
-  float l[STRATA_ROUTER_PER_LANE];
+  uint32_t tid = thread_idx(), ln = lane(), w = warp_in_block();
+  float l[STRATA_ROUTER_PER_THREAD];
   float m = __builtin_bit_cast(float, 0xff800000u);
 #pragma unroll
-  for (uint32_t i = 0; i < STRATA_ROUTER_PER_LANE; i++) {
-    l[i] = 0.0f;
-    if (ln + 32 * i < n_expert) {
-      l[i] = ld_f32(row, ln + 32 * i);
-      m = max_f32(m, l[i]);
+  for (uint32_t j = 0; j < STRATA_ROUTER_PER_THREAD; j++) {
+    l[j] = 0.0f;
+    if (tid + STRATA_ROUTER_THREADS * j < n_expert) {
+      l[j] = ld_f32(row, tid + STRATA_ROUTER_THREADS * j);
+      m = max_f32(m, l[j]);
     }
   }
+  // The row's maximum (exact in any order): the warps' maxima folded.
   m = warp_max_f32(m);
-  // Slots past n_expert keep key 0, below every expert's.
-  uint64_t key[STRATA_ROUTER_PER_LANE];
+  if (ln == 0) strata_smem[STRATA_ROUTER_MAX_WORD + w] = __builtin_bit_cast(uint32_t, m);
+  sync_threads();
+  m = __builtin_bit_cast(float, 0xff800000u);
 #pragma unroll
-  for (uint32_t i = 0; i < STRATA_ROUTER_PER_LANE; i++)
-    key[i] = ln + 32 * i < n_expert ? prob_key(top_prob_term(l[i], m), ln + 32 * i) : 0;
-  uint64_t best = lane_best(key);
-  float mine_p = 0.0f, sum = 0.0f;
-  uint32_t mine_id = 0;
-  for (uint32_t r = 0; r < k; r++) {
-    uint64_t pick = warp_max_key(best);
-    float p = __builtin_bit_cast(float, (uint32_t)(pick >> 32));
-    uint32_t id = ~(uint32_t)pick;
-    if (ln == r) mine_p = p, mine_id = id;
-    sum = sum + p;
-    if (id % 32 == ln) {
+  for (uint32_t x = 0; x < STRATA_ROUTER_THREADS / 32; x++) m = max_f32(m, __builtin_bit_cast(float, strata_smem[STRATA_ROUTER_MAX_WORD + x]));
+  // Every slot's key into shared memory, 0 past n_expert.
+  uint64_t key[STRATA_ROUTER_PER_THREAD];
 #pragma unroll
-      for (uint32_t i = 0; i < STRATA_ROUTER_PER_LANE; i++)
-        if (i == id / 32) key[i] = 0;
-      best = lane_best(key);
+  for (uint32_t j = 0; j < STRATA_ROUTER_PER_THREAD; j++) {
+    uint32_t e = tid + STRATA_ROUTER_THREADS * j;
+    key[j] = e < n_expert ? prob_key(top_prob_term(l[j], m), e) : 0;
+    strata_smem[STRATA_ROUTER_KEY_WORD + 2 * e] = (uint32_t)key[j];
+    strata_smem[STRATA_ROUTER_KEY_WORD + 2 * e + 1] = (uint32_t)(key[j] >> 32);
+  }
+  sync_threads();
+  uint32_t slots = n_expert > tid ? (n_expert - tid + STRATA_ROUTER_THREADS - 1) / STRATA_ROUTER_THREADS : 0;
+  uint32_t turns = (n_expert + 7) / 8;
+  uint32_t rank[STRATA_ROUTER_PER_THREAD] = {0, 0, 0, 0};
+  if (slots == 1) router_ranks<1>(key, turns, rank);
+  else if (slots == 2) router_ranks<2>(key, turns, rank);
+  else if (slots == 3) router_ranks<3>(key, turns, rank);
+  else if (slots >= 4) router_ranks<4>(key, turns, rank);
+#pragma unroll
+  for (uint32_t j = 0; j < STRATA_ROUTER_PER_THREAD; j++) {
+    if (j < slots && rank[j] < k) {
+      strata_smem[STRATA_ROUTER_PICK_WORD + rank[j]] = (uint32_t)(key[j] >> 32);
+      strata_smem[STRATA_ROUTER_PICK_WORD + STRATA_ROUTER_MAX_K + rank[j]] = tid + STRATA_ROUTER_THREADS * j;
     }
   }
+  sync_threads();
+  if (w != 0) return;
+  // Warp 0: the picks' sum in slot order (every lane), lane r stores pick r.
+  float sum = 0.0f;
+  for (uint32_t r = 0; r < k; r++) sum = sum + __builtin_bit_cast(float, strata_smem[STRATA_ROUTER_PICK_WORD + r]);
+  float mine_p = 0.0f;
+  uint32_t mine_id = 0;
   if (ln < k) {
+    mine_p = __builtin_bit_cast(float, strata_smem[STRATA_ROUTER_PICK_WORD + ln]);
+    mine_id = strata_smem[STRATA_ROUTER_PICK_WORD + STRATA_ROUTER_MAX_K + ln];
     uint64_t at = (uint64_t)t * k + ln;
     ids[at] = mine_id;
     weights[at] = sum == 0.0f ? 0.0f : mine_p / sum;

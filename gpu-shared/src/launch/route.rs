@@ -2,14 +2,24 @@
 use super::Bounds;
 use crate::order::HEAD_THREADS;
 
-/// Tokens (one warp each) per `router_topk` block.
-pub const ROUTER_WARPS: u32 = 4;
-/// The most experts `router_topk` takes: [`ROUTER_PER_LANE`] per lane, held in registers.
+/// Threads of a `router_topk` block (one block per token): thread `i` holds experts `i, i +
+/// ROUTER_THREADS, ...`.
+pub const ROUTER_THREADS: u32 = 128;
+/// The most experts `router_topk` takes.
 pub const ROUTER_MAX_EXPERTS: usize = 512;
-/// Experts per lane of a router warp (expert `j` is lane `j % 32`'s slot `j / 32`).
-pub const ROUTER_PER_LANE: usize = ROUTER_MAX_EXPERTS / 32;
-/// The most experts a token selects: lane `r` of the warp holds selection `r`.
+/// Experts per thread of a router block (in registers).
+pub const ROUTER_PER_THREAD: usize = ROUTER_MAX_EXPERTS / ROUTER_THREADS as usize;
+/// The most experts a token selects.
 pub const ROUTER_MAX_K: usize = 16;
+/// Shared words of a `router_topk` block: every expert's probability key (two words, low
+/// first: `ROUTER_MAX_EXPERTS` keys, 0 past `n_expert`), from word [`ROUTER_KEY_WORD`]; the
+/// warps' maxima from [`ROUTER_MAX_WORD`]; the picks' probabilities then ids in selection
+/// order from [`ROUTER_PICK_WORD`].
+pub const ROUTER_KEY_WORD: u32 = 0;
+pub const ROUTER_MAX_WORD: u32 = ROUTER_KEY_WORD + 2 * ROUTER_MAX_EXPERTS as u32;
+pub const ROUTER_PICK_WORD: u32 = ROUTER_MAX_WORD + ROUTER_THREADS / 32;
+pub const ROUTER_SMEM_WORDS: u32 = ROUTER_PICK_WORD + 2 * ROUTER_MAX_K as u32;
+const _: () = assert!(ROUTER_MAX_EXPERTS % (ROUTER_THREADS as usize) == 0 && ROUTER_MAX_EXPERTS % 8 == 0);
 
 /// The most candidates `sample_rows` draws from (`top_k`).
 pub const SAMPLE_MAX_K: usize = 256;
@@ -22,19 +32,21 @@ pub const SAMPLE_CAND_IDX: usize = 2 * (SAMPLE_THREADS / 32);
 pub const SAMPLE_CAND_VAL: usize = SAMPLE_CAND_IDX + SAMPLE_MAX_K;
 pub const SAMPLE_SMEM_WORDS: usize = SAMPLE_CAND_VAL + SAMPLE_MAX_K;
 
-/// This family's kernels (joined into [`super::BOUNDS`]). The router launches a block per 4
-/// tokens, so occupancy is no concern: 4 blocks per SM leave it 128 registers, where the 16
-/// probabilities and 16 expert ids a lane holds fit (at 8 blocks, 64 registers, NVRTC 13.0
-/// spilled 76 bytes).
+/// This family's kernels (joined into [`super::BOUNDS`]). The router launches a block per
+/// token, so occupancy is no concern: 4 blocks per SM leave it 128 registers.
 pub const BOUNDS: [Bounds; 2] = [
-    Bounds { kernel: "router_topk", threads: 32 * ROUTER_WARPS, min_blocks: 4, smem_bytes: 0 },
+    Bounds { kernel: "router_topk", threads: ROUTER_THREADS, min_blocks: 4, smem_bytes: 4 * ROUTER_SMEM_WORDS },
     Bounds { kernel: "sample_rows", threads: SAMPLE_THREADS as u32, min_blocks: 4, smem_bytes: 4 * SAMPLE_SMEM_WORDS as u32 },
 ];
 
 /// Sizes the HIP sources read as `STRATA_<NAME>`.
 pub const GEOMETRY: &[(&str, usize)] = &[
-    ("ROUTER_WARPS", ROUTER_WARPS as usize),
-    ("ROUTER_PER_LANE", ROUTER_PER_LANE),
+    ("ROUTER_THREADS", ROUTER_THREADS as usize),
+    ("ROUTER_PER_THREAD", ROUTER_PER_THREAD),
+    ("ROUTER_KEY_WORD", ROUTER_KEY_WORD as usize),
+    ("ROUTER_MAX_WORD", ROUTER_MAX_WORD as usize),
+    ("ROUTER_PICK_WORD", ROUTER_PICK_WORD as usize),
+    ("ROUTER_MAX_K", ROUTER_MAX_K),
     ("SAMPLE_THREADS", SAMPLE_THREADS),
     ("SAMPLE_CAND_IDX", SAMPLE_CAND_IDX),
     ("SAMPLE_CAND_VAL", SAMPLE_CAND_VAL),

@@ -13,7 +13,7 @@ use crate::gpu::holds;
 use crate::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, random_logits, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
-use strata_gpu_shared::launch::route::{ROUTER_MAX_EXPERTS, ROUTER_MAX_K, ROUTER_WARPS, SAMPLE_MAX_K};
+use strata_gpu_shared::launch::route::{ROUTER_MAX_EXPERTS, ROUTER_MAX_K, SAMPLE_MAX_K};
 use strata_gpu_shared::launch::HEAD_CHUNK;
 use strata_gpu_shared::{moe, replica};
 
@@ -188,9 +188,9 @@ impl GpuBackend {
             Some(table) => a.arg(table),
             None => a.arg(&null),
         };
-        // SAFETY: the kernel's parameters in order, buffers checked above; warps past `tokens`
-        // return at once, so a padded grid is covered.
-        unsafe { self.launch_async(ROUTER, self.padded_grid(ROUTER, t.div_ceil(ROUTER_WARPS)), a) }
+        // SAFETY: the kernel's parameters in order, buffers checked above, its shared memory from
+        // its bounds; blocks past `tokens` return at once, so a padded grid is covered.
+        unsafe { self.launch_async(ROUTER, self.padded_grid(ROUTER, t), a) }
     }
 
     /// Queues `sample_rows` over `rows` rows of `n` logits, row `t` at position `pos[0] + t`
@@ -375,13 +375,14 @@ fn sample_case(backends: &[&dyn RouteOps], rows: usize, n: usize, p: SampleParam
     })
 }
 
-/// The family's parity suite from `seed`: the router at 8, 128 and 512 experts with k 1, 2, 8
-/// and 10 (where k fits) for 1..=8 tokens; the sampler at 1000 and 151,936 logits under several
+/// The family's parity suite from `seed`: the router at 8, 60, 128, 257 and 512 experts (whole
+/// and partial turns of 8 keys and rows of 128 slots) with k 1, 2, 8 and 10 (where k fits) for
+/// 1..=8 tokens; the sampler at 1000 and 151,936 logits under several
 /// top-k / top-p / temperature settings, seeds and positions. `backends[0]` is the reference.
 pub fn parity_cases(backends: &[&dyn RouteOps], seed: u64) -> Result<Vec<Outcome>> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut out = Vec::new();
-    for n_expert in [8, 128, 512] {
+    for n_expert in [8, 60, 128, 257, 512] {
         for k in [1, 2, 8, 10].into_iter().filter(|&k| k <= n_expert) {
             out.push(router_case(backends, rng.random_range(1..=8), n_expert, k, rng.random())?);
         }
