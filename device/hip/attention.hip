@@ -89,7 +89,7 @@ STRATA_FN uint32_t attn_n_chunks(uint32_t n_ctx) { return (n_ctx + STRATA_ATTN_C
 
 // Shared words of attn_chunk (the Rust twin's layout): the band's queries from ATTN_Q_WORD, value
 // d = p + 32 i of head h at h * hd + (hd / 32) p + i; the scores then softmax terms
-// S[heads][STRATA_ATTN_CHUNK]; the warps' maxima M[warp][heads]; the two stage buffers,
+// S[heads][STRATA_ATTN_CHUNK]; the warps' maxima M[heads][warp]; the two stage buffers,
 // STRATA_ATTN_STAGE_WORDS each (attn_key_stage(hd) fp16 rows of hd / 2 + 2 words for keys, hd / 2
 // for values).
 #define ATTN_Q_WORD 0u
@@ -113,7 +113,7 @@ STRATA_FN uint32_t attn_key_stage(uint32_t hd) { return 64 * (hd / 2 + 2) <= STR
 // Head h's maximum over the chunk's scores: the warps' maxima folded.
 STRATA_FN float attn_head_max(uint32_t h) {
   float m = attn_neg_inf();
-  for (uint32_t x = 0; x < ATTN_WARPS; x++) m = max_f32(m, attn_smem_f32(ATTN_M_WORD + x * STRATA_ATTN_MAX_BAND + h));
+  for (uint32_t x = 0; x < ATTN_WARPS; x++) m = max_f32(m, attn_smem_f32(ATTN_M_WORD + h * ATTN_WARPS + x));
   return m;
 }
 
@@ -319,7 +319,7 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
   for (uint32_t h = 0; h < heads; h++) {
     float s = tid < n ? attn_smem_f32(ATTN_S_WORD + h * STRATA_ATTN_CHUNK + tid) : attn_neg_inf();
     float m = warp_max_f32(s);
-    if (l == 0) strata_smem[ATTN_M_WORD + w * STRATA_ATTN_MAX_BAND + h] = __builtin_bit_cast(uint32_t, m);
+    if (l == 0) strata_smem[ATTN_M_WORD + h * ATTN_WARPS + w] = __builtin_bit_cast(uint32_t, m);
   }
   sync_threads();
   if (tid < n) {
@@ -387,7 +387,7 @@ STRATA_FN void attn_one_chunk_one_head(const uint16_t* k_cache, const uint16_t* 
       warp_max = max_f32(warp_max, s);
     }
   }
-  if (l == 0) strata_smem[ATTN_M_WORD + w * STRATA_ATTN_MAX_BAND] = __builtin_bit_cast(uint32_t, warp_max);
+  if (l == 0) strata_smem[ATTN_M_WORD + w] = __builtin_bit_cast(uint32_t, warp_max);
   sync_threads();
   if (tid < n) strata_smem[ATTN_S_WORD + tid] = __builtin_bit_cast(uint32_t, exp_neg(attn_smem_f32(ATTN_S_WORD + tid) - attn_head_max(0)));
   sync_threads();
