@@ -353,7 +353,7 @@ STRATA_FN void attn_one_chunk(const uint16_t* k_cache, const uint16_t* v_cache, 
   }
 }
 
-// One chunk for a band of one head (attn_chunk_one, the small grids of short contexts): warp w
+// One chunk for a band of one head (attn_chunk_one, for groups with no band above one): warp w
 // scores keys w, w + 8, ..., two in flight (lane p sums q[p + 32 i] * k[p + 32 i] over i left to
 // right, the warp butterfly the 32 partials); thread i turns key i's score into its softmax term;
 // thread d < hd sums p_j * v_j[d] and p_j over the keys in order, ATTN_V_AHEAD values loaded

@@ -486,8 +486,8 @@ impl Band {
         }
     }
 
-    /// One chunk for a band of one head (`attn_chunk_one`, the small grids of short contexts,
-    /// where it beats the staged body: docs/kernels/attention.md). Warp `w` scores keys `w, w +
+    /// One chunk for a band of one head (`attn_chunk_one`, for groups with no band above one:
+    /// docs/kernels/attention.md). Warp `w` scores keys `w, w +
     /// 8, ...`, two in flight: lane `p` takes `acc = fma(q[p + 32 i], k[p + 32 i], acc)` over `i` in turn,
     /// the warp butterfly the 32 partials; thread `i` turns key `i`'s score into its softmax term;
     /// thread `d < hd` sums `p_j * v_j[d]` and `p_j` over the keys in order, loading

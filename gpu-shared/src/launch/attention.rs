@@ -103,30 +103,39 @@ pub const fn attn_band_fits(n_q: usize, n_kv: usize, hd: usize, band: usize) -> 
     band > 0 && band <= attn_max_band(hd) && (n_q / n_kv) % band == 0
 }
 
-/// Query heads per `attn_chunk` block: the widest band (the group's largest divisor at most
-/// [`attn_max_band`]) when its grid of `tokens * (n_q / band) * split` blocks has at least
-/// `min_blocks`, else 1 (`attn_chunk_one`). A wide band reads the keys and values once for all
-/// its heads but leaves fewer, longer blocks; on the H200 the
-/// bands in between were never the fastest (`strata bench attention --bands`). Any band gives
+/// Query heads per `attn_chunk` block: the widest band above one (a divisor of the group, at
+/// most [`attn_max_band`]) whose grid of `tokens * (n_q / band) * split` blocks has at least
+/// `min_blocks`, else the narrowest band above one; one head a block (`attn_chunk_one`) only
+/// when no band above one fits the group. A wide band reads the keys and values once for all its
+/// heads but leaves fewer, longer blocks; a band of one, whose warps score keys and read values
+/// straight from memory, was slower than a band of two at every context past 32 keys on the
+/// H200 (`strata bench attention --bands 1,2,4,8`, docs/kernels/attention.md). Any band gives
 /// the same bits.
 pub const fn attn_band(n_q: usize, n_kv: usize, hd: usize, tokens: usize, split: usize, min_blocks: usize) -> usize {
     let group = n_q / n_kv;
     let widest = attn_max_band(hd);
     let mut band = if group < widest { group } else { widest };
-    while !attn_band_fits(n_q, n_kv, hd, band) {
+    let mut narrowest = 1;
+    let mut wide_enough = 0;
+    while band > 1 {
+        if attn_band_fits(n_q, n_kv, hd, band) {
+            if wide_enough == 0 && tokens * (n_q / band) * split >= min_blocks {
+                wide_enough = band;
+            }
+            narrowest = band;
+        }
         band -= 1;
     }
-    if tokens * (n_q / band) * split >= min_blocks {
-        band
+    if wide_enough > 0 {
+        wide_enough
     } else {
-        1
+        narrowest
     }
 }
 
-/// [`attn_band`]'s `min_blocks` for a device of `sm_count` SMs: the wide band (its keys staged
-/// and scored by two threads a key) wins from a grid of one block for every two SMs; below that, one
-/// head a block (`attn_chunk_one`, warps scoring keys), which spreads short contexts over more
-/// blocks. Measured on the H200 (`strata bench attention --bands rule,1,8`,
+/// [`attn_band`]'s `min_blocks` for a device of `sm_count` SMs: a band whose grid has a block for
+/// every two SMs is worth its wider reads of each key and value. Measured on the H200 (`strata
+/// bench attention --bands 1,2,4,8` across splits 1..32 and windows of 1, 4 and 8 tokens,
 /// docs/kernels/attention.md).
 pub const fn attn_band_min_blocks(sm_count: usize) -> usize {
     sm_count.div_ceil(2)
@@ -164,30 +173,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn band_is_the_widest_divisor_or_one() {
-        // 30b-a3b heads (8 a group) on 132 SMs (66 blocks): one token takes the whole group past
-        // 4096 keys (split 32: 128 blocks), one head a block up to them (split 16: 64 blocks);
-        // four tokens past 1024 keys (split 8), eight past 512 (split 4).
+    fn band_is_the_widest_with_enough_blocks_else_the_narrowest_above_one() {
+        // 30b-a3b heads (8 a group) on 132 SMs (66 blocks): one token takes the whole group from
+        // split 32 (128 blocks), four heads at split 16 (128), two below (16..64 blocks, too few
+        // for any band: the narrowest); eight tokens take 2 heads at split 1 (128 blocks), 4 at
+        // split 2, 8 from split 4.
         let min = attn_band_min_blocks(132);
         assert_eq!(min, 66);
-        assert_eq!(attn_band(32, 4, 128, 1, 32, min), 8);
-        assert_eq!(attn_band(32, 4, 128, 1, 16, min), 1);
-        assert_eq!(attn_band(32, 4, 128, 4, 8, min), 8);
-        assert_eq!(attn_band(32, 4, 128, 4, 4, min), 1);
-        assert_eq!(attn_band(32, 4, 128, 8, 4, min), 8);
-        assert_eq!(attn_band(32, 4, 128, 8, 2, min), 1);
-        assert_eq!(attn_band(32, 4, 128, 1, 1, min), 1);
-        // Bands divide the group: 6 heads a group gives 6, 12 heads of 256 values (at most 4)
-        // give 4, 7 heads give 7 at 128 values and 1 at 256 (no divisor of 7 in 2..=4).
+        for (tokens, split, band) in [(1, 32, 8), (1, 16, 4), (1, 8, 2), (1, 1, 2), (4, 8, 8), (4, 4, 4), (4, 2, 2), (4, 1, 2), (8, 4, 8), (8, 2, 4), (8, 1, 2)] {
+            assert_eq!(attn_band(32, 4, 128, tokens, split, min), band, "{tokens} tokens, split {split}");
+        }
+        // Bands divide the group: 6 heads a group gives 6 with blocks enough and 2 without, 12
+        // heads of 256 values (at most 4) give 4 or 2, 7 heads give 7 at 128 values and 1 at 256
+        // (no divisor of 7 in 2..=4).
         assert_eq!(attn_band(12, 2, 128, 8, 256, 1), 6);
+        assert_eq!(attn_band(12, 2, 128, 1, 1, 66), 2);
         assert_eq!(attn_band(12, 1, 256, 1, 256, 1), 4);
+        assert_eq!(attn_band(12, 1, 256, 1, 1, 66), 2);
         assert_eq!(attn_band(7, 1, 128, 1, 256, 1), 7);
+        assert_eq!(attn_band(7, 1, 128, 1, 1, 66), 7);
         assert_eq!(attn_band(7, 1, 256, 1, 256, 1), 1);
         // Groups wider than a band: 16 a group gives at most 8, and 4 for 256-value heads.
         assert_eq!(attn_band(16, 1, 128, 1, 256, 1), 8);
         assert_eq!(attn_band(16, 1, 256, 1, 256, 1), 4);
         assert_eq!(attn_max_band(64), 8);
+        // One head a group has one band: a head a block.
         assert_eq!(attn_band(4, 4, 128, 1, 256, 1), 1);
+        assert_eq!(attn_band(4, 4, 128, 8, 1, 66), 1);
     }
 
     #[test]
