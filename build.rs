@@ -10,7 +10,7 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use strata_gpu_shared::launch::{cluster_blocks, Bounds, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS};
+use strata_gpu_shared::launch::{cluster_blocks, image_bounds, Bounds};
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 const SETUP: &str = "scripts/setup-toolchain.sh";
@@ -81,8 +81,7 @@ fn find_toolchain(root: &Path) -> Result<Toolchain, String> {
 /// bounds tables name the same kernels: `BOUNDS` in every image, `CLUSTER_BOUNDS` in the
 /// `CLUSTER_ARCHS` images only.
 fn add_launch_bounds(ptx: &str, arch: &str) -> Result<String, String> {
-    let clusters: &[Bounds] = if CLUSTER_ARCHS.contains(&arch) { &CLUSTER_BOUNDS } else { &[] };
-    let table = || BOUNDS.iter().chain(clusters);
+    let table = || image_bounds(arch);
     let mut out = String::with_capacity(ptx.len() + 1024);
     let mut entries = Vec::new();
     let mut pending: Option<&Bounds> = None;

@@ -7,7 +7,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use strata_gpu_shared::launch::{cluster_blocks, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS};
+use strata_gpu_shared::launch::{cluster_blocks, image_bounds, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS};
 
 /// One function's numbers from a ptxas `-v` report.
 #[derive(Debug, Default)]
@@ -152,29 +152,21 @@ fn rust_ptx_assembles_without_spills() {
         return common::skip_or_fail(common::tools_required(), "ptxas", "not found (scripts/setup-toolchain.sh)").unwrap_or(());
     }
     for image in strata::ptx::IMAGES {
-        // Launch bounds from the table must be in every entry header.
-        for b in BOUNDS {
-            let header = image.ptx.split(&format!(".entry {}(", b.kernel)).nth(1).expect("entry present");
-            let body_start = header.find('{').unwrap();
-            assert!(
-                header[..body_start].contains(&format!(".maxntid {}, 1, 1", b.threads))
-                    && header[..body_start].contains(&format!(".minnctapersm {}", b.min_blocks)),
-                "{} in {} PTX lacks its launch bounds",
-                b.kernel,
-                image.arch
-            );
-        }
-        // The cluster entries: in the CLUSTER_ARCHS images only, each asking for its cluster.
-        for b in CLUSTER_BOUNDS {
-            let header = image.ptx.split(&format!(".entry {}(", b.kernel)).nth(1);
-            if !CLUSTER_ARCHS.contains(&image.arch) {
-                assert!(header.is_none(), "{} is in the {} PTX, which has no clusters", b.kernel, image.arch);
-                continue;
-            }
-            let header = header.unwrap_or_else(|| panic!("{} missing from the {} PTX", b.kernel, image.arch));
+        // Every entry of the image carries its launch bounds from the tables, a cluster entry
+        // its cluster too; an image without clusters has none of the cluster entries.
+        for b in image_bounds(image.arch) {
+            let header = image.ptx.split(&format!(".entry {}(", b.kernel)).nth(1).unwrap_or_else(|| panic!("{} missing from the {} PTX", b.kernel, image.arch));
             let head = &header[..header.find('{').unwrap()];
-            let want = [format!(".maxntid {}, 1, 1", b.threads), format!(".minnctapersm {}", b.min_blocks), format!(".reqnctapercluster {}, 1, 1", cluster_blocks(b.kernel))];
+            let mut want = vec![format!(".maxntid {}, 1, 1", b.threads), format!(".minnctapersm {}", b.min_blocks)];
+            if cluster_blocks(b.kernel) > 1 {
+                want.push(format!(".reqnctapercluster {}, 1, 1", cluster_blocks(b.kernel)));
+            }
             assert!(want.iter().all(|w| head.contains(w.as_str())), "{} in {} PTX lacks {want:?}", b.kernel, image.arch);
+        }
+        if !CLUSTER_ARCHS.contains(&image.arch) {
+            for b in CLUSTER_BOUNDS {
+                assert!(!image.ptx.contains(&format!(".entry {}(", b.kernel)), "{} is in the {} PTX, which has no clusters", b.kernel, image.arch);
+            }
         }
         assert_no_contraction(&format!("Rust PTX {}", image.arch), image.ptx);
         check_and_print(&format!("Rust PTX {} (ptxas -arch={})", image.arch, image.arch), &ptxas_report(image.ptx, image.arch));

@@ -18,7 +18,7 @@ use crate::launch::KernelArgs;
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::knobs::{ExpertKnobs, Launch, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, Bounds, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS, HEAD_CHUNK, mmvq_launch, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, CLUSTER_ARCHS, HEAD_CHUNK, mmvq_launch, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -243,8 +243,7 @@ impl GpuBackend {
         let mut functions = HashMap::new();
         // The cluster entries exist in the CLUSTER_ARCHS images only.
         let clusters = CLUSTER_ARCHS.contains(&ptx_arch.as_str());
-        let cluster_bounds: &[Bounds] = if clusters { &CLUSTER_BOUNDS } else { &[] };
-        for b in BOUNDS.iter().chain(cluster_bounds) {
+        for b in image_bounds(&ptx_arch) {
             let f = module.load_function(b.kernel).map_err(|e| Error::Setup {
                 backend: name,
                 what: format!("kernel {} missing from the module", b.kernel),

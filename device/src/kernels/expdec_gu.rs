@@ -163,6 +163,8 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
     // arrive's release has no memory operation before it to wait for. (A pair's blocks leave
     // early together or not at all: no thread waits for a block that left.)
     C::arrive();
+    // A pair's rows are one chunk (its launch passes that too): a constant frees a register.
+    let rb = if C::BLOCKS > 1 { MOE_GU_ROWS } else { rb };
     // The codebook is a module constant: staged while the previous grid drains, before the
     // wait; the first pass's post-staging barrier orders it before its readers.
     let h_base = stage::expdec_words(groups);
@@ -172,8 +174,6 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
         (stage::grid::<F, THREADS>(Smem::dynamic(), h_base + EXPDEC_ENTRIES * rb), Smem::dynamic())
     };
     sync::chain_grids();
-    // A pair's rows are one chunk (its launch passes that too): a constant frees a register.
-    let rb = if C::BLOCKS > 1 { MOE_GU_ROWS } else { rb };
     let chunks = n_ff / MOE_GU_ROWS;
     let per_block = rb / MOE_GU_ROWS;
     let blocks_per_group = chunks.div_ceil(per_block);

@@ -370,6 +370,14 @@ pub const CLUSTER_BOUNDS: [Bounds; 6] = [
 /// The images (`strata::ptx::IMAGES` architectures) that have the [`CLUSTER_BOUNDS`] entries.
 pub const CLUSTER_ARCHS: [&str; 1] = ["sm_90"];
 
+/// The entries of the image built for `arch` (`sm_90`, ...): every [`BOUNDS`] kernel, and the
+/// [`CLUSTER_BOUNDS`] ones where `arch` is one of [`CLUSTER_ARCHS`]. What build.rs writes bounds
+/// for, what the cuda backend loads, and what the toolchain report checks.
+pub fn image_bounds(arch: &str) -> impl Iterator<Item = &'static Bounds> + Clone {
+    let clusters: &'static [Bounds] = if CLUSTER_ARCHS.contains(&arch) { &CLUSTER_BOUNDS } else { &[] };
+    BOUNDS.iter().chain(clusters)
+}
+
 /// Blocks of a cluster of `kernel`: [`EXPDEC_PAIR`] for a [`CLUSTER_BOUNDS`] entry, else 1.
 pub fn cluster_blocks(kernel: &str) -> u32 {
     if CLUSTER_BOUNDS.iter().any(|b| b.kernel == kernel) {
