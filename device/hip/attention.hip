@@ -446,6 +446,7 @@ STRATA_FN void attn_chunk_band(const float* q, const uint16_t* k_cache, const ui
     attn_chunk_band<w, hw>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq);                      \
   }
 ATTN_CHUNK_ENTRY(attn_chunk, 8, 4)
+ATTN_CHUNK_ENTRY(attn_chunk_two, 2, 1)
 ATTN_CHUNK_ENTRY(attn_chunk_one, 1, 1)
 
 // Block (t, h), thread d < hd: the token's ceil((*pos + t + 1) / STRATA_ATTN_CHUNK) parts

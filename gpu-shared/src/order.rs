@@ -141,6 +141,25 @@ pub fn butterfly_sum(mut v: [f32; LANES]) -> f32 {
     v[0]
 }
 
+/// `turn(first) + turn(first + step)` for `H` sums at once (the caller's `H`), as a loop of two
+/// turns, so a GPU thread holds one copy of `turn`'s body. A macro, not a function taking a closure: a kernel
+/// entry's closures are functions LLVM may leave out of line once two entries share them (as
+/// `attn_chunk` and `attn_chunk_two` do), with a call and a stack frame.
+macro_rules! two_turns {
+    ($first:expr, $step:expr, |$at:ident| $turn:expr) => {{
+        let (first, step): (u32, u32) = ($first, $step);
+        let (mut sum, mut i) = ([0.0f32; H], 0);
+        loop {
+            let $at = first + i * step;
+            let v = $turn;
+            if i == 1 {
+                break add_each(sum, v);
+            }
+            (sum, i) = (v, 1);
+        }
+    }};
+}
+
 /// [`butterfly_sum`] of the partials `leaf(0), ..., leaf(31)` computed by one thread, for `H`
 /// sums at once. Lane 0's value is `n2(0) + n2(1)` with `n_s(p) = n_2s(p) + n_2s(p + s)` and
 /// `n32(p) = leaf(p)`: the sum of the even lanes' subtree and the odd lanes'
@@ -149,7 +168,7 @@ pub fn butterfly_sum(mut v: [f32; LANES]) -> f32 {
 /// code holds one half written out).
 #[inline(always)]
 pub fn butterfly_tree<const H: usize>(leaf: impl Fn(u32) -> [f32; H]) -> [f32; H] {
-    two_turns(0, 1, |half| butterfly_half_tree(half, &|first, off| leaf(first + off)))
+    two_turns!(0, 1, |half| butterfly_half_tree(half, &|first, off| leaf(first + off)))
 }
 
 /// The butterfly's subtree of the 16 lanes `p = half (mod 2)`, `n2(half)` above, for `H` sums at
@@ -165,21 +184,7 @@ pub fn butterfly_tree<const H: usize>(leaf: impl Fn(u32) -> [f32; H]) -> [f32; H
 #[inline(always)]
 pub fn butterfly_half_tree<const H: usize>(half: u32, leaf: &impl Fn(u32, u32) -> [f32; H]) -> [f32; H] {
     debug_assert!(half < 2);
-    two_turns(half, 2, |first| n4(first, leaf))
-}
-
-/// `turn(first) + turn(first + step)` for `H` sums at once, as a loop of two turns, so a GPU
-/// thread holds one copy of `turn`'s body.
-#[inline(always)]
-fn two_turns<const H: usize>(first: u32, step: u32, turn: impl Fn(u32) -> [f32; H]) -> [f32; H] {
-    let (mut sum, mut i) = ([0.0f32; H], 0);
-    loop {
-        let v = turn(first + i * step);
-        if i == 1 {
-            return add_each(sum, v);
-        }
-        (sum, i) = (v, 1);
-    }
+    two_turns!(half, 2, |first| n4(first, leaf))
 }
 
 #[inline(always)]

@@ -241,8 +241,10 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize>(
     }
 }
 
-/// Declares the `attn_chunk` entries: one per widest band `W` it takes (the narrow one, for
-/// one head a block, needs fewer registers and so runs more blocks per SM).
+/// Declares the `attn_chunk` entries: one per widest band `W` it takes. The narrow ones run
+/// less code: one head a block needs fewer registers and so runs more blocks per SM, and bands
+/// of two, compiled without the wider bands' bodies, wait less on instruction fetch at short
+/// contexts, where a block's chunk is a few stages.
 macro_rules! attn_chunk_entries {
     ($($name:ident => $w:literal, $hw:literal),* $(,)?) => {$(
         /// `attn_chunk_band` for bands of at most `W` heads, a scoring thread taking at most
@@ -275,7 +277,7 @@ macro_rules! attn_chunk_entries {
     )*};
 }
 
-attn_chunk_entries! { attn_chunk => 8, 4, attn_chunk_one => 1, 1 }
+attn_chunk_entries! { attn_chunk => 8, 4, attn_chunk_two => 2, 1, attn_chunk_one => 1, 1 }
 
 /// Shared words of the `attn_chunk` entries: the band's queries from `Q_WORD`, value `d = p + 32
 /// i` of head `h` at `h * hd + (hd / 32) p + i` (a key's lane partial `p` reads its `hd / 32`

@@ -34,12 +34,13 @@ pub const ATTN_MAX_HD: usize = 256;
 const _: () = assert!(ATTN_MAX_HD <= ATTN_THREADS as usize && ATTN_CHUNK == ATTN_THREADS as usize);
 
 /// The `attn_chunk` entry for a band of `band` heads: `attn_chunk_one` (compiled for one head, so
-/// with fewer registers and more blocks per SM) or `attn_chunk` (up to [`ATTN_MAX_BAND`]).
+/// with fewer registers and more blocks per SM), `attn_chunk_two` (compiled for bands of two: a
+/// smaller body than the widest bands') or `attn_chunk` (up to [`ATTN_MAX_BAND`]).
 pub const fn attn_chunk_kernel(band: usize) -> &'static str {
-    if band == 1 {
-        "attn_chunk_one"
-    } else {
-        "attn_chunk"
+    match band {
+        1 => "attn_chunk_one",
+        2 => "attn_chunk_two",
+        _ => "attn_chunk",
     }
 }
 
@@ -142,12 +143,13 @@ pub const fn attn_band_min_blocks(sm_count: usize) -> usize {
 }
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
-pub const BOUNDS: [Bounds; 4] = [
+pub const BOUNDS: [Bounds; 5] = [
     Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 8, smem_bytes: 0 },
     // A band of up to 8 heads scores a key for 4 of them per thread: 128 registers, 2 blocks
     // per SM (at 3 it spills 12 bytes, and measured slower but at depth 32768:
     // docs/kernels/attention.md). One head a block (warps scoring keys) runs 4.
     Bounds { kernel: "attn_chunk", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
+    Bounds { kernel: "attn_chunk_two", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
     Bounds { kernel: "attn_chunk_one", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_ONE_SMEM_WORDS },
     Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 0 },
 ];
