@@ -149,6 +149,8 @@ pub const BOUNDS: [Bounds; 5] = [
     // per SM (at 3 it spills 12 bytes, and measured slower but at depth 32768:
     // docs/kernels/attention.md). One head a block (warps scoring keys) runs 4.
     Bounds { kernel: "attn_chunk", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
+    // Bands of two: the same body without the wider bands' (about half the code, which is what
+    // a short context's launch waits on); 123 registers, at 3 blocks a SM it spills 4 bytes.
     Bounds { kernel: "attn_chunk_two", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
     Bounds { kernel: "attn_chunk_one", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_ONE_SMEM_WORDS },
     Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 0 },
