@@ -142,9 +142,9 @@ pub fn butterfly_sum(mut v: [f32; LANES]) -> f32 {
 }
 
 /// `turn(first) + turn(first + step)` for `H` sums at once (the caller's `H`), as a loop of two
-/// turns, so a GPU thread holds one copy of `turn`'s body. A macro, not a function taking a closure: a kernel
-/// entry's closures are functions LLVM may leave out of line once two entries share them (as
-/// `attn_chunk` and `attn_chunk_two` do), with a call and a stack frame.
+/// turns, so a GPU thread holds one copy of `turn`'s body. A macro, not a function taking a
+/// closure: a kernel entry's closures are functions LLVM may leave out of line once two entries
+/// share them (as `attn_chunk` and `attn_chunk_two` do), with a call and a stack frame.
 macro_rules! two_turns {
     ($first:expr, $step:expr, |$at:ident| $turn:expr) => {{
         let (first, step): (u32, u32) = ($first, $step);
