@@ -111,8 +111,8 @@ pub fn top_prob_term(x: f32, m: f32) -> f32 {
 /// `(p, i)` as one integer whose order is [`argmax_better`]'s, for `p` as [`top_prob_term`]
 /// returns it (a number in `[+0.0, 1]`: no NaN, no `-0.0`): the probability's bits above the
 /// inverted id, so a larger `p` wins and an equal `p` goes to the lower id. The router's kernels
-/// reduce these with integer maxima (`redux.sync` on NVIDIA) instead of comparing pairs. 0 is
-/// below every such key: it marks a slot holding no expert (or one already picked).
+/// rank an expert by how many keys are above its own, one integer comparison a pair. 0 is below
+/// every such key: it marks a slot holding no expert.
 #[inline(always)]
 pub fn prob_key(p: f32, i: u32) -> u64 {
     ((p.to_bits() as u64) << 32) | !i as u64

@@ -61,30 +61,6 @@ pub fn warp_max_f32(mut v: f32) -> f32 {
     v
 }
 
-/// Warp maximum of an unsigned word, in every lane: one `redux.sync` (sm_80 and later), where
-/// the shuffle butterfly would take five dependent steps.
-#[inline(always)]
-pub fn warp_max_u32(v: u32) -> u32 {
-    let r: u32;
-    // SAFETY: register-only warp reduction with the full member mask; callers keep the whole
-    // warp converged. Not `pure`, for the reason given at `shfl_xor_u32`.
-    unsafe {
-        asm!("redux.sync.max.u32 {r}, {v}, {full};",
-             r = out(reg32) r, v = in(reg32) v, full = in(reg32) FULL,
-             options(nostack, nomem))
-    };
-    r
-}
-
-/// Warp maximum of a 64-bit key, in every lane: the high words' maximum, then the maximum of
-/// the low words of the lanes that hold it.
-#[inline(always)]
-pub fn warp_max_u64(v: u64) -> u64 {
-    let hi = warp_max_u32((v >> 32) as u32);
-    let lo = warp_max_u32(if (v >> 32) as u32 == hi { v as u32 } else { 0 });
-    ((hi as u64) << 32) | lo as u64
-}
-
 /// Warp integer sum (exact).
 #[inline(always)]
 pub fn warp_sum_i32(mut v: i32) -> i32 {
