@@ -136,9 +136,9 @@ macro_rules! parity_pair {
                 let mut rng = SmallRng::seed_from_u64(seed);
                 for format in FloatFormat::ALL {
                     // Router shapes (128 and 512 experts), odd sizes, a row whose every lane
-                    // takes a chunk of 64, one of 16 and single elements (2,660 = 32 x 83 + 4),
-                    // then random ones.
-                    let mut shapes = vec![(128, 2048, 1), (512, 2560, 8), (1, 1, 1), (37, 33, 5), (7, 2660, 3)];
+                    // takes a chunk of 64, one of 16 and single elements (2,660 = 32 x 83 + 4)
+                    // for 3 rows and for one (the one-row entry, accumulating), then random ones.
+                    let mut shapes = vec![(128, 2048, 1), (512, 2560, 8), (1, 1, 1), (37, 33, 5), (7, 2660, 3), (7, 2660, 1)];
                     shapes.extend((0..6).map(|_| (rng.random_range(1..=1024), rng.random_range(1..=4096), rng.random_range(1..=8))));
                     for (i, (m, k, rows)) in shapes.into_iter().enumerate() {
                         check(parity::matvec_case(&[&*a, &*b], format, m, k, rows, rng.random(), i % 2 == 1).unwrap());

@@ -49,7 +49,7 @@ static __device__ __forceinline__ uint32_t matvec_chunks(const uint8_t* wrow, co
 template <typename W>
 static __device__ __forceinline__ void matvec(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k,
                                               uint32_t rows, uint32_t accumulate) {
-  uint32_t row = block_idx() * STRATA_MMVQ_WARPS + warp_in_block();
+  uint32_t row = block_idx() * STRATA_MATVEC_WARPS + warp_in_block();
   if (row >= m) return;
   uint32_t l = lane();
   const uint8_t* wrow = w + (uint64_t)row * k * W::BYTES;
@@ -66,17 +66,18 @@ static __device__ __forceinline__ void matvec(const uint8_t* w, const float* x, 
   store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 
-STRATA_KERNEL(matvec_f32)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows,
-                          uint32_t accumulate) {
-  matvec<F32W>(w, x, y, m, k, rows, accumulate);
-}
+// Per weight type: the entry for 1..8 activation rows and the one for a single row (matvec1_*:
+// the row count a constant; rows must be 1, the parameter keeps the signature).
+#define MATVEC_ENTRY(name, one, W)                                                                             \
+  STRATA_KERNEL(name)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows,       \
+                      uint32_t accumulate) {                                                                   \
+    matvec<W>(w, x, y, m, k, rows, accumulate);                                                                \
+  }                                                                                                            \
+  STRATA_KERNEL(one)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t,             \
+                     uint32_t accumulate) {                                                                    \
+    matvec<W>(w, x, y, m, k, 1, accumulate);                                                                   \
+  }
 
-STRATA_KERNEL(matvec_bf16)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows,
-                           uint32_t accumulate) {
-  matvec<Bf16W>(w, x, y, m, k, rows, accumulate);
-}
-
-STRATA_KERNEL(matvec_f16)(const uint8_t* w, const float* x, float* y, uint32_t m, uint32_t k, uint32_t rows,
-                          uint32_t accumulate) {
-  matvec<F16W>(w, x, y, m, k, rows, accumulate);
-}
+MATVEC_ENTRY(matvec_f32, matvec1_f32, F32W)
+MATVEC_ENTRY(matvec_bf16, matvec1_bf16, Bf16W)
+MATVEC_ENTRY(matvec_f16, matvec1_f16, F16W)

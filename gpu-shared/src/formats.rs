@@ -747,6 +747,18 @@ impl FloatFormat {
         }
     }
 
+    /// The entry a launch of `rows` activation rows runs: for one row the one-row entry
+    /// (`matvec1_*`, the row count a constant: about a fifth of the code), else
+    /// [`Self::matvec_kernel`].
+    pub const fn matvec_entry(self, rows: usize) -> &'static str {
+        match (self, rows) {
+            (FloatFormat::F32, 1) => "matvec1_f32",
+            (FloatFormat::Bf16, 1) => "matvec1_bf16",
+            (FloatFormat::F16, 1) => "matvec1_f16",
+            _ => self.matvec_kernel(),
+        }
+    }
+
     /// Element `j` of a row of this format, widened to f32 (exact).
     pub fn get(self, row: &[u8], j: usize) -> f32 {
         match self {

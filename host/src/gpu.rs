@@ -18,7 +18,7 @@ use crate::launch::KernelArgs;
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::knobs::{ExpertKnobs, Launch, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, CLUSTER_ARCHS, HEAD_CHUNK, mmvq_launch, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, CLUSTER_ARCHS, HEAD_CHUNK, MATVEC_WARPS, mmvq_launch, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -462,7 +462,7 @@ impl GpuBackend {
         accumulate: bool,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let kernel = format.matvec_kernel();
+        let kernel = format.matvec_entry(rows);
         if k == 0 || k > u32::MAX as usize {
             return Err(Error::Shape { kernel, detail: format!("row length {k} is not in 1..=u32::MAX") });
         }
@@ -474,7 +474,7 @@ impl GpuBackend {
         let mut a = self.builder(kernel);
         a.arg(w).arg(x).arg(y).arg(&m).arg(&k).arg(&rows).arg(&accumulate);
         // SAFETY: as `mmvq_queue`.
-        unsafe { self.launch_async(kernel, self.padded_grid(kernel, m.div_ceil(MMVQ_WARPS)), a) }
+        unsafe { self.launch_async(kernel, self.padded_grid(kernel, m.div_ceil(MATVEC_WARPS)), a) }
     }
 
     /// An output buffer: the caller's current contents (its poison), then guard elements.

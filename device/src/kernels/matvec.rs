@@ -1,10 +1,11 @@
-//! `matvec_f32` / `matvec_bf16` / `matvec_f16`: float weights (router-sized matrices) times 1..8
-//! f32 activation rows. One warp per weight row (`MMVQ_WARPS` per block); lane `l` takes elements
-//! `l, l + 32, ...` (consecutive lanes read consecutive elements, so every load is coalesced) and
-//! keeps one partial per activation row; the warp butterfly sums the partials, which are stored
-//! or, with `accumulate`, added to what `y` holds. Spec: `strata_gpu_shared::order` (matvec).
+//! `matvec_f32` / `matvec_bf16` / `matvec_f16` and their one-row entries `matvec1_*`: float
+//! weights (router-sized matrices) times 1..8 f32 activation rows. One warp per weight row
+//! (`MATVEC_WARPS` per block); lane `l` takes elements `l, l + 32, ...` (consecutive lanes read
+//! consecutive elements, so every load is coalesced) and keeps one partial per activation row;
+//! the warp butterfly sums the partials, which are stored or, with `accumulate`, added to what
+//! `y` holds. Spec: `strata_gpu_shared::order` (matvec).
 use crate::arch::{convert, index, mem, warp};
-use strata_gpu_shared::launch::{MATVEC_AHEAD, MATVEC_AHEAD_REST, MMVQ_MAX_ROWS, MMVQ_WARPS};
+use strata_gpu_shared::launch::{MATVEC_AHEAD, MATVEC_AHEAD_REST, MATVEC_WARPS, MMVQ_MAX_ROWS};
 
 /// A float element type, widened to f32 exactly (also the rows of `embed_rows_f32/f16/bf16`).
 pub(super) trait FloatWeight {
@@ -45,7 +46,7 @@ impl FloatWeight for F16 {
 /// (weights are constant; as `mmvq::prefetch_row`).
 #[inline(always)]
 fn prefetch_row<W: FloatWeight>(w: *const u8, m: u32, k: u32) {
-    let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
+    let row = index::block_idx() * MATVEC_WARPS + index::warp_in_block();
     if row < m {
         let bytes = k as usize * W::BYTES;
         mem::prefetch_l2_warp(w.wrapping_add(row as usize * bytes), bytes);
@@ -58,7 +59,7 @@ fn prefetch_row<W: FloatWeight>(w: *const u8, m: u32, k: u32) {
 /// them to `y`'s values.
 #[inline(always)]
 unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
-    let row = index::block_idx() * MMVQ_WARPS + index::warp_in_block();
+    let row = index::block_idx() * MATVEC_WARPS + index::warp_in_block();
     if row >= m {
         return; // whole warp
     }
@@ -109,35 +110,39 @@ unsafe fn chunks<W: FloatWeight, const N: usize>(wrow: *const u8, x: *const f32,
     j
 }
 
-/// f32 weights. Launch: `ceil(m / MMVQ_WARPS)` blocks of `32 * MMVQ_WARPS` threads.
-///
-/// # Safety
-/// As `matvec`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn matvec_f32(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
-    prefetch_row::<F32>(w, m, k);
-    crate::arch::sync::chain_grids();
-    matvec::<F32>(w, x, y, m, k, rows, accumulate)
+/// Declares, per weight type, the `extern "ptx-kernel"` entry for 1..8 activation rows and the
+/// one for a single row (`matvec1_*`: the row count a constant, so the code of the other seven
+/// row slots is not in it, as `mmvq1_*` is to `mmvq_*`).
+macro_rules! matvec_entries {
+    ($($name:ident, $one:ident => $w:ty),* $(,)?) => {$(
+        /// `matvec` for one weight type. Launch: `ceil(m / MATVEC_WARPS)` blocks of
+        /// `32 * MATVEC_WARPS` threads.
+        ///
+        /// # Safety
+        /// As `matvec`.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
+            prefetch_row::<$w>(w, m, k);
+            crate::arch::sync::chain_grids();
+            matvec::<$w>(w, x, y, m, k, rows, accumulate)
+        }
+
+        /// `matvec` of one activation row (`rows` must be 1; the parameter keeps the signature
+        /// of the entry above). Launch as that entry.
+        ///
+        /// # Safety
+        /// As `matvec` with `rows == 1`.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $one(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, _rows: u32, accumulate: u32) {
+            prefetch_row::<$w>(w, m, k);
+            crate::arch::sync::chain_grids();
+            matvec::<$w>(w, x, y, m, k, 1, accumulate)
+        }
+    )*};
 }
 
-/// bf16 weights. Launch as [`matvec_f32`].
-///
-/// # Safety
-/// As `matvec`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn matvec_bf16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
-    prefetch_row::<Bf16>(w, m, k);
-    crate::arch::sync::chain_grids();
-    matvec::<Bf16>(w, x, y, m, k, rows, accumulate)
-}
-
-/// f16 weights. Launch as [`matvec_f32`].
-///
-/// # Safety
-/// As `matvec`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn matvec_f16(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
-    prefetch_row::<F16>(w, m, k);
-    crate::arch::sync::chain_grids();
-    matvec::<F16>(w, x, y, m, k, rows, accumulate)
+matvec_entries! {
+    matvec_f32, matvec1_f32 => F32,
+    matvec_bf16, matvec1_bf16 => Bf16,
+    matvec_f16, matvec1_f16 => F16,
 }

@@ -132,6 +132,11 @@ pub const COPY_SEGMENT_WORDS: usize = 4;
 pub const MATVEC_AHEAD: u32 = 64;
 /// The second chunk size of the float `matvec` (a 2,560-wide row: one chunk of 64, one of 16).
 pub const MATVEC_AHEAD_REST: u32 = 16;
+/// Warps (one weight row each) per float `matvec` block: a 128-expert router is 64 blocks, each
+/// SM's share of the rows (and of the activation reads) half what it was at 4 warps. (Twenty-second
+/// session, run 1, one-row entries: tg128 465.75 / 465.64 tok/s at 2 against 464.56 / 464.90 at
+/// 4 and 464.33 / 464.16 at 1; windows even.)
+pub const MATVEC_WARPS: u32 = 2;
 /// Warps (one weight row each) per staged `mmvqs_*` block: the blocks share the activation rows
 /// they stage, so more rows a block stage less often; 8 still gives a 2,048-row matrix 256
 /// blocks.
@@ -198,11 +203,11 @@ const fn mmvq(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8, smem_bytes: 0 }
 }
 
-/// The float `matvec_*` entries: the matvec geometry at 2 blocks per SM, room for a chunk of
-/// [`MATVEC_AHEAD`] weights and activations in registers (their launches, router-sized, are a
-/// few dozen blocks).
+/// The float `matvec_*` entries: one warp per weight row, [`MATVEC_WARPS`] rows per block, at 2
+/// blocks per SM: room for a chunk of [`MATVEC_AHEAD`] weights and activations in registers
+/// (their launches, router-sized, are a few dozen blocks).
 const fn matvec(kernel: &'static str) -> Bounds {
-    Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 2, smem_bytes: 0 }
+    Bounds { kernel, threads: 32 * MATVEC_WARPS, min_blocks: 2, smem_bytes: 0 }
 }
 
 /// The staged `mmvqs_*` entries: [`MMVQS_WARPS`] warps at 4 blocks per SM (64 registers, as
@@ -223,7 +228,7 @@ const fn mmvq1_wide(kernel: &'static str) -> Bounds {
     Bounds { min_blocks: 6, ..mmvq1(kernel) }
 }
 
-const BASE: [Bounds; 82] = [
+const BASE: [Bounds; 85] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q8_0t"),
@@ -270,6 +275,9 @@ const BASE: [Bounds; 82] = [
     matvec("matvec_f32"),
     matvec("matvec_bf16"),
     matvec("matvec_f16"),
+    matvec("matvec1_f32"),
+    matvec("matvec1_bf16"),
+    matvec("matvec1_f16"),
     head("argmax_rows_ref"),
     head("argmax_rows_split"),
     head("argmax_rows_final"),
