@@ -415,12 +415,15 @@ STRATA_FN void attn_one_chunk_one_head(const uint16_t* k_cache, const uint16_t* 
 // (t * (n_q / heads) + band) * split + s computes chunks s, s + split, ... of the token's
 // context for each head of the band, each into part (t * n_q + h) * n_chunks + c, n_chunks =
 // ceil(n_ctx / STRATA_ATTN_CHUNK). With out not null (the host's choice for contexts of one
-// chunk) the outputs directly, and no parts; a longer context traps.
-template <uint32_t W, uint32_t HW>
+// chunk) the outputs directly, and no parts; a longer context traps. HD not 0: compiled for
+// heads of HD values only (a launch of another size traps).
+template <uint32_t W, uint32_t HW, uint32_t HD>
 STRATA_FN void attn_chunk_band(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q,
-                                                       uint32_t n_kv, uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split,
+                                                       uint32_t n_kv, uint32_t hd_arg, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split,
                                                        uint32_t heads, float* part, float* out, uint8_t* xq) {
   static_assert(2 * HW >= W, "a key's head slots (2 or 4) share the band's heads");
+  if (HD != 0 && hd_arg != HD) trap_launch();
+  const uint32_t hd = HD != 0 ? HD : hd_arg;
   uint32_t bands = n_q / heads, b = block_idx();
   if (b >= tokens * bands * split) return;  // the whole block
   uint32_t tb = b / split, first = b % split;
@@ -438,16 +441,22 @@ STRATA_FN void attn_chunk_band(const float* q, const uint16_t* k_cache, const ui
   }
 }
 
-// One entry per widest band W (attn_chunk_one: one head a block, fewer registers).
-#define ATTN_CHUNK_ENTRY(name, w, hw)                                                                                                         \
+// One entry per widest band w and head size (0: any; attn_chunk_one: one head a block, fewer
+// registers).
+#define ATTN_CHUNK_ENTRY(name, w, hw, size)                                                                                                   \
   STRATA_KERNEL(name)(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, uint32_t tokens, uint32_t n_q, uint32_t n_kv,     \
-                      uint32_t hd, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split, uint32_t heads, float* part,        \
+                      uint32_t hd_arg, const uint32_t* pos, float scale, uint32_t n_ctx, uint32_t split, uint32_t heads, float* part,    \
                       float* out, uint8_t* xq) {                                                                                          \
-    attn_chunk_band<w, hw>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq);                      \
+    attn_chunk_band<w, hw, size>(q, k_cache, v_cache, tokens, n_q, n_kv, hd_arg, pos, scale, n_ctx, split, heads, part, out, xq);        \
   }
-ATTN_CHUNK_ENTRY(attn_chunk, 8, 4)
-ATTN_CHUNK_ENTRY(attn_chunk_two, 2, 1)
-ATTN_CHUNK_ENTRY(attn_chunk_one, 1, 1)
+ATTN_CHUNK_ENTRY(attn_chunk, 8, 4, 0)
+// The band kernel for heads of 128 values keeps the any-size body here: compiled for the
+// constant, NVRTC's ptxas spills 16 bytes of it at the 128 registers of 2 blocks a SM (the Rust
+// entry does not spill). Its bits are the same either way.
+ATTN_CHUNK_ENTRY(attn_chunk_128, 8, 4, 0)
+ATTN_CHUNK_ENTRY(attn_chunk_two, 2, 1, 0)
+ATTN_CHUNK_ENTRY(attn_chunk_two_128, 2, 1, 128)
+ATTN_CHUNK_ENTRY(attn_chunk_one, 1, 1, 0)
 
 // Block (t, h), thread d < hd: the token's ceil((*pos + t + 1) / STRATA_ATTN_CHUNK) parts
 // combined; every thread folds the maxima and L alike. With xq each warp also quantizes its 32

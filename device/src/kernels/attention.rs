@@ -182,14 +182,14 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
 /// `q`: `tokens * n_q * hd` f32; the caches hold `n_ctx` positions (`n_kv * hd` u16 each),
 /// those before `*pos + tokens` written; `part`: `tokens * n_q * n_chunks * (hd + 2)` f32 with
 /// `n_chunks = ceil(n_ctx / ATTN_CHUNK)`; `split >= 1`; `hd` a multiple of 32, at most
-/// `ATTN_MAX_HD`; `n_q` a multiple of `n_kv`, `heads` (at most `ATTN_MAX_BAND`) dividing
+/// `ATTN_MAX_HD` (and `HD` where that is not 0); `n_q` a multiple of `n_kv`, `heads` (at most `ATTN_MAX_BAND`) dividing
 /// `n_q / n_kv` and at most `attn_max_band(hd)`; the caches 16-byte aligned; `ATTN_CHUNK_SMEM_WORDS`
 /// words of shared memory (`ATTN_CHUNK_ONE_SMEM_WORDS` for `W = 1`). Keys past the caches'
 /// positions are never read: a token's context is clamped to them. `out`: null or `tokens *
 /// n_q * hd` f32; `xq`: null or `tokens * n_q * hd / 32` q8_1 blocks (only with `out`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attn_chunk_band<const W: usize, const HW: usize>(
+unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32>(
     q: *const f32,
     k_cache: *const u16,
     v_cache: *const u16,
@@ -207,6 +207,12 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize>(
     xq: *mut u8,
 ) {
     const { assert!(2 * HW >= W) }; // a key's head slots (2 or 4) share the band's heads
+    // An entry compiled for one head size (`HD` not 0) holds only that size's scoring and value
+    // bodies; a launch of another size is the host's error.
+    if HD != 0 && hd != HD {
+        sync::trap();
+    }
+    let hd = if HD != 0 { HD } else { hd };
     let bands = n_q / heads;
     let b = index::block_idx();
     if b >= tokens * bands * split {
@@ -241,14 +247,16 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize>(
     }
 }
 
-/// Declares the `attn_chunk` entries: one per widest band `W` it takes. The narrow ones run
-/// less code: one head a block needs fewer registers and so runs more blocks per SM, and bands
-/// of two, compiled without the wider bands' bodies, wait less on instruction fetch at short
-/// contexts, where a block's chunk is a few stages.
+/// Declares the `attn_chunk` entries: one per widest band `W` it takes and head size `HD` it
+/// was compiled for (0: any). The narrow ones run less code: one head a block needs fewer
+/// registers and so runs more blocks per SM, and bands of two, compiled without the wider
+/// bands' bodies, wait less on instruction fetch at short contexts, where a block's chunk is a
+/// few stages; so does an entry for one head size, without the other sizes' bodies.
 macro_rules! attn_chunk_entries {
-    ($($name:ident => $w:literal, $hw:literal),* $(,)?) => {$(
+    ($($name:ident => $w:literal, $hw:literal, $hd:literal),* $(,)?) => {$(
         /// `attn_chunk_band` for bands of at most `W` heads, a scoring thread taking at most
-        /// `HW` of them (launch bounds by name in gpu-shared).
+        /// `HW` of them, heads of `HD` values where `HD` is not 0 (launch bounds by name in
+        /// gpu-shared).
         ///
         /// # Safety
         /// As `attn_chunk_band`, with `heads <= W`.
@@ -272,12 +280,18 @@ macro_rules! attn_chunk_entries {
             xq: *mut u8,
         ) {
             crate::arch::sync::chain_grids();
-            attn_chunk_band::<$w, $hw>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq)
+            attn_chunk_band::<$w, $hw, $hd>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq)
         }
     )*};
 }
 
-attn_chunk_entries! { attn_chunk => 8, 4, attn_chunk_two => 2, 1, attn_chunk_one => 1, 1 }
+attn_chunk_entries! {
+    attn_chunk => 8, 4, 0,
+    attn_chunk_128 => 8, 4, 128,
+    attn_chunk_two => 2, 1, 0,
+    attn_chunk_two_128 => 2, 1, 128,
+    attn_chunk_one => 1, 1, 0,
+}
 
 /// Shared words of the `attn_chunk` entries: the band's queries from `Q_WORD`, value `d = p + 32
 /// i` of head `h` at `h * hd + (hd / 32) p + i` (a key's lane partial `p` reads its `hd / 32`

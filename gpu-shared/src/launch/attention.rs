@@ -33,13 +33,18 @@ pub const ATTN_PREP_WARPS: u32 = 4;
 pub const ATTN_MAX_HD: usize = 256;
 const _: () = assert!(ATTN_MAX_HD <= ATTN_THREADS as usize && ATTN_CHUNK == ATTN_THREADS as usize);
 
-/// The `attn_chunk` entry for a band of `band` heads: `attn_chunk_one` (compiled for one head, so
-/// with fewer registers and more blocks per SM), `attn_chunk_two` (compiled for bands of two: a
-/// smaller body than the widest bands') or `attn_chunk` (up to [`ATTN_MAX_BAND`]).
-pub const fn attn_chunk_kernel(band: usize) -> &'static str {
-    match band {
-        1 => "attn_chunk_one",
-        2 => "attn_chunk_two",
+/// The `attn_chunk` entry for a band of `band` heads of `hd` values: `attn_chunk_one` (compiled
+/// for one head, so with fewer registers and more blocks per SM), `attn_chunk_two` (compiled for
+/// bands of two: a smaller body than the widest bands') or `attn_chunk` (up to
+/// [`ATTN_MAX_BAND`]); the bands above one have `_128` twins compiled for heads of 128 values,
+/// the qwen3moe files' (without the other sizes' scoring and value bodies: about half the
+/// code).
+pub const fn attn_chunk_kernel(band: usize, hd: usize) -> &'static str {
+    match (band, hd) {
+        (1, _) => "attn_chunk_one",
+        (2, 128) => "attn_chunk_two_128",
+        (2, _) => "attn_chunk_two",
+        (_, 128) => "attn_chunk_128",
         _ => "attn_chunk",
     }
 }
@@ -143,15 +148,17 @@ pub const fn attn_band_min_blocks(sm_count: usize) -> usize {
 }
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
-pub const BOUNDS: [Bounds; 5] = [
+pub const BOUNDS: [Bounds; 7] = [
     Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 8, smem_bytes: 0 },
     // A band of up to 8 heads scores a key for 4 of them per thread: 128 registers, 2 blocks
     // per SM (at 3 it spills 12 bytes, and measured slower but at depth 32768:
     // docs/kernels/attention.md). One head a block (warps scoring keys) runs 4.
     Bounds { kernel: "attn_chunk", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
+    Bounds { kernel: "attn_chunk_128", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
     // Bands of two: the same body without the wider bands' (about half the code, which is what
     // a short context's launch waits on); 123 registers, at 3 blocks a SM it spills 4 bytes.
     Bounds { kernel: "attn_chunk_two", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
+    Bounds { kernel: "attn_chunk_two_128", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
     Bounds { kernel: "attn_chunk_one", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_ONE_SMEM_WORDS },
     Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 0 },
 ];
@@ -212,5 +219,20 @@ mod tests {
         assert!(!attn_band_fits(32, 4, 128, 0) && !attn_band_fits(32, 4, 128, 3) && !attn_band_fits(32, 4, 128, 16));
         assert!(attn_band_fits(16, 1, 256, 4) && !attn_band_fits(16, 1, 256, 8));
         assert!(attn_band_fits(12, 2, 64, 6) && !attn_band_fits(12, 2, 64, 4));
+    }
+
+    #[test]
+    fn heads_of_128_values_take_the_entries_compiled_for_them() {
+        // Bands above one of 128-value heads on the `_128` entries; other sizes, and one head a
+        // block, on the entries that take any size; every name is a kernel with bounds.
+        for band in 1..=ATTN_MAX_BAND {
+            for hd in [32, 64, 96, 128, 192, 256] {
+                let kernel = attn_chunk_kernel(band, hd);
+                assert_eq!(kernel.ends_with("_128"), band > 1 && hd == 128, "band {band}, hd {hd}: {kernel}");
+                assert_eq!(kernel.starts_with("attn_chunk_two"), band == 2, "band {band}, hd {hd}: {kernel}");
+                assert_eq!(kernel == "attn_chunk_one", band == 1, "band {band}, hd {hd}: {kernel}");
+                assert!(BOUNDS.iter().any(|b| b.kernel == kernel), "{kernel} has no bounds");
+            }
+        }
     }
 }

@@ -362,7 +362,7 @@ impl GpuBackend {
         let direct = bound_holds && ctx_bound <= ATTN_CHUNK;
         let (tokens, n_q, n_kv, hd, n_ctx, split_u, band_u) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_ctx as u32, split as u32, band as u32);
         let null = 0u64;
-        let kernel = attn_chunk_kernel(band);
+        let kernel = attn_chunk_kernel(band, s.hd);
         let mut a = self.builder(kernel);
         a.arg(q).arg(k_cache).arg(v_cache).arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(pos).arg(&scale).arg(&n_ctx).arg(&split_u).arg(&band_u);
         a.arg(&mut *part);
