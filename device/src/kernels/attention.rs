@@ -182,11 +182,12 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
 /// `q`: `tokens * n_q * hd` f32; the caches hold `n_ctx` positions (`n_kv * hd` u16 each),
 /// those before `*pos + tokens` written; `part`: `tokens * n_q * n_chunks * (hd + 2)` f32 with
 /// `n_chunks = ceil(n_ctx / ATTN_CHUNK)`; `split >= 1`; `hd` a multiple of 32, at most
-/// `ATTN_MAX_HD` (and `HD` where that is not 0); `n_q` a multiple of `n_kv`, `heads` (at most `ATTN_MAX_BAND`) dividing
-/// `n_q / n_kv` and at most `attn_max_band(hd)`; the caches 16-byte aligned; `ATTN_CHUNK_SMEM_WORDS`
-/// words of shared memory (`ATTN_CHUNK_ONE_SMEM_WORDS` for `W = 1`). Keys past the caches'
-/// positions are never read: a token's context is clamped to them. `out`: null or `tokens *
-/// n_q * hd` f32; `xq`: null or `tokens * n_q * hd / 32` q8_1 blocks (only with `out`).
+/// `ATTN_MAX_HD` (and `HD` where that is not 0); `n_q` a multiple of `n_kv`, `heads` (at most
+/// `ATTN_MAX_BAND`) dividing `n_q / n_kv` and at most `attn_max_band(hd)`; the caches 16-byte
+/// aligned; `ATTN_CHUNK_SMEM_WORDS` words of shared memory (`ATTN_CHUNK_ONE_SMEM_WORDS` for `W =
+/// 1`). Keys past the caches' positions are never read: a token's context is clamped to them.
+/// `out`: null or `tokens * n_q * hd` f32; `xq`: null or `tokens * n_q * hd / 32` q8_1 blocks
+/// (only with `out`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32>(

@@ -133,9 +133,9 @@ pub const MATVEC_AHEAD: u32 = 64;
 /// The second chunk size of the float `matvec` (a 2,560-wide row: one chunk of 64, one of 16).
 pub const MATVEC_AHEAD_REST: u32 = 16;
 /// Warps (one weight row each) per float `matvec` block: a 128-expert router is 64 blocks, each
-/// SM's share of the rows (and of the activation reads) half what it was at 4 warps. (Twenty-second
-/// session, run 1, one-row entries: tg128 465.75 / 465.64 tok/s at 2 against 464.56 / 464.90 at
-/// 4 and 464.33 / 464.16 at 1; windows even.)
+/// SM's share of the rows (and of the activation reads) half what it was at 4 warps.
+/// (Twenty-second session, run 1, one-row entries: tg128 465.75 / 465.64 tok/s at 2 against
+/// 464.56 / 464.90 at 4 and 464.33 / 464.16 at 1; windows even.)
 pub const MATVEC_WARPS: u32 = 2;
 /// Warps (one weight row each) per staged `mmvqs_*` block: the blocks share the activation rows
 /// they stage, so more rows a block stage less often; 8 still gives a 2,048-row matrix 256
