@@ -147,18 +147,24 @@ pub const fn attn_band_min_blocks(sm_count: usize) -> usize {
     sm_count.div_ceil(2)
 }
 
+/// The staged band entries (`attn_chunk`, `attn_chunk_two` and their `_128` twins): 256
+/// threads, 2 blocks per SM, the stage buffers' shared memory. A band of up to 8 heads scores a
+/// key for 4 of them per thread: 128 registers (at 3 blocks a SM it spills 12 bytes, and measured
+/// slower but at depth 32768: docs/kernels/attention.md). Bands of two, the same body without
+/// the wider bands' (about half the code, which is what a short context's launch waits on): 123
+/// registers, at 3 blocks a SM 4 bytes spilled.
+const fn staged_chunk(kernel: &'static str) -> Bounds {
+    Bounds { kernel, threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS }
+}
+
 /// This family's kernels (joined into [`super::BOUNDS`]).
 pub const BOUNDS: [Bounds; 7] = [
     Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 8, smem_bytes: 0 },
-    // A band of up to 8 heads scores a key for 4 of them per thread: 128 registers, 2 blocks
-    // per SM (at 3 it spills 12 bytes, and measured slower but at depth 32768:
-    // docs/kernels/attention.md). One head a block (warps scoring keys) runs 4.
-    Bounds { kernel: "attn_chunk", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
-    Bounds { kernel: "attn_chunk_128", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
-    // Bands of two: the same body without the wider bands' (about half the code, which is what
-    // a short context's launch waits on); 123 registers, at 3 blocks a SM it spills 4 bytes.
-    Bounds { kernel: "attn_chunk_two", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
-    Bounds { kernel: "attn_chunk_two_128", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS },
+    staged_chunk("attn_chunk"),
+    staged_chunk("attn_chunk_128"),
+    staged_chunk("attn_chunk_two"),
+    staged_chunk("attn_chunk_two_128"),
+    // One head a block (warps scoring keys): 4 blocks per SM.
     Bounds { kernel: "attn_chunk_one", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_ONE_SMEM_WORDS },
     Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 0 },
 ];
