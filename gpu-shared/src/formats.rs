@@ -517,6 +517,13 @@ impl WeightFormat {
         matches!(self, WeightFormat::Iq3ST)
     }
 
+    /// Whether the pair gate/up entries (`expdec_gu_*_p2`) copy a block's rows of this format to
+    /// shared memory (16-byte `cp.async` copies, all in flight at once) and decode them there:
+    /// the tiled layouts, whose rows are whole 16-byte units from 16-byte aligned starts.
+    pub const fn pair_stages_rows(self) -> bool {
+        self.tiling().is_some()
+    }
+
     /// The codebook words the EXPDEC gate/up kernels stage in shared memory: the signed
     /// expansion where [`Self::signed_grid`], else [`Self::grid`].
     pub fn staged_grid(self) -> &'static [u32] {

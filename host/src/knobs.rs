@@ -6,7 +6,7 @@
 //! numbers; docs/bench/ the whole tables).
 use strata_gpu_shared::formats::WeightFormat;
 use strata_gpu_shared::launch::{
-    bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_pair_kernel, expdec_gu_smem, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
+    bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_pair_kernel, expdec_gu_pair_smem, expdec_gu_smem, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
     EXPDEC_DOWN_MAX_GROUPS, EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R,
     EXPDEC_PAIR, EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_GU_ROWS,
 };
@@ -198,18 +198,24 @@ impl ExpertKnobs {
         let few = self.warps == 0 && self.r == 1 && blocks < 2 * sms;
         let chunks = n * (n_ff32 / MOE_GU_ROWS);
         let pairs_lighter = (EXPDEC_PAIR * chunks).div_ceil(sms) < EXPDEC_PAIR * chunks.div_ceil(sms);
-        let pair_kernel = expdec_gu_pair_kernel(gf).filter(|_| clusters);
+        let pair_smem = expdec_gu_pair_smem(n_embd, gf);
+        let pair_kernel = expdec_gu_pair_kernel(gf).filter(|_| clusters && pair_smem <= EXPDEC_SMEM_MAX);
         let pair = match self.pairs {
             2 if expdec => Some(pair_kernel.ok_or_else(|| {
-                let why = if clusters { format!("{} has no pair gate/up entry (compiled for {} only)", gf.name(), minb4_names()) } else { "this backend has no cluster entries (cuda on sm_90 and later)".into() };
+                let why = if !clusters {
+                    "this backend has no cluster entries (cuda on sm_90 and later)".into()
+                } else if expdec_gu_pair_kernel(gf).is_none() {
+                    format!("{} has no pair gate/up entry (compiled for {} only)", gf.name(), minb4_names())
+                } else {
+                    format!("a pair block of {} at n_embd {n_embd} needs {pair_smem} bytes of shared memory, above {EXPDEC_SMEM_MAX}", gf.name())
+                };
                 format!("EXPDEC_PAIRS=2: {why}: set EXPDEC_PAIRS=1")
             })?),
             1 if expdec && few && pairs_lighter && rb == MOE_GU_ROWS => pair_kernel, // (not over an explicit EXPDEC_RB)
             _ => None,
         };
         let gu = if let Some(kernel) = pair {
-            let smem = expdec_gu_smem(n_embd, MOE_GU_ROWS, gf.staged_grid().len());
-            Launch { kernel, blocks: EXPDEC_PAIR * chunks, smem, rows_per_block: MOE_GU_ROWS }
+            Launch { kernel, blocks: EXPDEC_PAIR * chunks, smem: pair_smem, rows_per_block: MOE_GU_ROWS }
         } else if expdec {
             let w16 = expdec_gu_w16_kernel(gf);
             let sixteen = match self.warps {
@@ -384,7 +390,14 @@ mod tests {
         // One token of 8 experts at n_ff 768: 192 chunks, each over a pair of 8-warp blocks.
         let p = rule.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, true).unwrap();
         assert_eq!((p.gu.kernel, p.gu.blocks, p.gu.rows_per_block), ("expdec_gu_iq3_st_r1_p2", 384, 32));
-        assert_eq!(p.gu.smem, expdec_gu_smem(2048, 32, 16 * 512));
+        // IQ3_ST's blocks also hold their 16 gate and 16 up rows of 880 bytes; IQ3_S's do not.
+        assert_eq!(p.gu.smem, expdec_gu_smem(2048, 32, 16 * 512) + 2 * 16 * 880);
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.smem, expdec_gu_smem(2048, 32, 512));
+        // At n_embd 4096 the rows take a block past EXPDEC_SMEM_MAX: 16 warps by the rule, refused
+        // when asked for.
+        assert_eq!(rule.plan((Iq3ST, Iq4NlT), 4096, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_w16");
+        let err = ExpertKnobs { pairs: 2, ..rule }.plan((Iq3ST, Iq4NlT), 4096, 768, 8, H200_SMS, true).unwrap_err();
+        assert!(err.contains("needs 108032 bytes of shared memory"), "{err}");
         assert_eq!(bounds(p.gu.kernel).unwrap().threads, 256);
         // Where the rule keeps 8 warps, or 16 are asked for, or the format has no pair entry,
         // or the backend no clusters: no pairs.

@@ -285,6 +285,18 @@ impl Smem {
         self.base as u32 + 4 * word
     }
 
+    /// The byte at shared address `addr` (from [`Smem::addr`]).
+    ///
+    /// # Safety
+    /// `addr` is [`Smem::addr`] of a word (plus a byte offset) inside the shared memory the
+    /// launch asked for.
+    #[inline(always)]
+    pub unsafe fn ld_u8_at(addr: u32) -> u8 {
+        let r: u16;
+        asm!("ld.shared.u8 {r}, [{p}];", r = out(reg16) r, p = in(reg32) addr, options(nostack, readonly));
+        r as u8
+    }
+
     /// The 16-bit value at shared address `addr` (from [`Smem::addr`]).
     ///
     /// # Safety
@@ -307,6 +319,18 @@ impl Smem {
         let r: u32;
         asm!("ld.shared.u32 {r}, [{p}];", r = out(reg32) r, p = in(reg32) addr, options(nostack, readonly));
         r
+    }
+
+    /// The two words at shared address `addr` (from [`Smem::addr`]), 8-byte aligned.
+    ///
+    /// # Safety
+    /// `addr` is [`Smem::addr`] of a word (plus a byte offset) inside the shared memory the
+    /// launch asked for.
+    #[inline(always)]
+    pub unsafe fn ld_v2_at(addr: u32) -> [u32; 2] {
+        let (a, b): (u32, u32);
+        asm!("ld.shared.v2.u32 {{{a}, {b}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, p = in(reg32) addr, options(nostack, readonly));
+        [a, b]
     }
 
     /// The four words at shared address `addr` (from [`Smem::addr`]), 16-byte aligned.

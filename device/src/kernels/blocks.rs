@@ -133,6 +133,103 @@ impl Grid for Staged {
     }
 }
 
+/// Where a block's bytes are read from: device memory through the read-only path (a pointer),
+/// or a copy in shared memory ([`Shared`]). Offsets are bytes from the block's start; a load's
+/// alignment is its size, but for [`Bytes::u32_a2`].
+pub trait Bytes: Copy {
+    /// The bytes from `off` on.
+    ///
+    /// # Safety
+    /// `off` stays inside the memory `self` points into.
+    unsafe fn at(self, off: usize) -> Self;
+    /// # Safety
+    /// The bytes read are inside the memory `self` points into, aligned as the load says.
+    unsafe fn u8(self, off: usize) -> u8;
+    /// # Safety
+    /// As [`Bytes::u8`].
+    unsafe fn u16(self, off: usize) -> u16;
+    /// # Safety
+    /// As [`Bytes::u8`].
+    unsafe fn u32(self, off: usize) -> u32;
+    /// A word only 2-byte aligned, as two 2-byte loads.
+    ///
+    /// # Safety
+    /// As [`Bytes::u8`].
+    #[inline(always)]
+    unsafe fn u32_a2(self, off: usize) -> u32 {
+        self.u16(off) as u32 | (self.u16(off + 2) as u32) << 16
+    }
+    /// # Safety
+    /// As [`Bytes::u8`].
+    unsafe fn v2(self, off: usize) -> [u32; 2];
+    /// # Safety
+    /// As [`Bytes::u8`].
+    unsafe fn v4(self, off: usize) -> [u32; 4];
+}
+
+impl Bytes for *const u8 {
+    #[inline(always)]
+    unsafe fn at(self, off: usize) -> Self {
+        self.add(off)
+    }
+    #[inline(always)]
+    unsafe fn u8(self, off: usize) -> u8 {
+        mem::ld_nc_u8(self.add(off))
+    }
+    #[inline(always)]
+    unsafe fn u16(self, off: usize) -> u16 {
+        mem::ld_nc_u16(self.add(off))
+    }
+    #[inline(always)]
+    unsafe fn u32(self, off: usize) -> u32 {
+        mem::ld_nc_u32(self.add(off))
+    }
+    #[inline(always)]
+    unsafe fn u32_a2(self, off: usize) -> u32 {
+        mem::ld_nc_u32_a2(self.add(off))
+    }
+    #[inline(always)]
+    unsafe fn v2(self, off: usize) -> [u32; 2] {
+        mem::ld_nc_v2(self.add(off))
+    }
+    #[inline(always)]
+    unsafe fn v4(self, off: usize) -> [u32; 4] {
+        mem::ld_nc_v4(self.add(off))
+    }
+}
+
+/// Bytes copied to shared memory, at a shared address ([`Smem::addr`]); the copy keeps the
+/// alignment of the device bytes it came from (to 16 bytes).
+#[derive(Clone, Copy)]
+pub struct Shared(pub u32);
+
+impl Bytes for Shared {
+    #[inline(always)]
+    unsafe fn at(self, off: usize) -> Self {
+        Shared(self.0 + off as u32)
+    }
+    #[inline(always)]
+    unsafe fn u8(self, off: usize) -> u8 {
+        Smem::ld_u8_at(self.0 + off as u32)
+    }
+    #[inline(always)]
+    unsafe fn u16(self, off: usize) -> u16 {
+        Smem::ld_u16_at(self.0 + off as u32)
+    }
+    #[inline(always)]
+    unsafe fn u32(self, off: usize) -> u32 {
+        Smem::ld_u32_at(self.0 + off as u32)
+    }
+    #[inline(always)]
+    unsafe fn v2(self, off: usize) -> [u32; 2] {
+        Smem::ld_v2_at(self.0 + off as u32)
+    }
+    #[inline(always)]
+    unsafe fn v4(self, off: usize) -> [u32; 4] {
+        Smem::ld_v4_at(self.0 + off as u32)
+    }
+}
+
 pub trait Block {
     const BYTES: usize;
     /// Groups of 32 values per block.
@@ -165,12 +262,16 @@ pub trait Block {
     fn row_bytes(groups: u32) -> usize {
         Self::block_offset(groups)
     }
-    /// Group `g` of the block at `p`, its codebook words read from `grid`.
+    /// Whether the pair gate/up entries copy their rows to shared memory and read them there
+    /// (`WeightFormat::pair_stages_rows`).
+    const STAGED_ROWS: bool = false;
+    /// Group `g` of the block at `p` (device memory, or a copy in shared memory), its codebook
+    /// words read from `grid`.
     ///
     /// # Safety
-    /// `p` points at one whole block in device memory, 2-byte aligned; `g < GROUPS`; `grid`
-    /// holds `Self::grid()`'s words.
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group;
+    /// `p` points at one whole block, 2-byte aligned; `g < GROUPS`; `grid` holds
+    /// `Self::grid()`'s words.
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, grid: G) -> Group;
     /// Group `g` of the block at `p`, codebook from global memory.
     ///
     /// # Safety
@@ -182,8 +283,8 @@ pub trait Block {
 }
 
 #[inline(always)]
-unsafe fn scale(p: *const u8) -> f32 {
-    convert::f16_to_f32(mem::ld_nc_u16(p))
+unsafe fn scale<S: Bytes>(p: S, off: usize) -> f32 {
+    convert::f16_to_f32(p.u16(off))
 }
 
 /// 4-bit sign mask (bit i = byte i negative) to a byte mask (0xff in negative bytes).
@@ -219,8 +320,8 @@ fn iq4_levels(codes: u32) -> u32 {
 
 /// 16 nibble bytes at `qs` to the 8 words of IQ4 levels (low nibbles first, then high).
 #[inline(always)]
-unsafe fn iq4_words(qs: *const u8) -> [u32; 8] {
-    iq4_words_of(core::array::from_fn(|i| mem::ld_nc_u32_a2(qs.add(4 * i))))
+unsafe fn iq4_words<S: Bytes>(p: S, qs: usize) -> [u32; 8] {
+    iq4_words_of(core::array::from_fn(|i| p.u32_a2(qs + 4 * i)))
 }
 
 /// The 16 nibble bytes as four words to the 8 words of IQ4 levels.
@@ -240,12 +341,12 @@ impl Block for Q8_0 {
     const GROUPS: u32 = 1;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, _g: u32, _grid: G) -> Group {
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, _g: u32, _grid: G) -> Group {
         let mut w = [0u32; 8];
         for (i, word) in w.iter_mut().enumerate() {
-            *word = mem::ld_nc_u32_a2(p.add(q8_0::OFF_Q + 4 * i));
+            *word = p.u32_a2(q8_0::OFF_Q + 4 * i);
         }
-        Group { d: scale(p.add(q8_0::OFF_D)), w, f: [1, 1] }
+        Group { d: scale(p, q8_0::OFF_D), w, f: [1, 1] }
     }
 }
 
@@ -257,13 +358,13 @@ impl Block for Q8_0T {
     const GROUPS: u32 = q8_0t::BLOCKS as u32;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, _grid: G) -> Group {
         // Tiles start 16-byte aligned: rows are whole tiles of 1,088 bytes (68 x 16) from an
         // aligned allocation.
-        let lo = mem::ld_nc_v4(p.add(q8_0t::OFF_LO + 16 * g as usize));
-        let hi = mem::ld_nc_v4(p.add(q8_0t::OFF_HI + 16 * g as usize));
+        let lo = p.v4(q8_0t::OFF_LO + 16 * g as usize);
+        let hi = p.v4(q8_0t::OFF_HI + 16 * g as usize);
         let w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
-        Group { d: scale(p.add(q8_0t::OFF_D + 2 * g as usize)), w, f: [1, 1] }
+        Group { d: scale(p, q8_0t::OFF_D + 2 * g as usize), w, f: [1, 1] }
     }
 }
 
@@ -273,19 +374,19 @@ impl Block for Q2_0 {
     const GROUPS: u32 = 2;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, _grid: G) -> Group {
         // Levels of codes 0..3 = -1, 0, 1, 2, as one word for `prmt`.
         const LEVELS: u32 = 0x0201_00ff;
         let mut w = [0u32; 8];
         for i in 0..4 {
-            let two = mem::ld_nc_u16(p.add(q2_0::OFF_QS + 8 * g as usize + 2 * i)) as u32;
+            let two = p.u16(q2_0::OFF_QS + 8 * g as usize + 2 * i) as u32;
             for h in 0..2 {
                 let b = two >> (8 * h);
                 let sel = (b & 0x3) | (b & 0xc) << 2 | (b & 0x30) << 4 | (b & 0xc0) << 6;
                 w[2 * i + h] = int::prmt(LEVELS, 0, sel);
             }
         }
-        Group { d: scale(p.add(q2_0::OFF_D)), w, f: [1, 1] }
+        Group { d: scale(p, q2_0::OFF_D), w, f: [1, 1] }
     }
 }
 
@@ -295,8 +396,8 @@ impl Block for Iq4Nl {
     const GROUPS: u32 = 1;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, _g: u32, _grid: G) -> Group {
-        Group { d: scale(p.add(iq4_nl::OFF_D)), w: iq4_words(p.add(iq4_nl::OFF_QS)), f: [1, 1] }
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, _g: u32, _grid: G) -> Group {
+        Group { d: scale(p, iq4_nl::OFF_D), w: iq4_words(p, iq4_nl::OFF_QS), f: [1, 1] }
     }
 }
 
@@ -308,10 +409,10 @@ impl Block for Iq4NlT {
     const GROUPS: u32 = iq4_nlt::BLOCKS as u32;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, _grid: G) -> Group {
         // Tiles are 144 bytes (9 x 16) in rows of whole tiles from a 16-byte aligned allocation.
-        let w = iq4_words_of(mem::ld_nc_v4(p.add(iq4_nlt::OFF_QS + 16 * g as usize)));
-        Group { d: scale(p.add(iq4_nlt::OFF_D + 2 * g as usize)), w, f: [1, 1] }
+        let w = iq4_words_of(p.v4(iq4_nlt::OFF_QS + 16 * g as usize));
+        Group { d: scale(p, iq4_nlt::OFF_D + 2 * g as usize), w, f: [1, 1] }
     }
 }
 
@@ -321,11 +422,11 @@ impl Block for Iq4Xs {
     const GROUPS: u32 = 8;
     const SHIFT: u32 = 0;
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
-        let lo = (mem::ld_nc_u8(p.add(iq4_xs::OFF_SCALES_L + g as usize / 2)) as u32 >> (4 * (g % 2))) & 15;
-        let hi = (mem::ld_nc_u16(p.add(iq4_xs::OFF_SCALES_H)) as u32 >> (2 * g)) & 3;
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, _grid: G) -> Group {
+        let lo = (p.u8(iq4_xs::OFF_SCALES_L + g as usize / 2) as u32 >> (4 * (g % 2))) & 15;
+        let hi = (p.u16(iq4_xs::OFF_SCALES_H) as u32 >> (2 * g)) & 3;
         let f = (lo | hi << 4) as i32 - 32;
-        Group { d: scale(p.add(iq4_xs::OFF_D)), w: iq4_words(p.add(iq4_xs::OFF_QS + 16 * g as usize)), f: [f, f] }
+        Group { d: scale(p, iq4_xs::OFF_D), w: iq4_words(p, iq4_xs::OFF_QS + 16 * g as usize), f: [f, f] }
     }
 }
 
@@ -336,14 +437,13 @@ impl Block for Q6K {
     const SHIFT: u32 = 0;
     const OFFSET: i32 = 32;
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, _grid: G) -> Group {
         let (h, q) = (g as usize / 4, g % 4);
-        let ql = p.add(q6_k::OFF_QL + 64 * h + 32 * (q as usize % 2));
-        let qh = p.add(q6_k::OFF_QH + 32 * h);
-        let ql: [u32; 8] = core::array::from_fn(|i| mem::ld_nc_u32_a2(ql.add(4 * i)));
-        let qh: [u32; 8] = core::array::from_fn(|i| mem::ld_nc_u32_a2(qh.add(4 * i)));
-        let sc = mem::ld_nc_u16(p.add(q6_k::OFF_SCALES + 2 * g as usize));
-        q6_group(ql, qh, q, sc, scale(p.add(q6_k::OFF_D)))
+        let (ql, qh) = (q6_k::OFF_QL + 64 * h + 32 * (q as usize % 2), q6_k::OFF_QH + 32 * h);
+        let ql: [u32; 8] = core::array::from_fn(|i| p.u32_a2(ql + 4 * i));
+        let qh: [u32; 8] = core::array::from_fn(|i| p.u32_a2(qh + 4 * i));
+        let sc = p.u16(q6_k::OFF_SCALES + 2 * g as usize);
+        q6_group(ql, qh, q, sc, scale(p, q6_k::OFF_D))
     }
 }
 
@@ -357,16 +457,16 @@ impl Block for Q6KT {
     const SHIFT: u32 = 0;
     const OFFSET: i32 = 32;
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, _grid: G) -> Group {
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, _grid: G) -> Group {
         // Tiles are 1,680 bytes (105 x 16) in rows of whole tiles from a 16-byte aligned
         // allocation: a group's nibbles are 16-byte aligned, its high bits 8-byte aligned.
-        let nb = mem::ld_nc_v4(p.add(q6_kt::OFF_QL + 16 * g as usize));
-        let hb = mem::ld_nc_v2(p.add(q6_kt::OFF_QH + 8 * g as usize));
-        let sc = mem::ld_nc_u16(p.add(q6_kt::OFF_SCALES + 2 * g as usize));
+        let nb = p.v4(q6_kt::OFF_QL + 16 * g as usize);
+        let hb = p.v2(q6_kt::OFF_QH + 8 * g as usize);
+        let sc = p.u16(q6_kt::OFF_SCALES + 2 * g as usize);
         // Word i: the low nibbles of the first four nibble words, then their high nibbles;
         // bits 2s, 2s + 1 (s = i % 4) of high-bit word i / 4.
         let w = core::array::from_fn(|i| q6_word(nb[i % 4], i as u32 / 4, hb[i / 4], i as u32 % 4));
-        Group { d: scale(p.add(q6_kt::OFF_D + 2 * (g as usize / 8))), w, f: q6_factors(sc) }
+        Group { d: scale(p, q6_kt::OFF_D + 2 * (g as usize / 8)), w, f: q6_factors(sc) }
     }
 }
 
@@ -411,15 +511,15 @@ impl Block for Iq2Xxs {
         &IQ2_XXS_GRID
     }
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
-        let q = p.add(iq2_xxs::OFF_QS + 8 * g as usize);
-        let (a0, a1) = (mem::ld_nc_u32_a2(q), mem::ld_nc_u32_a2(q.add(4)));
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, grid: G) -> Group {
+        let q = iq2_xxs::OFF_QS + 8 * g as usize;
+        let (a0, a1) = (p.u32_a2(q), p.u32_a2(q + 4));
         let mut w = [0u32; 8];
         for l in 0..4 {
             (w[2 * l], w[2 * l + 1]) = grid8(grid, (a0 >> (8 * l) & 0xff) as usize, ksigns(a1 >> (7 * l) & 127));
         }
         let f = 2 * (a1 >> 28) as i32 + 1;
-        Group { d: scale(p.add(iq2_xxs::OFF_D)), w, f: [f, f] }
+        Group { d: scale(p, iq2_xxs::OFF_D), w, f: [f, f] }
     }
 }
 
@@ -432,14 +532,14 @@ impl Block for Iq2Xs {
         &IQ2_XS_GRID
     }
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, grid: G) -> Group {
         let mut w = [0u32; 8];
         for l in 0..4 {
-            let q = mem::ld_nc_u16(p.add(iq2_xs::OFF_QS + 2 * (4 * g as usize + l))) as u32;
+            let q = p.u16(iq2_xs::OFF_QS + 2 * (4 * g as usize + l)) as u32;
             (w[2 * l], w[2 * l + 1]) = grid8(grid, (q & 511) as usize, ksigns(q >> 9));
         }
-        let s = mem::ld_nc_u8(p.add(iq2_xs::OFF_SCALES + g as usize)) as i32;
-        Group { d: scale(p.add(iq2_xs::OFF_D)), w, f: [2 * (s & 15) + 1, 2 * (s >> 4) + 1] }
+        let s = p.u8(iq2_xs::OFF_SCALES + g as usize) as i32;
+        Group { d: scale(p, iq2_xs::OFF_D), w, f: [2 * (s & 15) + 1, 2 * (s >> 4) + 1] }
     }
 }
 
@@ -452,17 +552,17 @@ impl Block for Iq2S {
         &IQ2_S_GRID
     }
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
-        let qs = mem::ld_nc_u32_a2(p.add(iq2_s::OFF_QS + 4 * g as usize));
-        let signs = mem::ld_nc_u32_a2(p.add(iq2_s::OFF_SIGNS + 4 * g as usize));
-        let qh = mem::ld_nc_u8(p.add(iq2_s::OFF_QH + g as usize)) as u32;
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, grid: G) -> Group {
+        let qs = p.u32_a2(iq2_s::OFF_QS + 4 * g as usize);
+        let signs = p.u32_a2(iq2_s::OFF_SIGNS + 4 * g as usize);
+        let qh = p.u8(iq2_s::OFF_QH + g as usize) as u32;
         let mut w = [0u32; 8];
         for l in 0..4 {
             let entry = (qs >> (8 * l) & 0xff) | ((qh >> (2 * l)) & 3) << 8;
             (w[2 * l], w[2 * l + 1]) = grid8(grid, entry as usize, signs >> (8 * l) & 0xff);
         }
-        let s = mem::ld_nc_u8(p.add(iq2_s::OFF_SCALES + g as usize)) as i32;
-        Group { d: scale(p.add(iq2_s::OFF_D)), w, f: [2 * (s & 15) + 1, 2 * (s >> 4) + 1] }
+        let s = p.u8(iq2_s::OFF_SCALES + g as usize) as i32;
+        Group { d: scale(p, iq2_s::OFF_D), w, f: [2 * (s & 15) + 1, 2 * (s >> 4) + 1] }
     }
 }
 
@@ -475,10 +575,10 @@ impl Block for Iq3Xxs {
         &IQ3_XXS_GRID
     }
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
-        let q = p.add(iq3_xxs::OFF_QS + 8 * g as usize);
-        let idx = [mem::ld_nc_u32_a2(q), mem::ld_nc_u32_a2(q.add(4))];
-        let aux = mem::ld_nc_u32_a2(p.add(iq3_xxs::OFF_AUX + 4 * g as usize));
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, grid: G) -> Group {
+        let q = iq3_xxs::OFF_QS + 8 * g as usize;
+        let idx = [p.u32_a2(q), p.u32_a2(q + 4)];
+        let aux = p.u32_a2(iq3_xxs::OFF_AUX + 4 * g as usize);
         let mut w = [0u32; 8];
         for l in 0..4 {
             let signs = ksigns(aux >> (7 * l) & 127);
@@ -489,7 +589,7 @@ impl Block for Iq3Xxs {
             }
         }
         let f = 2 * (aux >> 28) as i32 + 1;
-        Group { d: scale(p.add(iq3_xxs::OFF_D)), w, f: [f, f] }
+        Group { d: scale(p, iq3_xxs::OFF_D), w, f: [f, f] }
     }
 }
 
@@ -502,13 +602,13 @@ impl Block for Iq3S {
         &IQ3_S_GRID
     }
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
-        let q = p.add(iq3_s::OFF_QS + 8 * g as usize);
-        let idx = [mem::ld_nc_u32_a2(q), mem::ld_nc_u32_a2(q.add(4))];
-        let qh = mem::ld_nc_u8(p.add(iq3_s::OFF_QH + g as usize)) as u32;
-        let signs = mem::ld_nc_u32_a2(p.add(iq3_s::OFF_SIGNS + 4 * g as usize));
-        let s = (mem::ld_nc_u8(p.add(iq3_s::OFF_SCALES + g as usize / 2)) as u32 >> (4 * (g % 2))) & 15;
-        iq3_s_group(idx, qh, signs, s, scale(p.add(iq3_s::OFF_D)), grid)
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, grid: G) -> Group {
+        let q = iq3_s::OFF_QS + 8 * g as usize;
+        let idx = [p.u32_a2(q), p.u32_a2(q + 4)];
+        let qh = p.u8(iq3_s::OFF_QH + g as usize) as u32;
+        let signs = p.u32_a2(iq3_s::OFF_SIGNS + 4 * g as usize);
+        let s = (p.u8(iq3_s::OFF_SCALES + g as usize / 2) as u32 >> (4 * (g % 2))) & 15;
+        iq3_s_group(idx, qh, signs, s, scale(p, iq3_s::OFF_D), grid)
     }
 }
 
@@ -527,14 +627,15 @@ impl Block for Iq3ST {
         &IQ3_S_SIGNED.0
     }
     const SIGNED_GRID: bool = WeightFormat::Iq3ST.signed_grid();
+    const STAGED_ROWS: bool = WeightFormat::Iq3ST.pair_stages_rows();
     #[inline(always)]
-    unsafe fn load_with<G: Grid>(p: *const u8, g: u32, grid: G) -> Group {
+    unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, grid: G) -> Group {
         // Tiles are 880 bytes (55 x 16) in rows of whole tiles from a 16-byte aligned allocation.
-        let idx = mem::ld_nc_v2(p.add(iq3_st::OFF_QS + 8 * g as usize));
-        let qh = mem::ld_nc_u8(p.add(iq3_st::OFF_QH + g as usize)) as u32;
-        let signs = mem::ld_nc_u32(p.add(iq3_st::OFF_SIGNS + 4 * g as usize));
-        let s = (mem::ld_nc_u8(p.add(iq3_st::OFF_SCALES + g as usize / 2)) as u32 >> (4 * (g % 2))) & 15;
-        iq3_s_group(idx, qh, signs, s, scale(p.add(iq3_st::OFF_D + 2 * (g / 8) as usize)), grid)
+        let idx = p.v2(iq3_st::OFF_QS + 8 * g as usize);
+        let qh = p.u8(iq3_st::OFF_QH + g as usize) as u32;
+        let signs = p.u32(iq3_st::OFF_SIGNS + 4 * g as usize);
+        let s = (p.u8(iq3_st::OFF_SCALES + g as usize / 2) as u32 >> (4 * (g % 2))) & 15;
+        iq3_s_group(idx, qh, signs, s, scale(p, iq3_st::OFF_D + 2 * (g / 8) as usize), grid)
     }
 }
 

@@ -17,12 +17,19 @@
 //! warps that every SM holds two or three of, where 192 blocks of 16 warps left 72 SMs one and
 //! 60 two. Each row is still one warp's, in the same order: the same bits.
 //!
-//! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]` and
-//! the codebook (`launch::expdec_gu_smem`, given at launch). A signed codebook comes first
+//! A pair block of a format with 16-byte rows (`Block::STAGED_ROWS`: IQ3_ST) copies its 16 gate
+//! and 16 up rows to shared memory once it knows its expert (`cp.async`, every copy in flight at
+//! once) and decodes them there, where a warp's rows otherwise wait on L2 a group of a lane at a
+//! time; it asks L2 for its share of the down rows only once its own rows are in, so that those
+//! requests do not queue ahead of its rows.
+//!
+//! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
+//! codebook and a pair block's staged rows (`launch::expdec_gu_smem`, `expdec_gu_pair_smem`,
+//! given at launch). A signed codebook comes first
 //! instead: at word 0 its words' addresses need no base added, one instruction less in a
 //! decode of three a word; other codebooks stay last (moved first, three of their 64-register
 //! entries spilled).
-use super::blocks::{self, Block};
+use super::blocks::{self, Block, Bytes, Shared};
 use super::stage;
 use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
@@ -39,11 +46,11 @@ use strata_gpu_shared::moe;
 /// partials `[row][entry]` for gate and up (the mmvq spec: groups `lane, lane + 32, ...`, left
 /// to right from +0.0).
 #[inline(always)]
-unsafe fn staged_partials<F: Block, const R: usize>(
+unsafe fn staged_partials<F: Block, S: Bytes, const R: usize>(
     smem: Smem,
     grid: blocks::Staged,
-    gate: *const u8,
-    up: *const u8,
+    gate: S,
+    up: S,
     row_bytes: usize,
     row: usize,
     m: u32,
@@ -53,7 +60,7 @@ unsafe fn staged_partials<F: Block, const R: usize>(
     let (mut ag, mut au) = ([[0.0f32; 4]; R], [[0.0f32; 4]; R]);
     let mut b = index::lane();
     while b < groups {
-        let at = |base: *const u8, j: usize| base.add((row + j) * row_bytes + F::block_offset(b));
+        let at = |base: S, j: usize| base.at((row + j) * row_bytes + F::block_offset(b));
         let gw: [blocks::Group; R] = core::array::from_fn(|j| F::load_with(at(gate, j), b % F::GROUPS, grid));
         let uw: [blocks::Group; R] = core::array::from_fn(|j| F::load_with(at(up, j), b % F::GROUPS, grid));
         crate::unroll!(r in [0, 1, 2, 3] {
@@ -188,15 +195,37 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
     let row_bytes = F::row_bytes(groups);
     let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
     let rows = (chunk0 * MOE_GU_ROWS + part * part_rows) as usize * row_bytes;
-    mem::prefetch_l2_block::<THREADS>(gate.wrapping_add(rows), part_rows as usize * row_bytes);
-    mem::prefetch_l2_block::<THREADS>(up.wrapping_add(rows), part_rows as usize * row_bytes);
+    let part_bytes = part_rows as usize * row_bytes;
+    // A pair block of a format with 16-byte rows copies its gate and up rows to shared memory,
+    // every copy in flight at once, and decodes them there; other blocks ask L2 for theirs.
+    let staged_rows = C::BLOCKS > 1 && F::STAGED_ROWS;
+    let rows_at = smem.addr(h_base + EXPDEC_ENTRIES * rb + if F::SIGNED_GRID { 0 } else { stage::grid_words::<F>() });
+    if staged_rows {
+        // Whole 16-byte copies: a STAGED_ROWS format's blocks are whole 16-byte units from
+        // 16-byte aligned rows, so the part's rows are too, inside the expert's matrix; the
+        // shared area is 16-byte aligned (the stage, H and the codebook are multiples of 4
+        // words) and `expdec_gu_pair_smem` bytes long, and nothing reads it before the wait below.
+        const { assert!(!F::STAGED_ROWS || F::BYTES % 16 == 0) };
+        let mut i = 16 * index::thread_idx() as usize;
+        while i < part_bytes {
+            mem::cp_async_16(rows_at + i as u32, gate.add(rows + i));
+            mem::cp_async_16(rows_at + (part_bytes + i) as u32, up.add(rows + i));
+            i += 16 * THREADS as usize;
+        }
+    } else {
+        mem::prefetch_l2_block::<THREADS>(gate.wrapping_add(rows), part_bytes);
+        mem::prefetch_l2_block::<THREADS>(up.wrapping_add(rows), part_bytes);
+    }
     // (In 32 bits: one expert's down rows are far below 4 GiB, and a 64-bit division is a
     // subroutine whose registers made other entries spill.)
     let down_bytes = down_bytes as u32;
     let share = down_bytes.div_ceil(blocks_per_group * C::BLOCKS);
     let first_down = ((b % blocks_per_group * C::BLOCKS + part) * share).min(down_bytes);
     let down = down.wrapping_add(expert as usize * down_bytes as usize + first_down as usize);
-    mem::prefetch_l2_block::<THREADS>(down, share.min(down_bytes - first_down) as usize);
+    let down_share = share.min(down_bytes - first_down) as usize;
+    if !staged_rows {
+        mem::prefetch_l2_block::<THREADS>(down, down_share);
+    }
     let entries = table.add(moe::entries(n as usize) + start as usize);
     let warp = index::warp_in_block();
     let warps = THREADS / 32;
@@ -209,14 +238,25 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
         }
         let m = (count - pass).min(EXPDEC_ENTRIES);
         stage::rows::<THREADS>(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups, EXPDEC_ENTRIES);
+        if staged_rows {
+            mem::cp_async_wait_all(); // the rows, before the barrier that shows them to the block
+        }
         sync::sync_lds();
+        if staged_rows && pass == 0 {
+            mem::prefetch_l2_block::<THREADS>(down, down_share); // once the block's own rows are in
+        }
         if pass == 0 {
             C::wait(); // the partner has started (it arrived long before; no wait in practice)
         }
         let mut j0 = 0;
         while first < part_rows && j0 < rows_per_warp {
             let local = part * part_rows + first + j0; // the row in the block's chunks
-            let (ag, au) = staged_partials::<F, R>(smem, grid, gate, up, row_bytes, (chunk0 * MOE_GU_ROWS + local) as usize, m, groups);
+            let (ag, au) = if staged_rows {
+                let row = (first + j0) as usize; // the row in the copy of the part's rows
+                staged_partials::<F, _, R>(smem, grid, Shared(rows_at), Shared(rows_at + part_bytes as u32), row_bytes, row, m, groups)
+            } else {
+                staged_partials::<F, _, R>(smem, grid, gate, up, row_bytes, (chunk0 * MOE_GU_ROWS + local) as usize, m, groups)
+            };
             crate::unroll!(j in [0, 1] {
                 if j < R {
                     crate::unroll!(r in [0, 1, 2, 3] {

@@ -88,6 +88,14 @@ pub const fn expdec_gu_smem(n_embd: usize, rb: u32, grid_words: usize) -> u32 {
     (4 * (EXPDEC_ENTRIES as usize * (9 * (n_embd / 32) + rb as usize) + grid_words)) as u32
 }
 
+/// Dynamic shared memory of a pair gate/up launch (`expdec_gu_*_p2`), in bytes: as
+/// [`expdec_gu_smem`] for a chunk, and where the format stages its rows
+/// (`WeightFormat::pair_stages_rows`) the block's gate and up rows, `row_bytes` each.
+pub fn expdec_gu_pair_smem(n_embd: usize, format: WeightFormat) -> u32 {
+    let rows = if format.pair_stages_rows() { 2 * (MOE_GU_ROWS / EXPDEC_PAIR) as usize * format.row_bytes(n_embd) } else { 0 };
+    expdec_gu_smem(n_embd, MOE_GU_ROWS, format.staged_grid().len()) + rows as u32
+}
+
 /// Rows one step of an `expdec_down_*` block computes: the block's threads form
 /// `EXPDEC_THREADS / ff_groups` row slots of `ff_groups` threads (one group each), and each slot
 /// takes `dr` rows.
