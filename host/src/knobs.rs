@@ -199,12 +199,13 @@ impl ExpertKnobs {
         let chunks = n * (n_ff32 / MOE_GU_ROWS);
         let pairs_lighter = (EXPDEC_PAIR * chunks).div_ceil(sms) < EXPDEC_PAIR * chunks.div_ceil(sms);
         let pair_smem = expdec_gu_pair_smem(n_embd, gf);
-        let pair_kernel = expdec_gu_pair_kernel(gf).filter(|_| clusters && pair_smem <= EXPDEC_SMEM_MAX);
+        let pair_entry = expdec_gu_pair_kernel(gf);
+        let pair_kernel = pair_entry.filter(|_| clusters && pair_smem <= EXPDEC_SMEM_MAX);
         let pair = match self.pairs {
             2 if expdec => Some(pair_kernel.ok_or_else(|| {
                 let why = if !clusters {
                     "this backend has no cluster entries (cuda on sm_90 and later)".into()
-                } else if expdec_gu_pair_kernel(gf).is_none() {
+                } else if pair_entry.is_none() {
                     format!("{} has no pair gate/up entry (compiled for {} only)", gf.name(), minb4_names())
                 } else {
                     format!("a pair block of {} at n_embd {n_embd} needs {pair_smem} bytes of shared memory, above {EXPDEC_SMEM_MAX}", gf.name())

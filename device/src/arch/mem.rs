@@ -166,13 +166,6 @@ pub unsafe fn ld_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 
-/// Two 2-byte loads at `p` and `p + 2` joined little-endian into one word: the 4-byte read of
-/// a field that is only 2-byte aligned (Q8_0 and IQ4_NL quants sit after a 2-byte scale).
-#[inline(always)]
-pub unsafe fn ld_nc_u32_a2(p: *const u8) -> u32 {
-    ld_nc_u16(p) as u32 | (ld_nc_u16(p.add(2)) as u32) << 16
-}
-
 /// Global stores. `p` must be aligned to the stored size and point at device memory this
 /// thread alone writes during the launch.
 #[inline(always)]

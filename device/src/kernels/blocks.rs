@@ -151,7 +151,8 @@ pub trait Bytes: Copy {
     /// # Safety
     /// As [`Bytes::u8`].
     unsafe fn u32(self, off: usize) -> u32;
-    /// A word only 2-byte aligned, as two 2-byte loads.
+    /// A word only 2-byte aligned, as two 2-byte loads joined little-endian (Q8_0 and IQ4_NL
+    /// quants sit after a 2-byte scale).
     ///
     /// # Safety
     /// As [`Bytes::u8`].
@@ -183,10 +184,6 @@ impl Bytes for *const u8 {
     #[inline(always)]
     unsafe fn u32(self, off: usize) -> u32 {
         mem::ld_nc_u32(self.add(off))
-    }
-    #[inline(always)]
-    unsafe fn u32_a2(self, off: usize) -> u32 {
-        mem::ld_nc_u32_a2(self.add(off))
     }
     #[inline(always)]
     unsafe fn v2(self, off: usize) -> [u32; 2] {

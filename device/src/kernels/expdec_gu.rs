@@ -25,10 +25,9 @@
 //!
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
 //! codebook and a pair block's staged rows (`launch::expdec_gu_smem`, `expdec_gu_pair_smem`,
-//! given at launch). A signed codebook comes first
-//! instead: at word 0 its words' addresses need no base added, one instruction less in a
-//! decode of three a word; other codebooks stay last (moved first, three of their 64-register
-//! entries spilled).
+//! given at launch). A signed codebook comes first instead: at word 0 its words' addresses need
+//! no base added, one instruction less in a decode of three a word; other codebooks follow H
+//! (moved first, three of their 64-register entries spilled), and the staged rows come last.
 use super::blocks::{self, Block, Bytes, Shared};
 use super::stage;
 use super::mmvq::contribution_words;
@@ -175,10 +174,11 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
     // The codebook is a module constant: staged while the previous grid drains, before the
     // wait; the first pass's post-staging barrier orders it before its readers.
     let h_base = stage::expdec_words(groups);
+    let h_end = h_base + EXPDEC_ENTRIES * rb;
     let (grid, smem) = if F::SIGNED_GRID {
         (stage::grid::<F, THREADS>(Smem::dynamic(), 0), Smem::dynamic().from_word(stage::grid_words::<F>()))
     } else {
-        (stage::grid::<F, THREADS>(Smem::dynamic(), h_base + EXPDEC_ENTRIES * rb), Smem::dynamic())
+        (stage::grid::<F, THREADS>(Smem::dynamic(), h_end), Smem::dynamic())
     };
     sync::chain_grids();
     let chunks = n_ff / MOE_GU_ROWS;
@@ -199,7 +199,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
     // A pair block of a format with 16-byte rows copies its gate and up rows to shared memory,
     // every copy in flight at once, and decodes them there; other blocks ask L2 for theirs.
     let staged_rows = C::BLOCKS > 1 && F::STAGED_ROWS;
-    let rows_at = smem.addr(h_base + EXPDEC_ENTRIES * rb + if F::SIGNED_GRID { 0 } else { stage::grid_words::<F>() });
+    let rows_at = smem.addr(h_end + if F::SIGNED_GRID { 0 } else { stage::grid_words::<F>() });
     if staged_rows {
         // Whole 16-byte copies: a STAGED_ROWS format's blocks are whole 16-byte units from
         // 16-byte aligned rows, so the part's rows are too, inside the expert's matrix; the
