@@ -16,8 +16,9 @@
 //! its own wait returned, a grid starts only once the grid two launches back has completed and
 //! its writes have reached L2: an entry may also read before its wait, from L2 (`mem::ld_cg_u32`,
 //! not the SM's L1, which may hold older lines), a buffer the launch just before it does not
-//! write. One entry does: `attn_prep` reads the window's position, which only a copy before the
-//! step or the accept op at a step's end writes, several launches before any `attn_prep`.
+//! write. Two kinds of entry do: `attn_prep` and the `attn_chunk` entries read the window's
+//! position, which only a copy before the step or the accept op at a step's end writes, several
+//! launches before any of them (and `attn_chunk` then only asks L2 for cache rows, a hint).
 //! build.rs refuses an `sm_90` image with
 //! an entry that lacks the wait. A grid therefore only overlaps its predecessor's tail with its
 //! own launch and start-up, and completes after it: the order, and so every bit, is the stream's.

@@ -214,15 +214,12 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32>(
         sync::trap();
     }
     let hd = if HD != 0 { HD } else { hd };
-    let bands = n_q / heads;
-    let b = index::block_idx();
-    if b >= tokens * bands * split {
+    if index::block_idx() >= tokens * (n_q / heads) * split {
         return; // the whole block
     }
-    let (tb, first) = (b / split, b % split);
-    let (t, h0) = (tb / bands, tb % bands * heads);
-    let band = Band { t, h0, heads, g: (h0 / (n_q / n_kv)) as usize, n_q, n_kv, hd };
-    let (len, n_chunks) = (context_len(pos, t, n_ctx), n_ctx.div_ceil(ATTN_CHUNK as u32));
+    let (band, first) = Band::of_block(n_q, n_kv, hd, split, heads);
+    let (t, h0) = (band.t, band.h0);
+    let (len, n_chunks) = (context_len(mem::ld_nc_u32(pos as *const u8), t, n_ctx), n_ctx.div_ceil(ATTN_CHUNK as u32));
     if !out.is_null() && len > ATTN_CHUNK as u32 {
         sync::trap(); // one part cannot be the output: the host launched this for short contexts
     }
@@ -280,6 +277,7 @@ macro_rules! attn_chunk_entries {
             out: *mut f32,
             xq: *mut u8,
         ) {
+            ask_l2_one_chunk(k_cache, v_cache, tokens, n_q, n_kv, if $hd != 0 { $hd } else { hd }, pos, n_ctx, split, heads);
             crate::arch::sync::chain_grids();
             attn_chunk_band::<$w, $hw, $hd>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq)
         }
@@ -321,6 +319,31 @@ struct Band {
     n_q: u32,
     n_kv: u32,
     hd: u32,
+}
+
+/// Before an `attn_chunk` entry's grid wait, where the launch's contexts are one chunk (`split`
+/// 1): asks L2 for the cache rows of the block's chunk, so that their DRAM latency passes while
+/// the grid before still runs. It reads only the window's position, which a copy or the accept of
+/// a step before wrote, launches before this one (from L2: host/src/launch.rs); the rows
+/// `attn_prep` is about to write are only asked for (a hint), never read.
+///
+/// Only for one-chunk contexts: the rows asked for are then at most one chunk a KV group, where
+/// at depth 32,768 every block of the first wave asking for its chunk (33 MB) made the step 1.5 %
+/// slower, likely by queueing the grid before's DRAM reads behind them. And only where grids
+/// are chained (sm_90 on): elsewhere nothing runs before the wait (and the one-head entry spilled
+/// with it on sm_80).
+///
+/// # Safety
+/// As `attn_chunk_band`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn ask_l2_one_chunk(k_cache: *const u16, v_cache: *const u16, tokens: u32, n_q: u32, n_kv: u32, hd: u32, pos: *const u32, n_ctx: u32, split: u32, heads: u32) {
+    if !cfg!(target_feature = "sm_90") || split != 1 || index::block_idx() >= tokens * (n_q / heads) {
+        return;
+    }
+    let (band, _) = Band::of_block(n_q, n_kv, hd, split, heads);
+    let len = context_len(mem::ld_cg_u32(pos as *const u8), band.t, n_ctx);
+    band.rows(k_cache, v_cache, len, 0); // asks L2 for them
 }
 
 /// Where a chunk's results go: part slots (`part`, `n_chunks` a head), or with `out` the final
@@ -383,6 +406,16 @@ unsafe fn head_max(smem: Smem, h: u32) -> f32 {
 }
 
 impl Band {
+    /// This block's band and first chunk in the grid of `attn_chunk_band` (a block within the
+    /// grid's `tokens * (n_q / heads) * split` that work).
+    #[inline(always)]
+    fn of_block(n_q: u32, n_kv: u32, hd: u32, split: u32, heads: u32) -> (Band, u32) {
+        let bands = n_q / heads;
+        let (tb, first) = (index::block_idx() / split, index::block_idx() % split);
+        let (t, h0) = (tb / bands, tb % bands * heads);
+        (Band { t, h0, heads, g: (h0 / (n_q / n_kv)) as usize, n_q, n_kv, hd }, first)
+    }
+
     /// One chunk `c` of the token's `len` keys, each head's max, softmax sum and weighted values
     /// into its part slot (or, with `dest.out`, the head's outputs). The whole block calls it.
     ///
@@ -843,11 +876,11 @@ impl ValueSum {
     }
 }
 
-/// The keys token `t` of the window at `*pos` attends to, `*pos + t + 1`, at most the caches'
+/// The keys token `t` of the window at `pos0` attends to, `pos0 + t + 1`, at most the caches'
 /// `n_ctx` positions.
 #[inline(always)]
-unsafe fn context_len(pos: *const u32, t: u32, n_ctx: u32) -> u32 {
-    let len = mem::ld_nc_u32(pos as *const u8) as u64 + t as u64 + 1;
+fn context_len(pos0: u32, t: u32, n_ctx: u32) -> u32 {
+    let len = pos0 as u64 + t as u64 + 1;
     len.min(n_ctx as u64) as u32
 }
 
@@ -869,7 +902,7 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
     if th >= tokens * n_q || d >= hd {
         return; // whole warps (`hd` a multiple of 32), and no barrier below
     }
-    let nc = context_len(pos, th / n_q, n_ctx).div_ceil(ATTN_CHUNK as u32);
+    let nc = context_len(mem::ld_nc_u32(pos as *const u8), th / n_q, n_ctx).div_ceil(ATTN_CHUNK as u32);
     let n_chunks = n_ctx.div_ceil(ATTN_CHUNK as u32);
     let stride = hd as usize + 2;
     let parts = part.add(th as usize * n_chunks as usize * stride);
