@@ -17,6 +17,12 @@ use strata_gpu_shared::launch::{
 /// IQ3_ST's signed codebook alone is 32 KiB of it.
 pub const EXPDEC_SMEM_MAX: u32 = 96 * 1024;
 
+/// The most bytes of the weight read after the experts that their down launch asks L2 for
+/// (`STRATA_DOWN_AHEAD`): a layer's fused q/k/v projection (11.1 MB for the 30B-A3B shape in
+/// Q8_0) whole, next to the about 16 MB of experts a layer reads in the 60 MiB L2 of an H200; a
+/// larger weight (the head, after the last layer) its first part.
+pub const DOWN_AHEAD_MAX: usize = 16 << 20;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExpertKnobs {
     /// `STRATA_EXPDEC`: EXPDEC gate/up (`expdec_gu_*`) instead of `moe_gu_*`.
@@ -51,11 +57,15 @@ pub struct ExpertKnobs {
     /// over the two blocks of a cluster; R = 1, an IQ format, a backend with cluster entries):
     /// 0 never, 1 where the rule would pick 16-warp blocks ([`Self::plan`]), 2 always.
     pub pairs: u32,
+    /// `STRATA_DOWN_AHEAD`: the `moe_down_*` launch asks L2 for the weight the step reads after
+    /// the experts (`Op::Experts`'s `ahead`, at most [`DOWN_AHEAD_MAX`] bytes), each block once
+    /// its grid wait returns (the `expdec_down_*` entries do not).
+    pub ahead: bool,
 }
 
 impl Default for ExpertKnobs {
     fn default() -> Self {
-        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1 }
+        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, ahead: false }
     }
 }
 
@@ -67,7 +77,7 @@ pub struct Knob {
     pub what: &'static str,
 }
 
-pub const KNOBS: [Knob; 12] = [
+pub const KNOBS: [Knob; 13] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
     Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
@@ -80,6 +90,7 @@ pub const KNOBS: [Knob; 12] = [
     Knob { name: "EXPDEC_MINBLK", values: "1..=1000000", what: "minimum-blocks rule: blocks a launch should reach" },
     Knob { name: "EXPDEC_WARPS", values: "0|8|16", what: "EXPDEC gate/up warps per block (16 needs R=1 and an IQ format; 0: 16 where 8 leaves SMs under two blocks)" },
     Knob { name: "EXPDEC_PAIRS", values: "0|1|2", what: "EXPDEC gate/up chunks split over a cluster's two blocks (cuda on sm_90+, R=1, an IQ format): 0 never, 1 where the rule picks 16 warps, 2 always" },
+    Knob { name: "DOWN_AHEAD", values: "0|1", what: "the down launch (moe_down_*) asks L2 for the weight read after the experts (the next layer's first projection)" },
 ];
 
 impl ExpertKnobs {
@@ -113,6 +124,7 @@ impl ExpertKnobs {
             "EXPDEC_MINBLK" => self.minblk = num().and_then(|v| if (1..=1_000_000).contains(&v) { Ok(v) } else { Err(bad()) })?,
             "EXPDEC_WARPS" => self.warps = one_of(&[0, 8, 16])?,
             "EXPDEC_PAIRS" => self.pairs = one_of(&[0, 1, 2])?,
+            "DOWN_AHEAD" => self.ahead = flag()?,
             _ => unreachable!("every name of KNOBS is matched"),
         }
         Ok(())
@@ -167,8 +179,8 @@ impl ExpertKnobs {
     /// One line naming every knob and its value.
     pub fn describe(&self) -> String {
         format!(
-            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
-            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
+            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} DOWN_AHEAD={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
+            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.ahead as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
         )
     }
 
@@ -299,15 +311,16 @@ mod tests {
             "STRATA_EXPDEC_R" => Some("1".into()),
             "STRATA_EXPDEC_DRB" => Some("256".into()),
             "STRATA_EXPDEC_D20" => Some("0".into()),
+            "STRATA_DOWN_AHEAD" => Some("1".into()),
             _ => None,
         })
         .unwrap();
-        assert_eq!((k.r, k.drb, k.d20, k.minb), (1, 256, false, ExpertKnobs::default().minb));
+        assert_eq!((k.r, k.drb, k.d20, k.ahead, k.minb), (1, 256, false, true, ExpertKnobs::default().minb));
         let mut k = ExpertKnobs::default();
         k.set("strata_expdec_minb", "4").unwrap();
         k.set("expdec_rb", "64").unwrap();
         assert_eq!((k.minb, k.rb), (4, 64));
-        for (name, value) in [("EXPDEC_R", "3"), ("EXPDEC_RB", "48"), ("EXPDEC", "yes"), ("EXPDEC_MINBLK", "0"), ("EXPDEC_DR", "-1")] {
+        for (name, value) in [("EXPDEC_R", "3"), ("EXPDEC_RB", "48"), ("EXPDEC", "yes"), ("EXPDEC_MINBLK", "0"), ("EXPDEC_DR", "-1"), ("DOWN_AHEAD", "2")] {
             let e = k.set(name, value).unwrap_err();
             assert!(e.contains(name) && e.contains("expected"), "{e}");
         }
@@ -328,7 +341,7 @@ mod tests {
 
     #[test]
     fn plan_follows_the_knobs() {
-        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1 };
+        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, ahead: false };
         let p = on.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.
