@@ -7,6 +7,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use strata::host::launch::entry_param_widths;
 use strata_gpu_shared::launch::{cluster_blocks, image_bounds, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS};
 
 /// One function's numbers from a ptxas `-v` report.
@@ -186,38 +187,17 @@ fn hip_sources_compile_with_nvrtc_for_sm90() {
     check_and_print("HIP via NVRTC compute_90 (ptxas -arch=sm_90)", &ptxas_report(&ptx, "sm_90"));
 }
 
-/// Each entry's parameter types in a PTX image (`.u64`, `.u32`, `.f32`, ...: what the launch's
-/// argument list must match, a pointer being a `.u64`), by name.
-fn entry_params(ptx: &str) -> std::collections::HashMap<String, Vec<String>> {
-    ptx.split(".entry ")
-        .skip(1)
-        .map(|rest| {
-            let (name, rest) = rest.split_once('(').unwrap();
-            let list = &rest[..rest.find(')').unwrap()];
-            let types = list.split(',').filter_map(|p| p.split_whitespace().skip_while(|w| *w != ".param").nth(1).map(str::to_string)).collect();
-            (name.trim().to_string(), types)
-        })
-        .collect()
-}
-
-#[test]
-fn entry_params_reads_the_types_in_order() {
-    let ptx = ".visible .entry k(\n\t.param .u64 .ptr .align 1 k_param_0,\n\t.param .u32 k_param_1\n)\n{ }\n.entry j(\n.param .f32 j_param_0\n)\n{}";
-    let got = entry_params(ptx);
-    assert_eq!(got["k"], [".u64", ".u32"]);
-    assert_eq!(got["j"], [".f32"]);
-}
-
 /// The host pushes one argument list per kernel for both backends, so a HIP twin must take its
-/// Rust entry's parameters: the same count, each of the same type and width.
+/// Rust entry's parameters: the same count, each of the same width (checked at every launch
+/// too, `strata::host::launch`; this finds a mismatch without a GPU).
 #[test]
 fn hip_entries_take_the_rust_entries_parameters() {
     if !strata::host::hip::nvrtc_present() {
         return common::skip_or_fail(common::tools_required(), "NVRTC", "libnvrtc.so.13 not on the library path").unwrap_or(());
     }
-    let hip = entry_params(&strata::host::hip::compile_nvrtc((9, 0)).unwrap_or_else(|e| panic!("{e}")));
+    let hip = entry_param_widths(&strata::host::hip::compile_nvrtc((9, 0)).unwrap_or_else(|e| panic!("{e}")));
     let image = strata::ptx::IMAGES.iter().find(|i| i.arch == "sm_90").expect("an sm_90 image");
-    let rust = entry_params(image.ptx);
+    let rust = entry_param_widths(image.ptx);
     let mut compared = 0;
     for b in BOUNDS {
         if let (Some(r), Some(h)) = (rust.get(b.kernel), hip.get(b.kernel)) {
@@ -227,6 +207,13 @@ fn hip_entries_take_the_rust_entries_parameters() {
     }
     // Every kernel of the table but the cluster entries (sm_90 Rust only) has both.
     assert_eq!(compared, BOUNDS.len(), "kernels of the table in both images");
+    // And the backends find every entry's widths in each image they load.
+    for image in strata::ptx::IMAGES {
+        let widths = entry_param_widths(image.ptx);
+        for b in image_bounds(image.arch) {
+            assert!(widths.contains_key(b.kernel), "{}: no parameter widths in the {} PTX", b.kernel, image.arch);
+        }
+    }
 }
 
 #[test]

@@ -14,7 +14,7 @@ use crate::backend::{
     MoeWindow, Variant, Weights,
 };
 use crate::error::{Error, Result};
-use crate::launch::KernelArgs;
+use crate::launch::{entry_param_widths, KernelArgs};
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::knobs::{ExpertKnobs, Launch, DOWN_AHEAD_MAX, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
@@ -212,8 +212,9 @@ pub fn open_device(backend: &'static str, ordinal: usize) -> Result<(Arc<CudaCon
 pub struct GpuBackend {
     name: &'static str,
     stream: Arc<CudaStream>,
-    /// Every kernel of the launch-bounds table, with its bounds (looked up on every launch).
-    functions: HashMap<&'static str, (CudaFunction, Bounds)>,
+    /// Every kernel of the launch-bounds table, with its bounds and its parameters' widths
+    /// (looked up on every launch).
+    functions: HashMap<&'static str, (CudaFunction, Bounds, Vec<u32>)>,
     info: DeviceInfo,
     /// What the PTX was built for (`sm_90`, `compute_90`, ...), for `strata info`.
     pub ptx_arch: String,
@@ -235,6 +236,7 @@ impl GpuBackend {
     /// `chains_grids`: every kernel of `ptx` waits for the previous grid before it touches
     /// memory, so launches may be chained ([`crate::launch`]; `STRATA_PDL=0` turns it off).
     pub fn new(name: &'static str, ctx: Arc<CudaContext>, info: DeviceInfo, ptx: String, ptx_arch: String, chains_grids: bool) -> Result<Self> {
+        let mut widths = entry_param_widths(&ptx);
         let module = ctx.load_module(Ptx::from_src(ptx)).map_err(|e| Error::Setup {
             backend: name,
             what: format!("loading {ptx_arch} PTX on {}", info.name),
@@ -256,7 +258,12 @@ impl GpuBackend {
                     detail: e.to_string(),
                 })?;
             }
-            functions.insert(b.kernel, (f, *b));
+            let params = widths.remove(b.kernel).ok_or_else(|| Error::Setup {
+                backend: name,
+                what: format!("kernel {}'s parameters", b.kernel),
+                detail: format!("no parameter list of known types in the {ptx_arch} PTX"),
+            })?;
+            functions.insert(b.kernel, (f, *b, params));
         }
         let arch = format!("sm_{}{}", info.compute_capability.0, info.compute_capability.1);
         let pad = grid_pad_wanted(&arch).then(|| info.wave_slots());
@@ -339,7 +346,8 @@ impl GpuBackend {
     /// As [`Self::builder`], on another stream of the same context (graph capture cannot use
     /// the default stream).
     pub(crate) fn builder_on<'a>(&'a self, stream: &'a CudaStream, kernel: &'static str) -> KernelArgs<'a> {
-        KernelArgs::new(stream, &self.functions[kernel].0)
+        let (f, _, params) = &self.functions[kernel];
+        KernelArgs::new(stream, f, params)
     }
 
     /// Queues the launch over `blocks` blocks of the kernel's table thread count, without
@@ -359,6 +367,9 @@ impl GpuBackend {
     /// # Safety
     /// As [`Self::launch_async`], and `smem` is what the kernel needs for this launch's shape.
     pub(crate) unsafe fn launch_async_smem(&self, kernel: &'static str, blocks: u32, smem: u32, args: KernelArgs) -> Result<()> {
+        if let Some(detail) = args.mismatch() {
+            return Err(Error::Shape { kernel, detail });
+        }
         let threads = self.bounds_of(kernel).threads;
         // SAFETY: the caller's contract; `chained` only where every kernel waits for the grid
         // before it (`new`).

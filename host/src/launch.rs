@@ -22,6 +22,11 @@
 //! build.rs refuses an `sm_90` image with
 //! an entry that lacks the wait. A grid therefore only overlaps its predecessor's tail with its
 //! own launch and start-up, and completes after it: the order, and so every bit, is the stream's.
+//!
+//! Before a launch, the widths of the arguments pushed are checked against the parameters the
+//! kernel declares in its PTX ([`entry_param_widths`]): a host argument list that a kernel's
+//! change left behind is an error naming the kernel, not a launch reading the wrong bytes.
+use std::collections::HashMap;
 use std::ffi::c_void;
 
 use cudarc::driver::sys::{
@@ -32,10 +37,43 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut,
 /// The most buffer parameters one kernel takes (the largest has 17 parameters in all).
 const MAX_BUFFERS: usize = 24;
 
+/// Each entry's parameter widths in bytes, in order, as a PTX image declares them: `.u64`,
+/// `.b64`, `.f64` 8 (a pointer is a `.u64`), `.u32`, `.f32` 4, and so on, an array `.b8 p[N]`
+/// N. What a launch's arguments must match ([`KernelArgs::mismatch`]); an entry whose list does
+/// not parse is left out.
+pub fn entry_param_widths(ptx: &str) -> HashMap<String, Vec<u32>> {
+    let width = |decl: &str| -> Option<u32> {
+        if let Some((_, n)) = decl.split_once('[') {
+            return n.trim_end_matches(']').trim().parse().ok();
+        }
+        // The type is the first word after `.param` of a width: `.u64`, `.f32`, `.b8`, ...
+        decl.split_whitespace().skip_while(|w| *w != ".param").skip(1).find_map(|w| match w.get(2..) {
+            Some("8") => Some(1),
+            Some("16") => Some(2),
+            Some("32") => Some(4),
+            Some("64") => Some(8),
+            _ => None,
+        })
+    };
+    let mut out = HashMap::new();
+    for rest in ptx.split(".entry ").skip(1) {
+        let Some((name, rest)) = rest.split_once('(') else { continue };
+        let Some(end) = rest.find(')') else { continue };
+        let widths = rest[..end].split(',').map(str::trim).filter(|d| !d.is_empty()).map(width).collect::<Option<Vec<u32>>>();
+        if let Some(widths) = widths {
+            out.insert(name.trim().to_string(), widths);
+        }
+    }
+    out
+}
+
 /// The parameters of one launch, pushed in the kernel's order with [`PushKernelArg::arg`].
 pub struct KernelArgs<'a> {
     stream: &'a CudaStream,
     func: &'a CudaFunction,
+    /// The kernel's parameter widths ([`entry_param_widths`]) and those pushed so far.
+    declared: &'a [u32],
+    pushed: Vec<u32>,
     /// The device addresses of the buffer parameters: the driver reads each parameter through a
     /// pointer, so they live here, boxed, at addresses that do not move while more are pushed.
     buffers: Box<[sys::CUdeviceptr; MAX_BUFFERS]>,
@@ -46,16 +84,24 @@ pub struct KernelArgs<'a> {
 }
 
 impl<'a> KernelArgs<'a> {
-    pub(crate) fn new(stream: &'a CudaStream, func: &'a CudaFunction) -> Self {
-        KernelArgs { stream, func, buffers: Box::new([0; MAX_BUFFERS]), n_buffers: 0, params: Vec::with_capacity(20) }
+    /// A launch of `func`, whose parameters have the widths `declared`.
+    pub(crate) fn new(stream: &'a CudaStream, func: &'a CudaFunction, declared: &'a [u32]) -> Self {
+        KernelArgs { stream, func, declared, pushed: Vec::with_capacity(20), buffers: Box::new([0; MAX_BUFFERS]), n_buffers: 0, params: Vec::with_capacity(20) }
     }
 
     fn push_buffer(&mut self, ptr: sys::CUdeviceptr) -> &mut Self {
         assert!(self.n_buffers < MAX_BUFFERS, "a kernel with more than {MAX_BUFFERS} buffer parameters");
         self.buffers[self.n_buffers] = ptr;
         self.params.push(&mut self.buffers[self.n_buffers] as *mut sys::CUdeviceptr as *mut c_void);
+        self.pushed.push(std::mem::size_of::<sys::CUdeviceptr>() as u32);
         self.n_buffers += 1;
         self
+    }
+
+    /// Where the pushed arguments do not match the kernel's parameters in count and widths
+    /// (the driver would read past them, or into the wrong ones): what each is.
+    pub(crate) fn mismatch(&self) -> Option<String> {
+        (self.pushed != self.declared).then(|| format!("the host pushed arguments of {:?} bytes where the kernel declares parameters of {:?}", self.pushed, self.declared))
     }
 
     /// Queues the kernel over `grid` blocks of `threads` threads with `smem` bytes of dynamic
@@ -99,6 +145,7 @@ macro_rules! scalar_params {
         unsafe impl<'a, 'b: 'a> PushKernelArg<&'b $t> for KernelArgs<'a> {
             fn arg(&mut self, arg: &'b $t) -> &mut Self {
                 self.params.push(arg as *const $t as *mut c_void);
+                self.pushed.push(std::mem::size_of::<$t>() as u32);
                 self
             }
         }
@@ -134,5 +181,20 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaViewMut<'c, T>> for
     fn arg(&mut self, arg: &'b mut CudaViewMut<'c, T>) -> &mut Self {
         let ptr = arg.device_ptr_mut(self.stream).0;
         self.push_buffer(ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::entry_param_widths;
+
+    #[test]
+    fn entry_param_widths_reads_each_entrys_types_in_order() {
+        let ptx = "//\n.visible .entry k(\n\t.param .u64 .ptr .align 1 k_param_0,\n\t.param .u32 k_param_1,\n\t.param .f32 k_param_2,\n\t.param .align 8 .b8 k_param_3[24]\n)\n.maxntid 128, 1, 1\n{\n}\n.entry none(\n)\n{\n}\n.visible .entry odd(\n\t.param .pred odd_param_0\n)\n{\n}\n";
+        let w = entry_param_widths(ptx);
+        assert_eq!(w["k"], [8, 4, 4, 24]);
+        assert_eq!(w["none"], Vec::<u32>::new());
+        assert!(!w.contains_key("odd"), "a type of no known width leaves the entry out: {w:?}");
+        assert_eq!(w.len(), 2);
     }
 }
