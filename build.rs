@@ -113,7 +113,7 @@ fn add_launch_bounds(ptx: &str, arch: &str) -> Result<String, String> {
 }
 
 /// Architectures whose launches the host chains by programmatic dependent launch
-/// (`host/src/launch.rs`): every entry of their image must run `griddepcontrol.wait`
+/// (`host/src/backends/launch.rs`): every entry of their image must run `griddepcontrol.wait`
 /// (`device/src/arch/sync.rs` `chain_grids`) before it touches memory an earlier grid writes
 /// (only L2 prefetches of weights and the staging of module constants come before it).
 const CHAINED: [&str; 1] = ["sm_90"];

@@ -1,7 +1,8 @@
 //! Which backends this machine can run, found without panicking whatever it lacks.
-use strata_host::cpu::CpuBackend;
-use strata_host::gpu::GpuBackend;
-use strata_host::{cuda, hip, Backend, Error};
+use strata_host::backends::cpu::CpuBackend;
+use strata_host::backends::gpu::GpuBackend;
+use strata_host::backends::{cuda, hip};
+use strata_host::{Backend, Error};
 
 /// The backends that opened, and why each missing one did not.
 pub struct Available {

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use strata::commands::{bench, decode, dump, info, knobs, parity, synth};
-use strata::host::knobs::ExpertKnobs;
+use strata::host::backends::knobs::ExpertKnobs;
 
 #[derive(Parser)]
 #[command(name = "strata", version, about = "Decode engine for quantized MoE GGUF models, with Rust GPU kernels proven bit for bit \

@@ -1,5 +1,5 @@
 //! The Rust kernels of `device/` as PTX, built by build.rs and embedded here.
-use strata_host::cuda::PtxImage;
+use strata_host::backends::cuda::PtxImage;
 
 pub const IMAGES: &[PtxImage] = &[
     PtxImage { arch: "sm_80", min_cc: (8, 0), chains_grids: false, ptx: include_str!(concat!(env!("OUT_DIR"), "/strata_sm_80.ptx")) },

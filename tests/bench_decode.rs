@@ -6,7 +6,7 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 
-use strata::host::bench_decode::{self as bd, Kind, Row, Spread};
+use strata::host::bench::decode::{self as bd, Kind, Row, Spread};
 use strata::host::generate::{generate, Draft, Request};
 use strata::host::gguf::GgufFile;
 use strata::host::model::synth::{build_in_memory, SynthSpec};
@@ -305,7 +305,7 @@ fn gpu_phases_and_copy_bandwidth() {
 fn attention_bench_measures_every_depth_and_window() {
     for name in ["cuda", "hip"] {
         let Some(g) = common::open_gpu(name) else { continue };
-        let rows = strata::host::bench::attention(&g, (8, 2, 64), &[0, 1000], &[1, 3], &[0, 1, 3, 4], 1, 7).expect("bench");
+        let rows = strata::host::bench::kernels::attention(&g, (8, 2, 64), &[0, 1000], &[1, 3], &[0, 1, 3, 4], 1, 7).expect("bench");
         let got: Vec<(usize, usize)> = rows.iter().map(|r| (r.depth, r.tokens)).collect();
         // At these small grids (at most 24 blocks) the rule takes the narrowest band above one,
         // 2 heads of the group's 4; 3 does not divide the group.

@@ -58,7 +58,7 @@ fn parity_passes_and_prints_its_table() {
 
 #[test]
 fn parity_requiring_a_missing_gpu_fails_clearly() {
-    if strata::host::gpu::probe().is_ok() {
+    if strata::host::backends::gpu::probe().is_ok() {
         return eprintln!("SKIPPED: this machine has a GPU");
     }
     let (code, _, err) = strata(&["parity", "--require-gpu"]);
@@ -78,7 +78,7 @@ fn bad_arguments_are_errors_not_panics() {
 fn expert_knobs_are_explained_and_bad_ones_refused() {
     let (code, out, _) = strata(&["knobs"]);
     assert_eq!(code, 0);
-    for k in strata::host::knobs::KNOBS {
+    for k in strata::host::backends::knobs::KNOBS {
         assert!(out.contains(&format!("{}={}", k.name, k.values)), "`strata knobs` lacks {}:\n{out}", k.name);
     }
     let (_, help, _) = strata(&["--help"]);
@@ -103,7 +103,7 @@ fn expert_knobs_are_explained_and_bad_ones_refused() {
 /// both reach the kernels.
 #[test]
 fn first_expert_launch_is_logged_with_its_knobs() {
-    if let Err(e) = strata::host::gpu::probe() {
+    if let Err(e) = strata::host::backends::gpu::probe() {
         return common::skip_or_fail(common::gpu_required(), "cli expert log", &e).unwrap_or(());
     }
     let (code, out, err) = strata_env(&["--knob", "EXPDEC_R=2", "parity", "--random", "0"], &[("STRATA_LOG", "info"), ("STRATA_EXPDEC_DR", "4"), ("STRATA_EXPDEC_DMINB", "2")]);

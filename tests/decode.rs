@@ -13,7 +13,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use strata::host::generate::{forced_logits, generate, Draft, Request, Stop};
-use strata::host::knobs::ExpertKnobs;
+use strata::host::backends::knobs::ExpertKnobs;
 use strata::host::gguf::{GgmlType, GgufFile};
 use strata::host::model::synth::{build_in_memory, SynthSpec};
 use strata::host::model::{qwen35moe, qwen3moe, LoadOptions, Mixer, Model, QkvProj};

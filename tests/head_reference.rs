@@ -6,7 +6,7 @@ use half::f16;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::parity::{self, TOP_PROB_NMSE_MAX};
 use strata::host::{Backend, Variant};
 

@@ -6,9 +6,10 @@ mod common;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::gpu::GpuBackend;
-use strata::host::mapped::Segment;
-use strata::host::{cuda, hip, Error};
+use strata::host::backends::gpu::GpuBackend;
+use strata::host::backends::mapped::Segment;
+use strata::host::backends::{cuda, hip};
+use strata::host::Error;
 
 fn backends() -> Vec<GpuBackend> {
     let mut v = Vec::new();

@@ -8,7 +8,7 @@ mod common;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::ops::route::{router_logits, RouteOps};
 use strata::host::Error;
 use strata_gpu_shared::launch::route::{ROUTER_MAX_EXPERTS, ROUTER_MAX_K};

@@ -5,7 +5,7 @@ mod common;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::parity::{self, MoeCase};
 use strata::host::{Backend, Error, MoeOut};
 use strata_gpu_shared::formats::WeightFormat as W;

@@ -7,7 +7,7 @@ mod common;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::ops::attention::{
     attention_case, attn_part_len, parity_cases, prep_case, rope_table, window_case, AttentionOps, AttnCase, AttnShape, QkvStrides,
     BOUNDARY_WINDOWS,

@@ -9,7 +9,7 @@ mod common;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::ops::gdn::{concat_case, conv_case, parity_cases, recur_case, GdnOps, RecurCase};
 use strata::host::Error;
 use strata_gpu_shared::launch::gdn::{gdn_conv_ring, GDN_MAX_CONV, GDN_MAX_D, GDN_STATE_SLOTS};

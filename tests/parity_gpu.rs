@@ -8,7 +8,7 @@ mod common;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::parity::{self, Outcome};
 use strata::host::Backend;
 use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
@@ -222,7 +222,7 @@ fn moe_window_invariance() {
 /// row, so 18 row slots per block).
 #[test]
 fn expert_knobs_every_value() {
-    use strata::host::knobs::ExpertKnobs;
+    use strata::host::backends::knobs::ExpertKnobs;
     use strata_gpu_shared::launch::{
         EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R, EXPDEC_R, EXPDEC_RB,
     };

@@ -1,7 +1,7 @@
 //! The parity harness itself: a backend that is wrong by one bit, leaves one element
 //! unwritten, or stores where it should accumulate, must be caught by every case function (so a
 //! green parity run means something).
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::parity;
 use strata::host::{Backend, FloatWeights, MoeOut, MoeWindow, Result, Variant, Weights};
 use strata_gpu_shared::formats::{FloatFormat, WeightFormat};

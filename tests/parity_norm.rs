@@ -9,7 +9,7 @@ mod common;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::gguf::GgmlType;
 use strata::host::ops::norm::{embed_table, parity_cases, random_table, NormOps};
 use strata::host::reference::{dequant_row_f32, nmse, rms_norm_f64};

@@ -7,7 +7,7 @@ mod common;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::ops::route::{parity_cases, router_f64, router_logits, RouteOps, SampleParams};
 use strata::host::parity::random_logits;
 use strata::host::Error;

@@ -6,7 +6,7 @@ mod common;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::ops::spec::{parity_cases, window_with_accepted, SpecOps};
 use strata::host::Error;
 use strata_gpu_shared::replica::spec::accept;

@@ -6,7 +6,7 @@ use half::f16;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use strata::host::cpu::CpuBackend;
+use strata::host::backends::cpu::CpuBackend;
 use strata::host::parity::{self, NMSE_MAX};
 use strata::host::{Backend, Error, Weights};
 use strata_gpu_shared::formats::tiles::Regroup;

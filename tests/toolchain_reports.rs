@@ -7,7 +7,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use strata::host::launch::entry_param_widths;
+use strata::host::backends::launch::entry_param_widths;
 use strata_gpu_shared::launch::{cluster_blocks, image_bounds, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS};
 
 /// One function's numbers from a ptxas `-v` report.
@@ -176,10 +176,10 @@ fn rust_ptx_assembles_without_spills() {
 
 #[test]
 fn hip_sources_compile_with_nvrtc_for_sm90() {
-    if !strata::host::hip::nvrtc_present() {
+    if !strata::host::backends::hip::nvrtc_present() {
         return common::skip_or_fail(common::tools_required(), "NVRTC", "libnvrtc.so.13 not on the library path").unwrap_or(());
     }
-    let ptx = strata::host::hip::compile_nvrtc((9, 0)).unwrap_or_else(|e| panic!("{e}"));
+    let ptx = strata::host::backends::hip::compile_nvrtc((9, 0)).unwrap_or_else(|e| panic!("{e}"));
     if common::ptxas().is_none() {
         return common::skip_or_fail(common::tools_required(), "ptxas", "not found").unwrap_or(());
     }
@@ -189,13 +189,13 @@ fn hip_sources_compile_with_nvrtc_for_sm90() {
 
 /// The host pushes one argument list per kernel for both backends, so a HIP twin must take its
 /// Rust entry's parameters: the same count, each of the same width (checked at every launch
-/// too, `strata::host::launch`; this finds a mismatch without a GPU).
+/// too, `strata::host::backends::launch`; this finds a mismatch without a GPU).
 #[test]
 fn hip_entries_take_the_rust_entries_parameters() {
-    if !strata::host::hip::nvrtc_present() {
+    if !strata::host::backends::hip::nvrtc_present() {
         return common::skip_or_fail(common::tools_required(), "NVRTC", "libnvrtc.so.13 not on the library path").unwrap_or(());
     }
-    let hip = entry_param_widths(&strata::host::hip::compile_nvrtc((9, 0)).unwrap_or_else(|e| panic!("{e}")));
+    let hip = entry_param_widths(&strata::host::backends::hip::compile_nvrtc((9, 0)).unwrap_or_else(|e| panic!("{e}")));
     let image = strata::ptx::IMAGES.iter().find(|i| i.arch == "sm_90").expect("an sm_90 image");
     let rust = entry_param_widths(image.ptx);
     let mut compared = 0;
@@ -221,7 +221,7 @@ fn hip_sources_compile_for_amd_gfx1100_and_gfx1201() {
     let Some(clang) = common::clang22() else {
         return common::skip_or_fail(common::tools_required(), "clang-22", "not found").unwrap_or(());
     };
-    let tu = strata::host::hip::translation_unit();
+    let tu = strata::host::backends::hip::translation_unit();
     for arch in ["gfx1100", "gfx1201"] {
         let mut child = Command::new(&clang)
             .args(["-x", "hip", "-", "--cuda-device-only", "-nogpulib", "-nogpuinc", "-O3", "-std=c++17"])
@@ -235,7 +235,7 @@ fn hip_sources_compile_for_amd_gfx1100_and_gfx1201() {
         child.stdin.take().unwrap().write_all(tu.as_bytes()).unwrap();
         let out = child.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "clang-22 --offload-arch={arch} failed:\n{}", strata::host::hip::clip_lines(&text));
+        assert!(out.status.success(), "clang-22 --offload-arch={arch} failed:\n{}", strata::host::backends::hip::clip_lines(&text));
         // Remarks come as "Function Name: k" followed by "Key: value" lines.
         println!("HIP for AMD {arch} (clang-22 kernel-resource-usage):");
         println!("  {:<16} {:>6} {:>6} {:>10} {:>10} {:>9} {:>14}", "kernel", "VGPRs", "SGPRs", "VGPR spill", "scratch B", "LDS B", "waves/SIMD");

@@ -7,7 +7,7 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Variant, Weights};
+use crate::backends::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Variant, Weights};
 use crate::error::Result;
 use crate::reference::{float_matvec_f64, matvec_f64, nmse};
 use strata_gpu_shared::f16::f32_to_f16;

@@ -4,7 +4,7 @@ use strata_gpu_shared::f16::f16_to_f32;
 use strata_gpu_shared::formats::{WeightFormat, GROUP};
 use strata_gpu_shared::replica::row_group;
 
-use crate::backend::Weights;
+use crate::backends::Weights;
 
 /// Dequantizes one row of `k` values of `format` to f32, as `((d * f) * v) * 2^-k`. Each value
 /// is an exact product (at most 24 significant bits), and that order also gives zeros the sign
@@ -41,7 +41,7 @@ pub fn matvec_f64(w: &Weights, x: &[f32], rows: usize) -> Vec<f64> {
 }
 
 /// `y[r * m + i] = sum_j w[i][j] * x[r][j]` in float64 for float weights.
-pub fn float_matvec_f64(w: &crate::backend::FloatWeights, x: &[f32], rows: usize) -> Vec<f64> {
+pub fn float_matvec_f64(w: &crate::backends::FloatWeights, x: &[f32], rows: usize) -> Vec<f64> {
     let rb = w.k * w.format.bytes();
     let mut y = vec![0.0; rows * w.m];
     for i in 0..w.m {

@@ -1,5 +1,5 @@
 //! `strata bench`: kernel speed on the GPU backends, against the device's copy bandwidth; `strata
-//! bench decode`: the decode loop on any backend (measured by `strata_host::bench_decode`).
+//! bench decode`: the decode loop on any backend (measured by `strata_host::bench::decode`).
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -12,15 +12,15 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::decode::{BackendName, Opened};
 use crate::backends::Available;
 use strata_gpu_shared::formats::WeightFormat;
-use strata_host::bench::{self, MmvqRow};
-use strata_host::bench_decode::{self as bd, Kind, Launch, Row, Spread};
+use strata_host::bench::kernels::{self, MmvqRow};
+use strata_host::bench::decode::{self as bd, Kind, Launch, Row, Spread};
 use strata_host::gguf::GgufFile;
 use strata_host::model::synth::{build_in_memory, SynthSpec};
 use strata_host::generate::Draft;
 use strata_host::model::Model;
 use strata_host::step::{Op, Pick, MAX_WINDOW};
-use strata_host::gpu::GpuBackend;
-use strata_host::knobs::ExpertKnobs;
+use strata_host::backends::gpu::GpuBackend;
+use strata_host::backends::knobs::ExpertKnobs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -296,7 +296,7 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         Opened::Cpu(_) => {}
     }
     let (gpu, copy) = match &opened {
-        Opened::Gpu(g) => (Some(g.backend().info().name.clone()), Some(bench::copy_bandwidth(g.backend(), 1 << 30, 5)?)),
+        Opened::Gpu(g) => (Some(g.backend().info().name.clone()), Some(kernels::copy_bandwidth(g.backend(), 1 << 30, 5)?)),
         Opened::Cpu(_) => (None, None),
     };
     let chained = matches!(&opened, Opened::Gpu(g) if g.backend().chained());
@@ -545,13 +545,13 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
         (v.len() == 4 && v[0] % 256 == 0 && v[1] % 32 == 0).then(|| (v[0], v[1], v[2], v[3]))
     })?;
     let tokens = list(&a.tokens, "token count (1..8)", |t| t.parse().ok().filter(|t| (1..=8).contains(t)))?;
-    let routings = list(&a.routing, "routing (uniform, shared)", |r| [bench::Routing::Uniform, bench::Routing::Shared].into_iter().find(|x| x.name() == r))?;
+    let routings = list(&a.routing, "routing (uniform, shared)", |r| [kernels::Routing::Uniform, kernels::Routing::Shared].into_iter().find(|x| x.name() == r))?;
     let base = ExpertKnobs::process().map_err(anyhow::Error::msg)?;
     let variants: Vec<_> =
         a.variants.split(',').map(str::trim).filter(|v| !v.is_empty()).map(|v| variant(v, base)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
     let mut found = Available::open(a.run.device);
     let wanted = list(&a.run.backends, "backend (cuda, hip)", |b| ["cuda", "hip"].into_iter().find(|x| *x == b))?;
-    let copy = bench::copy_bandwidth(open_gpus(&found, &a.run.backends)?[0], 1 << 30, 5)?;
+    let copy = kernels::copy_bandwidth(open_gpus(&found, &a.run.backends)?[0], 1 << 30, 5)?;
     println!("device-to-device copy: {copy:.0} GB/s; knobs in force: {}", base.describe());
     println!(
         "{:<15} {:<17} {:<7} {:>1} {:<4} {:<16} {:<22} {:<24} {:>8} {:>8} {:>8} {:>6} {:>5} {:>5}",
@@ -576,7 +576,7 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
                     }
                     let g = b.as_mut().map_err(|e| anyhow::anyhow!("{e}"))?;
                     eprint!("\rbench experts: {}/{} {n_embd}/{n_ff} {} on {name}...      ", gf.name(), df.name(), routing.name());
-                    let rows = bench::experts(g, (gf, df), (n_embd, n_ff, n_expert, k), &tokens, &variants, routing, a.run.rounds, 1)?;
+                    let rows = kernels::experts(g, (gf, df), (n_embd, n_ff, n_expert, k), &tokens, &variants, routing, a.run.rounds, 1)?;
                     eprint!("\r{:60}\r", "");
                     for r in rows {
                         println!(
@@ -643,7 +643,7 @@ fn head(a: &HeadArgs) -> anyhow::Result<ExitCode> {
     let gpus = open_gpus(&found, &a.run.backends)?;
     println!("device: {}", gpus[0].info().name);
     println!("{:<22} {:<16} {:<6} {:>12} {:>12} {:>9}", "kernel", "shape", "backend", "ref us", "fast us", "speed-up");
-    let print = |r: &bench::HeadRow| {
+    let print = |r: &kernels::HeadRow| {
         let reference = if r.reference_us > 0.0 { format!("{:.2}", r.reference_us) } else { "-".into() };
         let speedup = if r.reference_us > 0.0 { format!("{:.2}x", r.reference_us / r.fast_us) } else { "-".into() };
         println!("{:<22} {:<16} {:<6} {:>12} {:>12.2} {:>9}", r.what, r.shape, r.backend, reference, r.fast_us, speedup);
@@ -652,7 +652,7 @@ fn head(a: &HeadArgs) -> anyhow::Result<ExitCode> {
         for rows in [1, 4, 5, 8] {
             for g in &gpus {
                 eprint!("\rbench head: {rows}x{vocab} on {}...      ", g.name_static());
-                let rs = bench::head(g, vocab, rows, a.run.rounds, 1)?;
+                let rs = kernels::head(g, vocab, rows, a.run.rounds, 1)?;
                 eprint!("\r{:50}\r", "");
                 rs.iter().for_each(print);
             }
@@ -661,14 +661,14 @@ fn head(a: &HeadArgs) -> anyhow::Result<ExitCode> {
     println!("(quantizers: `ref us` is quantize_q8_0_scaled one thread per block, `fast us` one warp per block)");
     for (rows, k) in [(1, 2048), (8, 2048), (8, 4096)] {
         for g in &gpus {
-            bench::quantizers(g, rows, k, a.run.rounds, 1)?.iter().for_each(print);
+            kernels::quantizers(g, rows, k, a.run.rounds, 1)?.iter().for_each(print);
         }
     }
     println!("(mapped copies: `ref us` is one cuMemcpyAsync per segment, `fast us` one copy_from_mapped_multi launch)");
     for n in [1, 4, 16, 64] {
         for len in [4 << 10, 64 << 10, 1 << 20, 4 << 20] {
             for g in &gpus {
-                print(&bench::mapped_copy(g, n, len, a.run.rounds)?);
+                print(&kernels::mapped_copy(g, n, len, a.run.rounds)?);
             }
         }
     }
@@ -685,13 +685,13 @@ fn attention(a: &AttentionArgs) -> anyhow::Result<ExitCode> {
     let bands = list(&a.bands, "band (rule or 1..8)", |b| if b == "rule" { Some(0) } else { b.parse().ok().filter(|b| (1..=8).contains(b)) })?;
     let found = Available::open(a.run.device);
     let gpus = open_gpus(&found, &a.run.backends)?;
-    let copy = bench::copy_bandwidth(gpus[0], 1 << 30, 5)?;
+    let copy = kernels::copy_bandwidth(gpus[0], 1 << 30, 5)?;
     println!("device-to-device copy: {copy:.0} GB/s (1 GiB, read + write bytes, median of 5)");
     println!("{:<12} {:>6} {:>2} {:>5} {:<4} {:>9} {:>7} {:>5}", "heads", "depth", "T", "band", "be", "us", "GB/s", "%copy");
     for &(n_q, n_kv, hd) in &heads {
         for g in &gpus {
             eprint!("\rbench attention: {n_q}/{n_kv}/{hd} on {}...        ", g.name_static());
-            let rows = bench::attention(g, (n_q, n_kv, hd), &depths, &tokens, &bands, a.run.rounds, 1)?;
+            let rows = kernels::attention(g, (n_q, n_kv, hd), &depths, &tokens, &bands, a.run.rounds, 1)?;
             eprint!("\r{:60}\r", "");
             for r in rows {
                 let band = format!("{}{}", r.band, if r.rule { "*" } else { "" });
@@ -724,7 +724,7 @@ fn mmvq(a: &MmvqArgs) -> anyhow::Result<ExitCode> {
     let gpus = open_gpus(&found, &a.run.backends)?;
     let first = gpus[0];
     let info = first.info();
-    let copy = bench::copy_bandwidth(first, 1 << 30, 5)?;
+    let copy = kernels::copy_bandwidth(first, 1 << 30, 5)?;
     if !a.json {
         println!("device: {}, {} SMs, L2 {} MiB", info.name, info.sm_count, info.l2_bytes >> 20);
         println!("device-to-device copy: {copy:.0} GB/s (1 GiB, read + write bytes, median of 5)");
@@ -740,7 +740,7 @@ fn mmvq(a: &MmvqArgs) -> anyhow::Result<ExitCode> {
             let mut per: Vec<Vec<MmvqRow>> = Vec::new();
             for g in &gpus {
                 eprint!("\rbench mmvq: {} {m}x{k} on {}...        ", format.name(), g.name_static());
-                per.push(bench::mmvq(g, format, m, k, &rows, a.run.rounds, a.seed)?);
+                per.push(kernels::mmvq(g, format, m, k, &rows, a.run.rounds, a.seed)?);
             }
             eprint!("\r{:60}\r", "");
             for (i, row) in per[0].iter().enumerate() {

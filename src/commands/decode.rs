@@ -173,11 +173,11 @@ impl Opened {
 /// The executor for `backend` (cuda when a GPU is present, else cpu, when `None`) on GPU
 /// `device`, with a `n_ctx`-position context (the weights uploaded with a progress bar).
 pub(crate) fn open(backend: Option<BackendName>, device: usize, model: Arc<Model>, n_ctx: usize) -> anyhow::Result<Opened> {
-    let name = backend.unwrap_or(if strata_host::gpu::probe().is_ok() { BackendName::Cuda } else { BackendName::Cpu });
+    let name = backend.unwrap_or(if strata_host::backends::gpu::probe().is_ok() { BackendName::Cuda } else { BackendName::Cpu });
     let gpu = match name {
         BackendName::Cpu => return Ok(Opened::Cpu(Box::new(CpuExecutor::new(model, n_ctx)?))),
-        BackendName::Cuda => strata_host::cuda::open(device, crate::ptx::IMAGES)?,
-        BackendName::Hip => strata_host::hip::open(device)?,
+        BackendName::Cuda => strata_host::backends::cuda::open(device, crate::ptx::IMAGES)?,
+        BackendName::Hip => strata_host::backends::hip::open(device)?,
     };
     Ok(Opened::Gpu(Box::new(GpuExecutor::new(gpu, model, n_ctx, true)?)))
 }

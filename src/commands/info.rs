@@ -2,7 +2,7 @@
 use std::process::ExitCode;
 
 use crate::backends::Available;
-use strata_host::gpu::GpuBackend;
+use strata_host::backends::gpu::GpuBackend;
 use strata_host::Error;
 
 #[derive(clap::Args)]

@@ -1,7 +1,7 @@
 //! `strata knobs`: the routed-expert kernel knobs, their values, defaults and what they do.
 use std::process::ExitCode;
 
-use strata_host::knobs::{ExpertKnobs, KNOBS};
+use strata_host::backends::knobs::{ExpertKnobs, KNOBS};
 
 #[derive(clap::Args)]
 pub struct Args {}

@@ -66,10 +66,10 @@ pub fn venv_python() -> Option<PathBuf> {
 
 /// GPU backend `name` (`cuda` or `hip`) on device 0; `None` (reported skipped, or a failure when
 /// a GPU is required) when it cannot open.
-pub fn open_gpu(name: &str) -> Option<strata::host::gpu::GpuBackend> {
+pub fn open_gpu(name: &str) -> Option<strata::host::backends::gpu::GpuBackend> {
     let opened = match name {
-        "cuda" => strata::host::cuda::open(0, strata::ptx::IMAGES),
-        "hip" => strata::host::hip::open(0),
+        "cuda" => strata::host::backends::cuda::open(0, strata::ptx::IMAGES),
+        "hip" => strata::host::backends::hip::open(0),
         _ => unreachable!("unknown backend {name}"),
     };
     match opened {
@@ -111,7 +111,7 @@ macro_rules! gpu_parity_suite {
                 let Some(mut gpu) = common::open_gpu(name) else { return };
                 gpu.set_grid_pad(true);
                 let seed = common::seed(&format!("{name}_padded"));
-                common::check_all($cases(&[&strata::host::cpu::CpuBackend::new(), &gpu], seed).unwrap());
+                common::check_all($cases(&[&strata::host::backends::cpu::CpuBackend::new(), &gpu], seed).unwrap());
             }
         }
     };
@@ -122,7 +122,7 @@ macro_rules! gpu_parity_suite {
             let Some(gpu) = common::open_gpu(name) else { return };
             let mut rng = rand::rngs::SmallRng::seed_from_u64(common::seed(&format!("{name}_vs_cpu")));
             for _ in 0..3 {
-                common::check_all($cases(&[&strata::host::cpu::CpuBackend::new(), &gpu], rng.random()).unwrap());
+                common::check_all($cases(&[&strata::host::backends::cpu::CpuBackend::new(), &gpu], rng.random()).unwrap());
             }
         }
         $crate::gpu_parity_suite!(gpu_against_cpu, $cases);

@@ -107,7 +107,7 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
     let warp_row = r < tokens * heads;
     let (t, h) = if warp_row { (r / heads, r % heads) } else { (0, 0) };
     // Before the wait: the window's position, which a copy or the accept of a step before wrote,
-    // launches before this one (read from L2: host/src/launch.rs); then the row's RoPE pairs and
+    // launches before this one (read from L2: host/src/backends/launch.rs); then the row's RoPE pairs and
     // norm weights, constants, asked into L1.
     let at_pos = if warp_row { mem::ld_cg_u32(pos as *const u8) as u64 + t as u64 } else { u64::MAX };
     if at_pos < n_ctx as u64 && h < n_q + n_kv {
@@ -324,7 +324,7 @@ struct Band {
 /// Before an `attn_chunk` entry's grid wait, where the launch's contexts are one chunk (`split`
 /// 1): asks L2 for the cache rows of the block's chunk, so that their DRAM latency passes while
 /// the grid before still runs. It reads only the window's position, which a copy or the accept of
-/// a step before wrote, launches before this one (from L2: host/src/launch.rs); the rows
+/// a step before wrote, launches before this one (from L2: host/src/backends/launch.rs); the rows
 /// `attn_prep` is about to write are only asked for (a hint), never read.
 ///
 /// Only for one-chunk contexts: the rows asked for are then at most one chunk a KV group, where

@@ -6,9 +6,9 @@ use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cpu::CpuBackend;
+use crate::backends::cpu::CpuBackend;
 use crate::error::{Error, Result};
-use crate::gpu::GpuBackend;
+use crate::backends::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};

@@ -15,10 +15,10 @@ use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::{exact_len, shape_err};
-use crate::cpu::CpuBackend;
+use crate::backends::{exact_len, shape_err};
+use crate::backends::cpu::CpuBackend;
 use crate::error::Result;
-use crate::gpu::{holds, GpuBackend};
+use crate::backends::gpu::{holds, GpuBackend};
 use crate::parity::{compare_bits, note_unwritten, Outcome, NMSE_MAX, NMSE_MIN_VALUES, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::launch::gdn::{gdn_conv_ring, GATE_THREADS, GDN_CONV_THREADS, GDN_MAX_CONV, GDN_MAX_D, GDN_STATE_SLOTS, GDN_WARPS};

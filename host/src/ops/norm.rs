@@ -8,11 +8,11 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
-use crate::cpu::CpuBackend;
-use crate::backend::{exact_len, shape_err};
+use crate::backends::cpu::CpuBackend;
+use crate::backends::{exact_len, shape_err};
 use crate::error::Result;
 use crate::gguf::GgmlType;
-use crate::gpu::{holds, GpuBackend};
+use crate::backends::gpu::{holds, GpuBackend};
 use crate::parity::{compare_bits, note_unwritten, random_weights, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::{nmse, rms_norm_f64};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, GROUP};

@@ -6,11 +6,11 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cpu::CpuBackend;
-use crate::backend::{exact_len, shape_err};
+use crate::backends::cpu::CpuBackend;
+use crate::backends::{exact_len, shape_err};
 use crate::error::{Error, Result};
-use crate::gpu::holds;
-use crate::gpu::GpuBackend;
+use crate::backends::gpu::holds;
+use crate::backends::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, random_logits, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::launch::route::{ROUTER_MAX_EXPERTS, ROUTER_MAX_K, SAMPLE_MAX_K};

@@ -4,10 +4,10 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::{exact_len, shape_err};
-use crate::cpu::CpuBackend;
+use crate::backends::{exact_len, shape_err};
+use crate::backends::cpu::CpuBackend;
 use crate::error::Result;
-use crate::gpu::{holds, GpuBackend};
+use crate::backends::gpu::{holds, GpuBackend};
 use crate::parity::{compare_bits, note_unwritten, Outcome, NMSE_MAX};
 use strata_gpu_shared::launch::spec::SPEC_MAX_TOKENS;
 use strata_gpu_shared::replica;

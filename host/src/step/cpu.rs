@@ -5,8 +5,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::{act_len, StateSizes, check_run, emitted_from, picks_greedy, qx_len, Act, Emitted, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
-use crate::backend::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Variant, Weights as QWeights};
-use crate::cpu::CpuBackend;
+use crate::backends::{Backend, ExpertTensor, FloatWeights, MoeOut, MoeWindow, Variant, Weights as QWeights};
+use crate::backends::cpu::CpuBackend;
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
 use crate::model::{float_format, WeightId};

@@ -18,10 +18,10 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{act_len, attn_scale, StateSizes, check_run, emitted_from, picks_greedy, qx_len, Act, Emitted, Executor, Op, Pick, Qx, Window, MAX_WINDOW};
-use crate::backend::ExpertTensor;
+use crate::backends::ExpertTensor;
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
-use crate::gpu::{GpuBackend, MoeBuffers, MoeLayer, MoeStages};
+use crate::backends::gpu::{GpuBackend, MoeBuffers, MoeLayer, MoeStages};
 use crate::model::{float_format, Data, WeightId};
 use crate::model::Model;
 use crate::ops::attention::{attn_part_len, rope_table, AttnShape};
@@ -200,7 +200,7 @@ impl GpuExecutor {
         bar.finish_and_clear();
         // A failed upload is reported here, as the weights' copy, not by the first kernel that
         // reads them. (Kernels may read weights before their grid wait for another reason:
-        // `crate::launch`.)
+        // `crate::backends::launch`.)
         gpu.stream().synchronize().map_err(gpu.driver_err("weights", "copy to device"))?;
         let zeros_f32 = |n: usize| gpu.scratch::<f32>("step buffers", n);
         // Only the buffers the architecture has (a zero-length allocation is an error).

@@ -16,7 +16,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::error::{Error, Result};
-use crate::gpu::GpuBackend;
+use crate::backends::gpu::GpuBackend;
 use crate::parity::random_weights;
 use strata_gpu_shared::formats::{q8_1, WeightFormat, GROUP};
 use strata_gpu_shared::launch::{mmvq_launch, MmvqLaunch, MMVQ_MAX_ROWS, MMVQ_WARPS, QUANTIZE_WARPS};
@@ -246,7 +246,7 @@ pub fn quantizers(g: &GpuBackend, rows: usize, k: usize, rounds: usize, seed: u6
 /// `copy_from_mapped_multi` (one launch) against one `cuMemcpyAsync` per segment, for `n`
 /// segments of `len` bytes each from pinned mapped host memory.
 pub fn mapped_copy(g: &GpuBackend, n: usize, len: usize, rounds: usize) -> Result<HeadRow> {
-    use crate::mapped::Segment;
+    use crate::backends::mapped::Segment;
     let s = g.stream();
     let mut host = g.alloc_mapped(n * len)?;
     host.as_mut_slice()?.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
@@ -274,7 +274,7 @@ pub struct ExpertRow {
     pub backend: &'static str,
     pub variant: String,
     /// The kernels and rows per block the variant's knobs chose for this window size.
-    pub plan: crate::knobs::ExpertPlan,
+    pub plan: crate::backends::knobs::ExpertPlan,
     pub tokens: usize,
     /// Median microseconds: the whole layer (group, gate/up, down, combine), gate/up alone and
     /// down alone.
@@ -318,12 +318,12 @@ pub fn experts(
     formats: (WeightFormat, WeightFormat),
     (n_embd, n_ff, n_expert, k): (usize, usize, usize, usize),
     token_counts: &[usize],
-    variants: &[(String, crate::knobs::ExpertKnobs)],
+    variants: &[(String, crate::backends::knobs::ExpertKnobs)],
     routing: Routing,
     rounds: usize,
     seed: u64,
 ) -> Result<Vec<ExpertRow>> {
-    use crate::gpu::{MoeBuffers, MoeStages};
+    use crate::backends::gpu::{MoeBuffers, MoeStages};
     use crate::parity::MoeCase;
     const WINDOWS: usize = 12;
     let mut rng = SmallRng::seed_from_u64(seed);

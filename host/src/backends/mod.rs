@@ -3,6 +3,14 @@
 //! Buffers are host slices: a GPU backend uploads the inputs, uploads the *current contents* of
 //! the output (so a caller can poison it, e.g. fill it with NaN, and see afterwards which
 //! elements the kernel wrote), launches, and downloads the output.
+pub mod cpu;
+pub mod cuda;
+pub mod gpu;
+pub mod hip;
+pub mod knobs;
+pub mod launch;
+pub mod mapped;
+
 use crate::error::{Error, Result};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS};

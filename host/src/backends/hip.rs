@@ -8,7 +8,7 @@
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
 use crate::error::{Error, Result};
-use crate::gpu::{open_device, GpuBackend};
+use crate::backends::gpu::{open_device, GpuBackend};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::signed_grids::IQ3_S_SIGNED;
 use strata_gpu_shared::formats::{iq4_nl, LAYOUT_CONSTANTS};
@@ -19,36 +19,36 @@ use strata_gpu_shared::launch::{
 use strata_gpu_shared::order::HEAD_THREADS;
 
 const HEADER_NAME: &str = "strata_hip.h";
-const HEADER: &str = include_str!("../../device/hip/strata_hip.h");
+const HEADER: &str = include_str!("../../../device/hip/strata_hip.h");
 
 /// The kernel sources, in the order they are compiled.
 /// Sources that others include (`blocks.hip`) come before their includers.
 pub const SOURCES: &[(&str, &str)] = &[
-    ("quantize_q8_1.hip", include_str!("../../device/hip/quantize_q8_1.hip")),
-    ("blocks.hip", include_str!("../../device/hip/blocks.hip")),
-    ("stage.hip", include_str!("../../device/hip/stage.hip")),
-    ("mmvq.hip", include_str!("../../device/hip/mmvq.hip")),
-    ("matvec.hip", include_str!("../../device/hip/matvec.hip")),
-    ("head.hip", include_str!("../../device/hip/head.hip")),
-    ("quantize_q8_0.hip", include_str!("../../device/hip/quantize_q8_0.hip")),
-    ("copy.hip", include_str!("../../device/hip/copy.hip")),
-    ("moe.hip", include_str!("../../device/hip/moe.hip")),
-    ("expdec_gu.hip", include_str!("../../device/hip/expdec_gu.hip")),
-    ("expdec_down.hip", include_str!("../../device/hip/expdec_down.hip")),
-    ("embed.hip", include_str!("../../device/hip/embed.hip")),
-    ("norm.hip", include_str!("../../device/hip/norm.hip")),
-    ("attention.hip", include_str!("../../device/hip/attention.hip")),
-    ("route.hip", include_str!("../../device/hip/route.hip")),
-    ("sample.hip", include_str!("../../device/hip/sample.hip")),
-    ("spec.hip", include_str!("../../device/hip/spec.hip")),
-    ("gdn.hip", include_str!("../../device/hip/gdn.hip")),
-    ("gate.hip", include_str!("../../device/hip/gate.hip")),
+    ("quantize_q8_1.hip", include_str!("../../../device/hip/quantize_q8_1.hip")),
+    ("blocks.hip", include_str!("../../../device/hip/blocks.hip")),
+    ("stage.hip", include_str!("../../../device/hip/stage.hip")),
+    ("mmvq.hip", include_str!("../../../device/hip/mmvq.hip")),
+    ("matvec.hip", include_str!("../../../device/hip/matvec.hip")),
+    ("head.hip", include_str!("../../../device/hip/head.hip")),
+    ("quantize_q8_0.hip", include_str!("../../../device/hip/quantize_q8_0.hip")),
+    ("copy.hip", include_str!("../../../device/hip/copy.hip")),
+    ("moe.hip", include_str!("../../../device/hip/moe.hip")),
+    ("expdec_gu.hip", include_str!("../../../device/hip/expdec_gu.hip")),
+    ("expdec_down.hip", include_str!("../../../device/hip/expdec_down.hip")),
+    ("embed.hip", include_str!("../../../device/hip/embed.hip")),
+    ("norm.hip", include_str!("../../../device/hip/norm.hip")),
+    ("attention.hip", include_str!("../../../device/hip/attention.hip")),
+    ("route.hip", include_str!("../../../device/hip/route.hip")),
+    ("sample.hip", include_str!("../../../device/hip/sample.hip")),
+    ("spec.hip", include_str!("../../../device/hip/spec.hip")),
+    ("gdn.hip", include_str!("../../../device/hip/gdn.hip")),
+    ("gate.hip", include_str!("../../../device/hip/gate.hip")),
 ];
 
 /// `#define`s generated from gpu-shared: launch bounds per kernel, sizes and offsets, the
 /// IQ4_NL level words.
 pub fn prelude() -> String {
-    let mut s = String::from("// generated from strata-gpu-shared by strata-host/src/hip.rs\n");
+    let mut s = String::from("// generated from strata-gpu-shared by strata-host/src/backends/hip.rs\n");
     for b in BOUNDS {
         s += &format!("#define STRATA_THREADS_{} {}\n", b.kernel, b.threads);
         s += &format!("#define STRATA_MINB_{} {}\n", b.kernel, b.min_blocks);
@@ -90,7 +90,7 @@ pub fn prelude() -> String {
 /// The IQ grids and their signed expansions as `__device__` arrays (after the header, which
 /// defines the types).
 pub fn codebooks() -> String {
-    let mut s = String::from("// generated from strata-gpu-shared's codebooks by strata-host/src/hip.rs\n");
+    let mut s = String::from("// generated from strata-gpu-shared's codebooks by strata-host/src/backends/hip.rs\n");
     let grids: [(&str, &[u32]); 5] = [
         ("IQ2_XXS_GRID", &IQ2_XXS_GRID),
         ("IQ2_XS_GRID", &IQ2_XS_GRID),

@@ -9,14 +9,14 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::backend::{
+use crate::backends::{
     check_head, check_matvec, check_mmvq, check_moe, check_quantize, check_quantize_q8_0, Backend, ExpertTensor, FloatWeights, MoeOut,
     MoeWindow, Variant, Weights,
 };
 use crate::error::{Error, Result};
-use crate::launch::{entry_param_widths, KernelArgs};
+use crate::backends::launch::{entry_param_widths, KernelArgs};
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
-use crate::knobs::{ExpertKnobs, Launch, DOWN_AHEAD_MAX, EXPDEC_SMEM_MAX};
+use crate::backends::knobs::{ExpertKnobs, Launch, DOWN_AHEAD_MAX, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, CLUSTER_ARCHS, HEAD_CHUNK, MATVEC_WARPS, mmvq_launch, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
@@ -170,7 +170,7 @@ pub fn probe() -> std::result::Result<usize, String> {
 }
 
 /// `STRATA_PDL`: `0` launches every kernel after the previous one has completed, `1` (the
-/// default) chains them where the kernels allow it ([`crate::launch`]).
+/// default) chains them where the kernels allow it ([`crate::backends::launch`]).
 fn pdl_wanted() -> std::result::Result<bool, String> {
     match std::env::var("STRATA_PDL").as_deref() {
         Err(_) | Ok("1") => Ok(true),
@@ -224,7 +224,7 @@ pub struct GpuBackend {
     experts: ExpertKnobs,
     /// Every kernel waits for the previous grid first, so launches may be chained.
     chains_grids: bool,
-    /// Launches are chained by programmatic dependent launch ([`crate::launch`]).
+    /// Launches are chained by programmatic dependent launch ([`crate::backends::launch`]).
     chained: bool,
     /// The module has the thread-block cluster entries (`launch::CLUSTER_BOUNDS`).
     clusters: bool,
@@ -234,7 +234,7 @@ pub struct GpuBackend {
 impl GpuBackend {
     /// Loads `ptx` into `ctx` and looks up every kernel of the launch-bounds table.
     /// `chains_grids`: every kernel of `ptx` waits for the previous grid before it touches
-    /// memory, so launches may be chained ([`crate::launch`]; `STRATA_PDL=0` turns it off).
+    /// memory, so launches may be chained ([`crate::backends::launch`]; `STRATA_PDL=0` turns it off).
     pub fn new(name: &'static str, ctx: Arc<CudaContext>, info: DeviceInfo, ptx: String, ptx_arch: String, chains_grids: bool) -> Result<Self> {
         let mut widths = entry_param_widths(&ptx);
         let module = ctx.load_module(Ptx::from_src(ptx)).map_err(|e| Error::Setup {
@@ -355,7 +355,7 @@ impl GpuBackend {
     ///
     /// # Safety
     /// `args` holds exactly the parameters the kernel declares, with device buffers of the sizes
-    /// its contract names (the shape checks in `backend` establish them for the safe callers).
+    /// its contract names (the shape checks in `backends` establish them for the safe callers).
     pub(crate) unsafe fn launch_async(&self, kernel: &'static str, blocks: u32, args: KernelArgs) -> Result<()> {
         let smem = self.bounds_of(kernel).smem_bytes;
         self.launch_async_smem(kernel, blocks, smem, args)
@@ -385,7 +385,7 @@ impl GpuBackend {
     /// As [`Self::run`] with the dynamic shared memory given.
     pub(crate) fn run_smem(&self, kernel: &'static str, blocks: u32, smem: u32, args: KernelArgs) -> Result<()> {
         // SAFETY: every caller pushes exactly the parameters the kernel declares, device
-        // buffers sized by the shape checks in `backend` and the shared memory its shape needs;
+        // buffers sized by the shape checks in `backends` and the shared memory its shape needs;
         // every kernel returns at once in blocks past its real work, so a padded grid is covered.
         unsafe { self.launch_async_smem(kernel, self.padded_grid(kernel, blocks), smem, args) }?;
         self.synchronize(kernel)

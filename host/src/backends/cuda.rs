@@ -1,7 +1,7 @@
 //! The `cuda` backend: the Rust kernels of `device/`, built to PTX by build.rs and embedded in
 //! the `strata` crate, which hands them in here.
 use crate::error::{Error, Result};
-use crate::gpu::{open_device, GpuBackend};
+use crate::backends::gpu::{open_device, GpuBackend};
 
 /// Embedded PTX images, one per target architecture, newest last.
 #[derive(Clone, Copy, Debug)]
@@ -11,7 +11,7 @@ pub struct PtxImage {
     /// Lowest compute capability it runs on.
     pub min_cc: (i32, i32),
     /// Every entry begins with `griddepcontrol.wait` (sm_90 and later; build.rs checks it), so
-    /// its launches may be chained ([`crate::launch`]).
+    /// its launches may be chained ([`crate::backends::launch`]).
     pub chains_grids: bool,
     pub ptx: &'static str,
 }

@@ -3,7 +3,7 @@
 use cudarc::driver::{sys, CudaSlice, DevicePtrMut, PinnedHostSlice, PushKernelArg};
 
 use crate::error::{Error, Result};
-use crate::gpu::GpuBackend;
+use crate::backends::gpu::GpuBackend;
 use strata_gpu_shared::launch::{COPY_CHUNK, COPY_SEGMENT_WORDS};
 
 const KERNEL: &str = "copy_from_mapped_multi";

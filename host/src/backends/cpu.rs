@@ -1,5 +1,5 @@
 //! The `cpu` backend: the gpu-shared replicas, split over the machine's threads (rayon's pool).
-use crate::backend::{
+use crate::backends::{
     check_head, check_matvec, check_mmvq, check_moe, check_quantize, check_quantize_q8_0, Backend, FloatWeights, MoeOut, MoeWindow, Variant,
     Weights,
 };
