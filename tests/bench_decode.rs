@@ -6,7 +6,7 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 
-use strata::host::bench::decode::{self as bd, Kind, Row, Spread};
+use strata::host::bench::decode::{self as bd, Kind, Launch, Row, Run, Spread};
 use strata::host::generate::{generate, Draft, Request};
 use strata::host::gguf::GgufFile;
 use strata::host::model::synth::{build_in_memory, SynthSpec};
@@ -252,12 +252,50 @@ fn the_cli_refuses_clearly() {
         (vec!["bench", "decode"], "strata synth --preset 30b-a3b --out F"),
         (vec!["bench", "decode", "/nonexistent/strata-bench.gguf"], "/nonexistent/strata-bench.gguf"),
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "-n", "16", "--depths", "0", "--profile-step"], "--profile-step brackets a step for a GPU profiler: it needs --backend cuda or hip"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cpu", "-n", "16", "--depths", "0", "--drop", "moe_down"], "--drop leaves kernel launches out of the step: it needs --backend cuda or hip"),
     ] {
         let (code, out, err) = strata(&args);
         assert_eq!(code, 2, "{args:?}:\n{out}\n{err}");
         assert!(err.contains(says), "{args:?}: no `{says}` in:\n{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+/// A `--drop` group: prefixes matched against a step's kernels and counted; refused where a
+/// prefix is empty, matches nothing (the error lists the step's kernels) or matches a kernel the
+/// timed loop needs; its cost the difference of the two rows' median steps.
+#[test]
+fn drop_groups_count_their_launches_and_refuse_what_the_loop_needs() {
+    let step = ["rms_norm_q8_1", "mmvq_q8_0t", "attn_prep", "attn_chunk_two_128", "mmvq_q8_0t", "moe_down_iq4_nlt", "moe_combine", "mmvq1_q8_0t", "argmax_rows_split", "argmax_rows_final", "spec_accept"];
+    let g = bd::DropGroup::parse("mmvq_q8_0t", &step).unwrap();
+    assert_eq!((g.launches, g.label()), (2, "mmvq_q8_0t".to_string()));
+    // A prefix takes every kernel it begins (`mmvq` both matvec families), `+` joins prefixes.
+    assert_eq!(bd::DropGroup::parse("mmvq", &step).unwrap().launches, 3);
+    let g = bd::DropGroup::parse("attn_chunk+moe_down + moe_combine", &step).unwrap();
+    assert_eq!((g.launches, g.prefixes.len(), g.label()), (3, 3, "attn_chunk+moe_down+moe_combine".to_string()));
+    let e = bd::DropGroup::parse("expdec_gu", &step).unwrap_err().to_string();
+    assert!(e.contains("--drop expdec_gu: no kernel") && e.contains("argmax_rows_final, argmax_rows_split, attn_chunk_two_128, attn_prep,"), "{e}");
+    for keep in ["argmax", "spec_accept", "moe_down+spec"] {
+        let e = bd::DropGroup::parse(keep, &step).unwrap_err().to_string();
+        assert!(e.contains("picks or emits the step's tokens"), "{keep}: {e}");
+    }
+    assert!(bd::DropGroup::parse("moe_down+", &step).unwrap_err().to_string().contains("an empty kernel prefix"));
+    // Steps of 2.0 and 2.2 ms with everything (median 2.1, the mean of the middle two) and of
+    // 1.5 without: 0.6 ms a step over 2 launches.
+    let row = |ms: &[f64]| Row {
+        launch: Launch::Default,
+        kind: Kind::Tg,
+        n: 10,
+        depth: 0,
+        window: 1,
+        dropped: None,
+        runs: ms.iter().map(|&m| Run { secs: m * 10.0 / 1e3, tokens: 10, steps: 10, ..Run::default() }).collect(),
+    };
+    let (step_us, launch_us) = bd::DropGroup::parse("mmvq_q8_0t", &step).unwrap().cost_us(&row(&[2.0, 2.2]), &row(&[1.5]));
+    assert!((step_us - 600.0).abs() < 1e-6 && (launch_us - 300.0).abs() < 1e-6, "{step_us} {launch_us}");
+    let without = Row { dropped: Some("mmvq_q8_0t".into()), ..row(&[1.5]) };
+    assert_eq!(without.name(), "tg10 w/o mmvq_q8_0t");
+    assert!(!without.reads_every_weight() && row(&[1.0]).reads_every_weight());
 }
 
 #[test]
@@ -293,6 +331,43 @@ fn gpu_phases_and_copy_bandwidth() {
         assert!(rows.iter().filter(|l| !l.contains("phases")).all(|l| figure(l, "pct_copy").is_some_and(|p| p > 0.0)), "{out}");
         assert!(rows.iter().filter(|l| l.contains("\"phase\":")).count() >= 6, "{out}");
         assert!(rows.iter().filter(|l| l.contains("\"phase\":")).all(|l| figure(l, "us_per_step").is_some_and(|u| u > 0.0)), "{out}");
+    }
+}
+
+/// `--drop` on a GPU: a row of one-token steps without each group (no weight bandwidth: it did
+/// not read them all), then the chained-cost table: the step with everything and its launch
+/// count, each group's launches and its cost a step and a launch. A prefix matching no kernel
+/// of the step is refused, naming it.
+#[test]
+fn gpu_drop_rows_and_chained_costs() {
+    for name in ["cuda", "hip"] {
+        if common::open_gpu(name).is_none() {
+            continue;
+        }
+        let args = ["bench", "decode", "--builtin", "--backend", name, "-n", "16", "--depths", "0", "--windows", "", "--spec", "", "--prefill", "0", "--runs", "2"];
+        let mut json = args.to_vec();
+        json.extend(["--drop", "moe_down,attn_chunk+attn_prep", "--json"]);
+        let (code, out, err) = strata(&json);
+        assert_eq!(code, 0, "{out}\n{err}");
+        for dropped in ["moe_down", "attn_chunk+attn_prep"] {
+            let row = out.lines().find(|l| l.contains(&format!("\"test\":\"tg16 w/o {dropped}\""))).unwrap_or_else(|| panic!("{name}: no row without {dropped}: {out}"));
+            assert!(figure(row, "tok_s").is_some_and(|t| t > 0.0) && row.contains("\"gbps\":null"), "{name}: {row}");
+            let cost = out.lines().find(|l| l.contains("chained cost") && l.contains(&format!("\"dropped\":\"{dropped}\""))).unwrap_or_else(|| panic!("{name}: no cost of {dropped}: {out}"));
+            // The built-in model has 4 layers: one down launch each, and one chunk and one prep.
+            assert_eq!(figure(cost, "launches"), Some(if dropped == "moe_down" { 4.0 } else { 8.0 }), "{name}: {cost}");
+            assert!(figure(cost, "us_per_step").is_some() && figure(cost, "ms_per_step").is_some_and(|m| m > 0.0), "{name}: {cost}");
+        }
+        let all = out.lines().find(|l| l.contains("chained cost") && l.contains("\"dropped\":null")).unwrap_or_else(|| panic!("{name}: no step with everything: {out}"));
+        assert!(figure(all, "launches").is_some_and(|n| n > 8.0), "{name}: {all}");
+        let mut table = args.to_vec();
+        table.extend(["--drop", "moe_combine"]);
+        let (code, out, err) = strata(&table);
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(out.contains("tg16 w/o moe_combine") && out.contains("| moe_combine "), "{name}: {out}");
+        let mut bad = args.to_vec();
+        bad.extend(["--drop", "expdec_nothing"]);
+        let (code, _, err) = strata(&bad);
+        assert!(code == 2 && err.contains("--drop expdec_nothing: no kernel of the one-token step starts with it"), "{name}: {err}");
     }
 }
 

@@ -122,6 +122,14 @@ pub struct DecodeArgs {
     /// FILE --profile-step` (docs/bench-decode.md). The rows then run as usual.
     #[arg(long)]
     pub profile_step: bool,
+    /// GPU: also time the one-token steps at depth 0 with kernels left out, one row per group,
+    /// and print what each group costs a step and a launch inside the chain of launches, where
+    /// a profiler, timing launches one at a time, cannot say. Groups are comma-separated, each
+    /// kernel-name prefixes joined by `+`: `moe_down,attn_chunk,expdec_gu+moe_down+moe_combine`.
+    /// The outputs of what is left out keep what they held, so those steps compute nothing
+    /// meaningful (docs/bench-decode.md).
+    #[arg(long, value_name = "GROUPS", default_value = "")]
+    pub drop: String,
 }
 
 /// The input of the full-window rows (`--window-input`).
@@ -289,10 +297,12 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         bail!("the prompt pattern's token {bad} is outside the vocabulary of {} tokens", c.n_vocab);
     }
     let n_ctx = bd::context_for(&depths, a.n, a.prefill, c.n_ctx_train)?;
+    let drops = list(&a.drop, "--drop group", |g| Some(g.to_string()))?;
     let mut opened = super::decode::open(a.backend, a.device, model.clone(), n_ctx)?;
     match &mut opened {
         Opened::Gpu(g) => g.set_graphs(!a.no_graph),
         Opened::Cpu(_) if a.profile_step => bail!("--profile-step brackets a step for a GPU profiler: it needs --backend cuda or hip"),
+        Opened::Cpu(_) if !drops.is_empty() => bail!("--drop leaves kernel launches out of the step: it needs --backend cuda or hip"),
         Opened::Cpu(_) => {}
     }
     let (gpu, copy) = match &opened {
@@ -360,9 +370,14 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     }
     let exec = opened.executor();
     let runs = a.runs;
+    let mut tg0 = None;
     for &d in &depths {
         spinner.set_message(format!("tg{} @ d{d}, {runs} runs", a.n));
-        show(&bd::tg(exec, &ops, first, d, a.n, runs)?);
+        let row = bd::tg(exec, &ops, first, d, a.n, runs)?;
+        show(&row);
+        if d == 0 {
+            tg0 = Some(row);
+        }
     }
     // The same one-token steps launched kernel by kernel: what the graphs save.
     if let Opened::Gpu(g) = &mut opened {
@@ -373,6 +388,36 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
             g.set_graphs(true);
             show(&row?);
         }
+    }
+    // The same steps with kernels left out: what each group costs inside the chain.
+    let mut costs = None;
+    if let (Opened::Gpu(g), false) = (&mut opened, drops.is_empty()) {
+        spinner.set_message("the kernels of a one-token step");
+        let kernels = g.step_kernels(&ops, first, 0)?;
+        let groups = drops.iter().map(|d| bd::DropGroup::parse(d, &kernels)).collect::<Result<Vec<_>, _>>()?;
+        let with = match tg0.take() {
+            Some(row) => row,
+            None => {
+                spinner.set_message(format!("tg{} @ d0, {runs} runs", a.n));
+                let row = bd::tg(g.as_mut(), &ops, first, 0, a.n, runs)?;
+                show(&row);
+                row
+            }
+        };
+        let mut without = Vec::new();
+        for group in groups {
+            spinner.set_message(format!("tg{} without {}, {runs} runs", a.n, group.label()));
+            // Setting the drops drops the captured graphs: one untimed step captures the next.
+            g.set_dropped(group.prefixes.clone());
+            let row = bd::tg(g.as_mut(), &ops, first, 0, 1, 1).and_then(|_| bd::tg(g.as_mut(), &ops, first, 0, a.n, runs));
+            g.set_dropped(Vec::new());
+            let row = Row { dropped: Some(group.label()), ..row? };
+            show(&row);
+            without.push((group, row));
+        }
+        costs = Some(Costs { with, launches: kernels.len(), without });
+        spinner.set_message("warm-up");
+        bd::warm_up(g.as_mut(), &ops, first)?;
     }
     let exec = opened.executor();
     if !windows.is_empty() {
@@ -418,6 +463,9 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     };
     spinner.finish_and_clear();
     print_phases(&set, a, phases.as_deref());
+    if let Some(c) = &costs {
+        print_costs(&set, a, c);
+    }
     if let Some(s) = mtp {
         if a.json {
             println!("{{{},\"mtp_step\":{}}}", json_setting(&set, "mtp draft step"), json_spread("us", s));
@@ -437,14 +485,18 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
 fn row_line(set: &Setting, r: &Row) -> String {
     let (tok, ms, gbps) = (r.tok_s(), r.ms_per_step(), r.weights_gbps(set.bytes));
     let bound = if r.gbps_is_upper_bound() { "<=" } else { "" };
+    let (gbps, pct) = match (r.reads_every_weight(), set.copy) {
+        (false, _) => ("-".to_string(), "-".to_string()),
+        (true, copy) => (format!("{bound}{:.1}", gbps.median), copy.map_or("n/a".into(), |c| format!("{:.1}", 100.0 * gbps.median / c))),
+    };
     format!(
         "| {:<20} | {:>12.2} | {:>21} | {:>14.3} | {:>13} | {:>6} | {:>11} | {:>8.2} |",
         r.name(),
         tok.median,
         format!("{:.2}..{:.2}", tok.min, tok.max),
         ms.median,
-        format!("{bound}{:.1}", gbps.median),
-        set.copy.map_or("n/a".into(), |c| format!("{:.1}", 100.0 * gbps.median / c)),
+        gbps,
+        pct,
         r.acceptance().map_or("-".into(), |s| format!("{:.2}", s.median)),
         r.tokens_per_step().median
     )
@@ -499,11 +551,12 @@ fn row_json(set: &Setting, r: &Row) -> String {
             _ => "\"window_input\":null,\"window_seed\":null".into(),
         },
         format!("\"weight_bytes_per_token\":{},\"gbps_upper_bound\":{}", set.bytes, r.gbps_is_upper_bound()),
-        json_spread("gbps", gbps),
+        format!("\"dropped\":{}", r.dropped.as_deref().map_or("null".into(), json_str)),
     ];
-    fields.push(match set.copy {
-        Some(c) => json_spread("pct_copy", gbps.map(|g| 100.0 * g / c)),
-        None => "\"pct_copy\":null".into(),
+    fields.push(match (r.reads_every_weight(), set.copy) {
+        (false, _) => "\"gbps\":null,\"gbps_min\":null,\"gbps_max\":null,\"pct_copy\":null,\"pct_copy_min\":null,\"pct_copy_max\":null".into(),
+        (true, Some(c)) => format!("{},{}", json_spread("gbps", gbps), json_spread("pct_copy", gbps.map(|g| 100.0 * g / c))),
+        (true, None) => format!("{},\"pct_copy\":null", json_spread("gbps", gbps)),
     });
     format!("{{{}}}", fields.join(","))
 }
@@ -533,6 +586,45 @@ fn print_phases(set: &Setting, a: &DecodeArgs, phases: Option<&[bd::PhaseRow]>) 
             println!("{{{},\"phase\":\"{phase}\",\"runs\":{},{},\"pct\":{pct}}}", json_setting(set, &test), a.runs, json_spread("us_per_step", s));
         } else {
             println!("| {:<10} | {:>14.1} | {:>21} | {:>9.1} |", phase, s.median, format!("{:.1}..{:.1}", s.min, s.max), pct);
+        }
+    }
+}
+
+/// What `--drop` measured: the one-token steps at depth 0 with everything (`with`, `launches`
+/// a step) and without each group.
+struct Costs {
+    with: Row,
+    launches: usize,
+    without: Vec<(bd::DropGroup, Row)>,
+}
+
+/// The `--drop` table: each group's launches a step, the median step without it, and what it
+/// costs a step and a launch.
+fn print_costs(set: &Setting, a: &DecodeArgs, c: &Costs) {
+    let test = format!("tg{} chained cost", a.n);
+    let with_ms = c.with.ms_per_step().median;
+    if a.json {
+        println!("{{{},\"dropped\":null,\"launches\":{},\"ms_per_step\":{with_ms}}}", json_setting(set, &test), c.launches);
+    } else {
+        println!(
+            "chained cost of each group left out of the one-token steps (tg{} @ d0: {with_ms:.3} ms/step median, {} launches a step; what is left out keeps its outputs as they were, so a group whose output steers later kernels, as router_topk's does, is not measured alone):",
+            a.n, c.launches
+        );
+        println!("| {:<32} | {:>8} | {:>14} | {:>12} | {:>12} |", "left out", "launches", "ms/step median", "us a step", "us a launch");
+        println!("|{:-<34}|{:->10}|{:->16}|{:->14}|{:->14}|", "", ":", ":", ":", ":");
+    }
+    for (group, row) in &c.without {
+        let (step, launch) = group.cost_us(&c.with, row);
+        let ms = row.ms_per_step().median;
+        if a.json {
+            println!(
+                "{{{},\"dropped\":{},\"launches\":{},\"ms_per_step\":{ms},\"us_per_step\":{step},\"us_per_launch\":{launch}}}",
+                json_setting(set, &test),
+                json_str(&group.label()),
+                group.launches
+            );
+        } else {
+            println!("| {:<32} | {:>8} | {:>14.3} | {:>12.1} | {:>12.2} |", group.label(), group.launches, ms, step, launch);
         }
     }
 }

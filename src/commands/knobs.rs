@@ -8,7 +8,7 @@ pub struct Args {}
 
 pub fn run(_: &Args) -> ExitCode {
     println!("Routed-expert kernel knobs: set with `strata --knob NAME=VALUE <command>` or the STRATA_<NAME> environment variable.");
-    println!("They change which kernel variant runs, never the bits (each value is tested against the CPU replica).");
+    println!("They change which kernel variant runs, or what it asks the caches for ahead, never the bits (each value is tested against the CPU replica).");
     println!("Defaults and the H200 measurements behind them: docs/kernels/moe.md\n");
     let width = KNOBS.iter().map(|k| k.name.len() + k.values.len() + 1).max().unwrap_or(0);
     for k in &KNOBS {

@@ -2,7 +2,7 @@
 //! from PTX, and the launches. They differ only in where the PTX comes from (Rust `device/` or
 //! the `.hip` sources through NVRTC).
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     sys::{CUdevice_attribute, CUfunction_attribute}, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, PushKernelArg,
@@ -228,6 +228,10 @@ pub struct GpuBackend {
     chained: bool,
     /// The module has the thread-block cluster entries (`launch::CLUSTER_BOUNDS`).
     clusters: bool,
+    /// Kernel-name prefixes whose launches are left out ([`Self::set_dropped`]).
+    dropped: Vec<String>,
+    /// While recording ([`Self::record_launches`]), every launched kernel's name, in order.
+    recorded: Mutex<Option<Vec<&'static str>>>,
     _module: Arc<CudaModule>,
 }
 
@@ -271,7 +275,7 @@ impl GpuBackend {
         // A stream of its own: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(|e| Error::Setup { backend: name, what: "creating a stream".into(), detail: e.to_string() })?;
         let chained = chains_grids && pdl_wanted().map_err(|detail| Error::Setup { backend: name, what: "STRATA_PDL".into(), detail })?;
-        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, chains_grids, chained, clusters, _module: module })
+        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, chains_grids, chained, clusters, dropped: Vec::new(), recorded: Mutex::new(None), _module: module })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -312,6 +316,23 @@ impl GpuBackend {
     pub fn set_chained(&mut self, on: bool) -> bool {
         self.chained = on && self.chains_grids;
         self.chained
+    }
+
+    /// Leaves out every later launch of a kernel whose name starts with one of `prefixes` (none:
+    /// launch everything), to time a step without them (`strata bench decode --drop`). Their
+    /// outputs keep what they held, so nothing computed meanwhile means anything.
+    pub fn set_dropped(&mut self, prefixes: Vec<String>) {
+        self.dropped = prefixes;
+    }
+
+    /// Starts (clearing what was recorded) or stops recording the name of every kernel launched.
+    pub fn record_launches(&self, on: bool) {
+        *self.recorded.lock().unwrap_or_else(|e| e.into_inner()) = on.then(Vec::new);
+    }
+
+    /// The kernels launched since recording started, in order (left out ones too).
+    pub fn recorded_launches(&self) -> Vec<&'static str> {
+        self.recorded.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default()
     }
 
     pub(crate) fn driver_err<'a>(&self, kernel: &'a str, what: &'static str) -> impl Fn(DriverError) -> Error + 'a {
@@ -369,6 +390,12 @@ impl GpuBackend {
     pub(crate) unsafe fn launch_async_smem(&self, kernel: &'static str, blocks: u32, smem: u32, args: KernelArgs) -> Result<()> {
         if let Some(detail) = args.mismatch() {
             return Err(Error::Shape { kernel, detail });
+        }
+        if let Some(names) = self.recorded.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            names.push(kernel);
+        }
+        if self.dropped.iter().any(|p| kernel.starts_with(p.as_str())) {
+            return Ok(());
         }
         let threads = self.bounds_of(kernel).threads;
         // SAFETY: the caller's contract; `chained` only where every kernel waits for the grid

@@ -132,12 +132,14 @@ pub struct Row {
     pub depth: usize,
     /// Tokens per step (at most, for speculation).
     pub window: usize,
+    /// The kernel families left out of the steps ([`DropGroup`]), if any.
+    pub dropped: Option<String>,
     pub runs: Vec<Run>,
 }
 
 impl Row {
     /// llama-bench style: `tg128`, `tg128 @ d8192`, `tg128 win4`, `tg128 spec4`, `pp512 win8`;
-    /// `tg128 eager` for eager launches.
+    /// `tg128 eager` for eager launches, `tg128 w/o moe_down` with kernels left out.
     pub fn name(&self) -> String {
         let depth = if self.depth > 0 { format!(" @ d{}", self.depth) } else { String::new() };
         let name = match self.kind {
@@ -147,9 +149,13 @@ impl Row {
             Kind::Mtp => format!("tg{} mtp{}", self.n, self.window),
             Kind::Prefill => format!("pp{} win{}", self.n, self.window),
         };
-        match self.launch {
+        let name = match self.launch {
             Launch::Default => name,
             Launch::Eager => format!("{name} eager"),
+        };
+        match &self.dropped {
+            Some(d) => format!("{name} w/o {d}"),
+            None => name,
         }
     }
 
@@ -177,6 +183,12 @@ impl Row {
     /// Whether [`Self::weights_gbps`] is an upper bound (steps of more than one token).
     pub fn gbps_is_upper_bound(&self) -> bool {
         self.kind != Kind::Tg
+    }
+
+    /// Whether [`Self::weights_gbps`] means anything: not with kernels left out, whose bytes the
+    /// steps did not read.
+    pub fn reads_every_weight(&self) -> bool {
+        self.dropped.is_none()
     }
 
     /// GB/s of weights read: `bytes_per_token` (a one-token step's, `step_weight_bytes`) x
@@ -268,7 +280,7 @@ pub fn tg(exec: &mut dyn Executor, ops: &[Op], first: u32, depth: usize, n: usiz
     let runs = (0..runs)
         .map(|_| chained_steps(exec, ops, first, depth, n).map(|(secs, _)| Run { secs, tokens: n, steps: n, ..Run::default() }))
         .collect::<Result<_>>()?;
-    Ok(Row { launch: Launch::Default, kind: Kind::Tg, n, depth, window: 1, runs })
+    Ok(Row { launch: Launch::Default, kind: Kind::Tg, n, depth, window: 1, dropped: None, runs })
 }
 
 /// The `n` tokens a greedy decode from `first` at position 0 feeds its steps (`first`, then
@@ -312,7 +324,7 @@ pub fn windows(exec: &mut dyn Executor, ops: &[Op], seq: &[u32], t: usize, runs:
         }
         out.push(Run { secs: start.elapsed().as_secs_f64(), tokens: steps * t, steps, drafted: steps * (t - 1), accepted });
     }
-    Ok(Row { launch: Launch::Default, kind: Kind::Window, n: seq.len(), depth: 0, window: t, runs: out })
+    Ok(Row { launch: Launch::Default, kind: Kind::Window, n: seq.len(), depth: 0, window: t, dropped: None, runs: out })
 }
 
 /// Speculation with `draft` (prompt lookup or the model's MTP block): [`generate`] of `n` tokens
@@ -335,7 +347,7 @@ pub fn spec(exec: &mut dyn Executor, ops: &[Op], draft: &Draft, prompt: &[u32], 
             accepted: stats.accepted,
         });
     }
-    Ok(Row { launch: Launch::Default, kind, n, depth: 0, window: spec, runs: out })
+    Ok(Row { launch: Launch::Default, kind, n, depth: 0, window: spec, dropped: None, runs: out })
 }
 
 /// Prefill: `prompt` in windows of `window` tokens from position 0, as [`generate`] prefills,
@@ -355,7 +367,7 @@ pub fn prefill(exec: &mut dyn Executor, ops: &[Op], prompt: &[u32], window: usiz
         }
         out.push(Run { secs: start.elapsed().as_secs_f64(), tokens: prompt.len(), steps: prompt.len().div_ceil(window), ..Run::default() });
     }
-    Ok(Row { launch: Launch::Default, kind: Kind::Prefill, n: prompt.len(), depth: 0, window, runs: out })
+    Ok(Row { launch: Launch::Default, kind: Kind::Prefill, n: prompt.len(), depth: 0, window, dropped: None, runs: out })
 }
 
 /// The MTP block's one-token draft step: one trunk step at position 0 (so the hidden state is
@@ -409,4 +421,59 @@ pub fn phases(exec: &mut dyn Executor, ops: &[Op], first: u32, n: usize, runs: u
         })
         .collect();
     Ok(Some(rows))
+}
+
+/// Kernels that pick and emit a step's tokens and move its position on: never left out, or the
+/// decode loop the rows time would not be one.
+pub const KEEP: [&str; 3] = ["argmax_rows", "sample_rows", "spec_accept"];
+
+/// Kernel families left out of one-token steps together (`strata bench decode --drop`): the
+/// step's time without them, against the step with everything, is what they cost inside the
+/// chain of launches, where each overlaps its neighbours (a profiler times launches one at a
+/// time, so it cannot say). Their outputs keep what they held: where a later kernel's work
+/// depends on them (`router_topk`'s group table steers the experts), the difference is not
+/// theirs alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DropGroup {
+    /// Kernel-name prefixes (`moe_down`, `attn_chunk`, `mmvq_q8_0t`, ...).
+    pub prefixes: Vec<String>,
+    /// How many of a one-token step's launches they match.
+    pub launches: usize,
+}
+
+impl DropGroup {
+    /// `spec` (prefixes joined by `+`) against the kernels a one-token step launches: refused
+    /// where a prefix is empty, matches none of them, or matches one of [`KEEP`].
+    pub fn parse(spec: &str, step_kernels: &[&str]) -> Result<DropGroup> {
+        let prefixes: Vec<String> = spec.split('+').map(|p| p.trim().to_string()).collect();
+        for p in &prefixes {
+            if p.is_empty() {
+                return Err(Error::Request(format!("--drop {spec:?}: an empty kernel prefix")));
+            }
+            let matched: Vec<&str> = step_kernels.iter().copied().filter(|k| k.starts_with(p.as_str())).collect();
+            if matched.is_empty() {
+                let mut names = step_kernels.to_vec();
+                names.sort_unstable();
+                names.dedup();
+                return Err(Error::Request(format!("--drop {p}: no kernel of the one-token step starts with it (its kernels: {})", names.join(", "))));
+            }
+            if let Some(k) = matched.iter().find(|k| KEEP.iter().any(|keep| k.starts_with(keep))) {
+                return Err(Error::Request(format!("--drop {p}: {k} picks or emits the step's tokens, which the timed loop needs")));
+            }
+        }
+        let launches = step_kernels.iter().filter(|k| prefixes.iter().any(|p| k.starts_with(p.as_str()))).count();
+        Ok(DropGroup { prefixes, launches })
+    }
+
+    /// `+`-joined, as given.
+    pub fn label(&self) -> String {
+        self.prefixes.join("+")
+    }
+
+    /// Microseconds the group costs a step, and a launch of it: the median step without it
+    /// (`without`) against the median step with everything (`with`), both [`tg`] rows.
+    pub fn cost_us(&self, with: &Row, without: &Row) -> (f64, f64) {
+        let step = 1e3 * (with.ms_per_step().median - without.ms_per_step().median);
+        (step, step / self.launches.max(1) as f64)
+    }
 }

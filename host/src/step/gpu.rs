@@ -275,6 +275,28 @@ impl GpuExecutor {
         self.graphs.is_some()
     }
 
+    /// Leaves every launch of a kernel whose name starts with one of `prefixes` out of the
+    /// following steps (`GpuBackend::set_dropped`; `strata bench decode --drop`), and drops the
+    /// captured graphs, which hold the launches as they were.
+    pub fn set_dropped(&mut self, prefixes: Vec<String>) {
+        self.gpu.set_dropped(prefixes);
+        if let Some(g) = &mut self.graphs {
+            g.clear();
+        }
+    }
+
+    /// The kernels one one-token step of `ops` launches, in order: a step fed `first` at
+    /// `pos0`, launched eagerly (whatever the graph setting), and waited for.
+    pub fn step_kernels(&mut self, ops: &[Op], first: u32, pos0: usize) -> Result<Vec<&'static str>> {
+        let graphs = self.graphs.take();
+        self.gpu.record_launches(true);
+        let ran = self.set_tokens(&[first]).and_then(|_| self.run(ops, Window { tokens: 1, pos0 })).and_then(|_| self.drain());
+        let names = self.gpu.recorded_launches();
+        self.gpu.record_launches(false);
+        self.graphs = graphs;
+        ran.map(|_| names)
+    }
+
     /// Runs `f` (steps it queues and waits for) between `cuProfilerStart` and `cuProfilerStop`,
     /// the stream drained on both sides: a profiler started with collection off (`ncu
     /// --profile-from-start off`) sees exactly the launches `f` makes.
