@@ -3,12 +3,12 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`backends`] | the [`Backend`] trait, the shape checks every backend shares, and the backends: `cpu` (the gpu-shared replicas, multi-threaded), `gpu` (a CUDA driver context and module, what `cuda` and `hip` share), `cuda` (the Rust PTX from `device/`), `hip` (the `device/hip/*.hip` sources, compiled at run time by NVRTC), `launch` (one kernel launch), `knobs` (the routed-expert kernel knobs and their launch plan), `mapped` (pinned device-mapped host memory) |
-//! | [`model`] | a GGUF file as a model: config, weights, one module per architecture building the step's op list |
+//! | [`backends`] | the [`Backend`] trait and the backends (`cpu`, `cuda`, `hip`), their launches and the expert knobs |
+//! | [`model`] | a GGUF file as a model: config, weights, the step's op list per architecture |
 //! | [`step`] | the decode step: the op list, and the executors that run it (`cpu`, `gpu`) |
-//! | [`ops`] | the step's kernel families beyond the [`Backend`] trait (attention, norms, routing, Gated DeltaNet, speculation) on each backend |
+//! | [`ops`] | the step's kernel families beyond the [`Backend`] trait, on each backend |
 //! | [`generate`] | the decode loop: prompt, speculation, stopping |
-//! | [`bench`] | `strata bench`: kernels against the device copy bandwidth (`kernels`), the decode loop's speed (`decode`) |
+//! | [`bench`] | `strata bench`: kernels against the copy bandwidth, the decode loop's speed |
 //! | [`gguf`] | GGUF reader (validating, memory-mapped) and writer |
 //! | [`parity`] | random cases, cross-backend `memcmp`, NMSE against float64 |
 //! | [`tokenizer`] | text to token ids and back, from a GGUF file's `tokenizer.ggml.*` vocabulary |

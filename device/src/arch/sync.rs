@@ -30,7 +30,8 @@ pub fn trap() -> ! {
 /// (`griddepcontrol.wait`), then lets the grid after this one start launching
 /// (`griddepcontrol.launch_dependents`). A no-op where the launch was not chained, and on
 /// older targets (whose launches never are). The host chains launches only for images built
-/// for sm_90 (`host/src/backends/launch.rs`); build.rs checks every entry of that image has the wait.
+/// for sm_90 (`host/src/backends/launch.rs`); build.rs checks every entry of that image has the
+/// wait.
 #[inline(always)]
 pub fn chain_grids() {
     // SAFETY: both instructions only order this grid against its neighbours on the stream; the

@@ -107,8 +107,8 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
     let warp_row = r < tokens * heads;
     let (t, h) = if warp_row { (r / heads, r % heads) } else { (0, 0) };
     // Before the wait: the window's position, which a copy or the accept of a step before wrote,
-    // launches before this one (read from L2: host/src/backends/launch.rs); then the row's RoPE pairs and
-    // norm weights, constants, asked into L1.
+    // launches before this one (read from L2: host/src/backends/launch.rs); then the row's RoPE
+    // pairs and norm weights, constants, asked into L1.
     let at_pos = if warp_row { mem::ld_cg_u32(pos as *const u8) as u64 + t as u64 } else { u64::MAX };
     if at_pos < n_ctx as u64 && h < n_q + n_kv {
         let norm = if h < n_q { q_norm } else { k_norm };

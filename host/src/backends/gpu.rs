@@ -230,7 +230,7 @@ pub struct GpuBackend {
     clusters: bool,
     /// Kernel-name prefixes whose launches are left out ([`Self::set_dropped`]).
     dropped: Vec<String>,
-    /// While recording ([`Self::record_launches`]), every launched kernel's name, in order.
+    /// While recording ([`Self::start_recording`]), every launched kernel's name, in order.
     recorded: Mutex<Option<Vec<&'static str>>>,
     _module: Arc<CudaModule>,
 }
@@ -238,7 +238,8 @@ pub struct GpuBackend {
 impl GpuBackend {
     /// Loads `ptx` into `ctx` and looks up every kernel of the launch-bounds table.
     /// `chains_grids`: every kernel of `ptx` waits for the previous grid before it touches
-    /// memory, so launches may be chained ([`crate::backends::launch`]; `STRATA_PDL=0` turns it off).
+    /// memory, so launches may be chained ([`crate::backends::launch`]; `STRATA_PDL=0` turns it
+    /// off).
     pub fn new(name: &'static str, ctx: Arc<CudaContext>, info: DeviceInfo, ptx: String, ptx_arch: String, chains_grids: bool) -> Result<Self> {
         let mut widths = entry_param_widths(&ptx);
         let module = ctx.load_module(Ptx::from_src(ptx)).map_err(|e| Error::Setup {
@@ -325,14 +326,15 @@ impl GpuBackend {
         self.dropped = prefixes;
     }
 
-    /// Starts (clearing what was recorded) or stops recording the name of every kernel launched.
-    pub fn record_launches(&self, on: bool) {
-        *self.recorded.lock().unwrap_or_else(|e| e.into_inner()) = on.then(Vec::new);
+    /// Starts recording the name of every kernel launched (afresh, if it was on).
+    pub fn start_recording(&self) {
+        *self.recorded.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
     }
 
-    /// The kernels launched since recording started, in order (left out ones too).
-    pub fn recorded_launches(&self) -> Vec<&'static str> {
-        self.recorded.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default()
+    /// Stops recording: the kernels launched since [`Self::start_recording`], in order (left out
+    /// ones too).
+    pub fn stop_recording(&self) -> Vec<&'static str> {
+        self.recorded.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default()
     }
 
     pub(crate) fn driver_err<'a>(&self, kernel: &'a str, what: &'static str) -> impl Fn(DriverError) -> Error + 'a {
@@ -615,7 +617,7 @@ impl GpuBackend {
             let ahead = ahead.filter(|_| self.experts.ahead);
             let ahead_bytes = ahead.map_or(0, |b| b.len().min(DOWN_AHEAD_MAX)) as u32;
             if down.kernel.starts_with("expdec") {
-                a.arg(&down.rows_per_block);
+                a.arg(&down.rows_per_block); // these entries ask for nothing ahead
             } else {
                 // Without a weight to ask for, any buffer: with 0 bytes the kernel asks for none.
                 a.arg(ahead.unwrap_or(&l.down)).arg(&ahead_bytes);

@@ -3,6 +3,16 @@
 //! Buffers are host slices: a GPU backend uploads the inputs, uploads the *current contents* of
 //! the output (so a caller can poison it, e.g. fill it with NaN, and see afterwards which
 //! elements the kernel wrote), launches, and downloads the output.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`cpu`] | the CPU replicas (gpu-shared), multi-threaded |
+//! | [`gpu`] | a CUDA driver context + module: what `cuda` and `hip` have in common |
+//! | [`cuda`] | the Rust PTX from `device/` |
+//! | [`hip`] | the `device/hip/*.hip` sources, compiled at run time by NVRTC |
+//! | [`launch`] | one kernel launch: parameters, driver call, programmatic dependent launch |
+//! | [`knobs`] | the routed-expert kernel knobs and the launch plan they give |
+//! | [`mapped`] | pinned device-mapped host memory, `copy_from_mapped_multi` |
 pub mod cpu;
 pub mod cuda;
 pub mod gpu;

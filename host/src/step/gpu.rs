@@ -289,10 +289,9 @@ impl GpuExecutor {
     /// `pos0`, launched eagerly (whatever the graph setting), and waited for.
     pub fn step_kernels(&mut self, ops: &[Op], first: u32, pos0: usize) -> Result<Vec<&'static str>> {
         let graphs = self.graphs.take();
-        self.gpu.record_launches(true);
+        self.gpu.start_recording();
         let ran = self.set_tokens(&[first]).and_then(|_| self.run(ops, Window { tokens: 1, pos0 })).and_then(|_| self.drain());
-        let names = self.gpu.recorded_launches();
-        self.gpu.record_launches(false);
+        let names = self.gpu.stop_recording();
         self.graphs = graphs;
         ran.map(|_| names)
     }
