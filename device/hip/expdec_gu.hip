@@ -110,3 +110,7 @@ EXPDEC_GU_FORMAT(iq2_s, Iq2S)
 EXPDEC_GU_FORMAT(iq3_xxs, Iq3Xxs)
 EXPDEC_GU_FORMAT(iq3_s, Iq3S)
 EXPDEC_GU_FORMAT(iq3_st, Iq3ST)
+// The Rust image's expdec_gu_iq3_st_r1_m2w copies each warp's rows to shared memory with
+// asynchronous copies (EXPDEC_WARP_ROWS), which AMD lacks before gfx950: here it is the r1_m2
+// body under that name, the same loads' bits from device memory.
+EXPDEC_GU_ENTRY(expdec_gu_iq3_st_r1_m2w, Iq3ST, 1, STRATA_EXPDEC_THREADS)

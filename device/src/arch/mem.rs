@@ -152,6 +152,23 @@ pub fn cp_async_wait_all() {
     unsafe { asm!("cp.async.wait_all;", options(nostack)) }
 }
 
+/// Closes this thread's copies issued since the last commit into one group
+/// (`cp.async.commit_group`), which [`cp_async_wait_groups`] can wait for apart from later ones.
+#[inline(always)]
+pub fn cp_async_commit() {
+    // SAFETY: only marks a boundary between the thread's own copies.
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) }
+}
+
+/// Waits until at most `PENDING` of this thread's committed copy groups (the newest) are still
+/// in flight: every older group has landed in shared memory. A warp barrier
+/// ([`crate::arch::sync::sync_warp`]) after it shows the warp's copies to the whole warp.
+#[inline(always)]
+pub fn cp_async_wait_groups<const PENDING: u32>() {
+    // SAFETY: waits on the thread's own copies; not `nomem`, so no shared access moves above it.
+    unsafe { asm!("cp.async.wait_group {n};", n = const PENDING, options(nostack)) }
+}
+
 /// Coherent global loads (memory the host may write between launches: device-mapped host
 /// memory), 1, 4 and 16 bytes, aligned to their size.
 #[inline(always)]

@@ -18,6 +18,15 @@ pub fn sync_lds() {
     unsafe { asm!("bar.sync 0;", options(nostack)) }
 }
 
+/// Warp-wide barrier (`bar.warp.sync`, every lane): orders the memory operations of the warp's
+/// lanes before it against theirs after it, shared memory included.
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: a barrier of the full mask; every lane of the warp must reach it, which callers
+    // guarantee by calling it where the whole warp runs the same code.
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
+}
+
 /// Aborts the kernel (the launch then fails with an error the host reports by kernel name).
 #[inline(always)]
 pub fn trap() -> ! {

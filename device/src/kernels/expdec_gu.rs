@@ -23,6 +23,13 @@
 //! time; it asks L2 for its share of the down rows only once its own rows are in, so that those
 //! requests do not queue ahead of its rows.
 //!
+//! The `WARP_ROWS` entries of such a format (`_p2w` and the 8-warp `_m2w`, knob
+//! `EXPDEC_WARP_ROWS`) copy rows warp by warp instead: each warp copies its own rows to its
+//! ring of `EXPDEC_ROW_SLOTS` slots, one commit group a row, and decodes a row once its group
+//! has landed while the next is still in flight, then starts the row two ahead into the slot
+//! (`WarpRows`). A pair warp's two rows are all its rows; an 8-warp block's warp has 4 to 16.
+//! The same loads of the same bytes in the same order: the same bits.
+//!
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
 //! codebook and a pair block's staged rows (`launch::expdec_gu_smem`, `expdec_gu_pair_smem`,
 //! given at launch). A signed codebook comes first instead: at word 0 its words' addresses need
@@ -38,8 +45,77 @@ use crate::arch::{index, mem, sync, warp};
 #[cfg(target_feature = "sm_90")]
 use crate::arch::cluster;
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_PAIR, EXPDEC_RB, EXPDEC_THREADS, EXPDEC_W16_THREADS, MOE_GU_ROWS};
+use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_PAIR, EXPDEC_RB, EXPDEC_ROW_SLOTS, EXPDEC_THREADS, EXPDEC_W16_THREADS, MOE_GU_ROWS};
 use strata_gpu_shared::moe;
+
+/// A warp's own gate and up rows, copied to its ring of `EXPDEC_ROW_SLOTS` slots in shared
+/// memory (a slot: the gate row, then the up row) by the warp's lanes, `EXPDEC_ROW_SLOTS` rows
+/// ahead of the row the warp decodes: one commit group a row, so the warp waits for one row
+/// while the next is still in flight. Only the warp reads and writes its slots, so warp
+/// barriers order them.
+struct WarpRows {
+    /// Shared address of the warp's first slot (16-byte aligned).
+    slots: u32,
+    /// The warp's first gate and up rows.
+    gate: *const u8,
+    up: *const u8,
+    /// Bytes of a row (a multiple of 16: whole 16-byte units of a `STAGED_ROWS` format).
+    row_bytes: usize,
+    /// The warp's rows.
+    rows: u32,
+}
+
+impl WarpRows {
+    /// Starts the copies of the first `EXPDEC_ROW_SLOTS` rows.
+    #[inline(always)]
+    unsafe fn start(&self) {
+        let mut j = 0;
+        while j < EXPDEC_ROW_SLOTS {
+            self.copy(j);
+            j += 1;
+        }
+    }
+
+    /// Waits for the oldest row not yet waited for (the one a slot ahead may still be in
+    /// flight) and shows every lane's copies of it to the warp.
+    #[inline(always)]
+    fn wait(&self) {
+        mem::cp_async_wait_groups::<{ EXPDEC_ROW_SLOTS - 1 }>();
+        sync::sync_warp();
+    }
+
+    /// Once every lane has read row `j`'s slot: row `j + EXPDEC_ROW_SLOTS` into it.
+    #[inline(always)]
+    unsafe fn next(&self, j: u32) {
+        sync::sync_warp();
+        self.copy(j + EXPDEC_ROW_SLOTS);
+    }
+
+    /// The shared address of row `j`'s slot.
+    #[inline(always)]
+    fn slot(&self, j: u32) -> u32 {
+        self.slots + j % EXPDEC_ROW_SLOTS * 2 * self.row_bytes as u32
+    }
+
+    /// Row `j`'s copies, 16 bytes a lane at a time (none past the warp's rows), then a commit:
+    /// one group a row, empty past the last, so `wait` always leaves the newest in flight.
+    #[inline(always)]
+    unsafe fn copy(&self, j: u32) {
+        if j < self.rows {
+            let (to, from) = (self.slot(j), j as usize * self.row_bytes);
+            let mut i = 16 * index::lane() as usize;
+            while i < self.row_bytes {
+                // SAFETY: `to + i` is inside the warp's slots (`launch::expdec_gu_ring_bytes`
+                // a block), `from + i` inside the warp's rows; both 16-byte aligned (rows of whole
+                // 16-byte units); the slot's previous row was read before `next`'s barrier.
+                mem::cp_async_16(to + i as u32, self.gate.add(from + i));
+                mem::cp_async_16(to + (self.row_bytes + i) as u32, self.up.add(from + i));
+                i += 16 * 32;
+            }
+        }
+        mem::cp_async_commit();
+    }
+}
 
 /// `R` gate rows and `R` up rows starting at `row` against the `m` staged entries: this lane's
 /// partials `[row][entry]` for gate and up (the mmvq spec: groups `lane, lane + 32, ...`, left
@@ -150,7 +226,7 @@ impl Chunk for Pair {
 /// 32)` rows. `down`, `down_bytes`: the layer's down matrices and the bytes of one expert's
 /// (prefetched only).
 #[inline(always)]
-unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
+unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, const WARP_ROWS: bool>(
     gate: *const u8,
     up: *const u8,
     expert_bytes: u64,
@@ -196,11 +272,33 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
     let (gate, up) = (gate.add(expert as usize * expert_bytes as usize), up.add(expert as usize * expert_bytes as usize));
     let rows = (chunk0 * MOE_GU_ROWS + part * part_rows) as usize * row_bytes;
     let part_bytes = part_rows as usize * row_bytes;
+    let warp = index::warp_in_block();
+    let warps = THREADS / 32;
+    let rows_per_warp = rb / C::BLOCKS / warps;
+    let first = warp * rows_per_warp; // this warp's first row in the block's part, inside one chunk
     // A pair block of a format with 16-byte rows copies its gate and up rows to shared memory,
     // every copy in flight at once, and decodes them there; other blocks ask L2 for theirs.
-    let staged_rows = C::BLOCKS > 1 && F::STAGED_ROWS;
+    // With `WARP_ROWS` (such a format, pair or not) each warp copies its own rows instead, two
+    // ahead, and starts on a row as soon as it has landed (`WarpRows`).
+    const { assert!(!WARP_ROWS || F::STAGED_ROWS && R == 1) };
+    let block_copy = C::BLOCKS > 1 && F::STAGED_ROWS && !WARP_ROWS;
     let rows_at = smem.addr(h_end + if F::SIGNED_GRID { 0 } else { stage::grid_words::<F>() });
-    if staged_rows {
+    let ring = WarpRows {
+        slots: rows_at + warp * EXPDEC_ROW_SLOTS * 2 * row_bytes as u32,
+        gate: gate.wrapping_add(rows + first as usize * row_bytes),
+        up: up.wrapping_add(rows + first as usize * row_bytes),
+        row_bytes,
+        // (A pair block's part is 16 rows, two a warp: a constant, so the pair entries carry no
+        // refill code.)
+        rows: if C::BLOCKS > 1 { EXPDEC_ROW_SLOTS } else if first < part_rows { rows_per_warp } else { 0 },
+    };
+    // A pair's warps copy all their rows at once (`EXPDEC_ROW_SLOTS` of them): nothing for L2
+    // to fetch ahead, and the down rows are asked for once a warp's rows are in, as below.
+    let pair_ring = WARP_ROWS && C::BLOCKS > 1;
+    if WARP_ROWS {
+        ring.start();
+    }
+    if block_copy {
         // Whole 16-byte copies: a STAGED_ROWS format's blocks are whole 16-byte units from
         // 16-byte aligned rows, so the part's rows are too, inside the expert's matrix; the
         // shared area is 16-byte aligned (the stage, H and the codebook are multiples of 4
@@ -212,7 +310,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
             mem::cp_async_16(rows_at + (part_bytes + i) as u32, up.add(rows + i));
             i += 16 * THREADS as usize;
         }
-    } else {
+    } else if !pair_ring {
         mem::prefetch_l2_block::<THREADS>(gate.wrapping_add(rows), part_bytes);
         mem::prefetch_l2_block::<THREADS>(up.wrapping_add(rows), part_bytes);
     }
@@ -223,26 +321,25 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
     let first_down = ((b % blocks_per_group * C::BLOCKS + part) * share).min(down_bytes);
     let down = down.wrapping_add(expert as usize * down_bytes as usize + first_down as usize);
     let down_share = share.min(down_bytes - first_down) as usize;
-    if !staged_rows {
+    if !block_copy && !pair_ring {
         mem::prefetch_l2_block::<THREADS>(down, down_share);
     }
     let entries = table.add(moe::entries(n as usize) + start as usize);
-    let warp = index::warp_in_block();
-    let warps = THREADS / 32;
-    let rows_per_warp = rb / C::BLOCKS / warps;
-    let first = warp * rows_per_warp; // this warp's first row in the block's part, inside one chunk
     let mut pass = 0;
     while pass < count {
         if pass > 0 {
             C::sync(); // the previous pass's readers are done with the stage and H
+            if WARP_ROWS && !pair_ring {
+                ring.start(); // the rows again, for this pass's entries (a pair's are all still in)
+            }
         }
         let m = (count - pass).min(EXPDEC_ENTRIES);
         stage::rows::<THREADS>(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups, EXPDEC_ENTRIES);
-        if staged_rows {
+        if block_copy {
             mem::cp_async_wait_all(); // the rows, before the barrier that shows them to the block
         }
         sync::sync_lds();
-        if staged_rows && pass == 0 {
+        if block_copy && pass == 0 {
             mem::prefetch_l2_block::<THREADS>(down, down_share); // once the block's own rows are in
         }
         if pass == 0 {
@@ -251,12 +348,27 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
         let mut j0 = 0;
         while first < part_rows && j0 < rows_per_warp {
             let local = part * part_rows + first + j0; // the row in the block's chunks
-            let (ag, au) = if staged_rows {
+            if WARP_ROWS {
+                ring.wait();
+                if pair_ring && pass == 0 && j0 + 1 == rows_per_warp {
+                    // The warp's rows are in: its share of the block's down share.
+                    let share = (down_share as u32).div_ceil(warps).next_multiple_of(128);
+                    let at = (warp * share).min(down_share as u32);
+                    mem::prefetch_l2_warp(down.wrapping_add(at as usize), share.min(down_share as u32 - at) as usize);
+                }
+            }
+            let (ag, au) = if WARP_ROWS {
+                let slot = ring.slot(j0);
+                staged_partials::<F, _, R>(smem, grid, Shared(slot), Shared(slot + row_bytes as u32), row_bytes, 0, m, groups)
+            } else if block_copy {
                 let row = (first + j0) as usize; // the row in the copy of the part's rows
                 staged_partials::<F, _, R>(smem, grid, Shared(rows_at), Shared(rows_at + part_bytes as u32), row_bytes, row, m, groups)
             } else {
                 staged_partials::<F, _, R>(smem, grid, gate, up, row_bytes, (chunk0 * MOE_GU_ROWS + local) as usize, m, groups)
             };
+            if WARP_ROWS {
+                ring.next(j0); // the warp has read this row's slot: the row two ahead goes there
+            }
             crate::unroll!(j in [0, 1] {
                 if j < R {
                     crate::unroll!(r in [0, 1, 2, 3] {
@@ -291,7 +403,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32>(
 /// `EXPDEC_GU_MINB4_FORMATS`; `_w16` entries blocks of 16 warps at 2 blocks per SM, R=1 and the
 /// same formats: `EXPDEC_W16_THREADS`).
 macro_rules! expdec_gu_entries {
-    ($($name:ident => $block:ty, $r:literal, $threads:expr;)*) => {$(
+    ($($name:ident => $block:ty, $r:literal, $threads:expr $(, $warp_rows:literal)?;)*) => {$(
         /// EXPDEC gate/up. Launch as `moe_gu_*` but with `n * ceil(n_ff / rb)` blocks of the
         /// entry's threads and `launch::expdec_gu_smem` bytes of shared memory.
         ///
@@ -300,7 +412,7 @@ macro_rules! expdec_gu_entries {
         /// `down`: `n_expert` matrices of `down_bytes` each (only prefetched, never loaded).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-            expdec_gu::<$block, Whole, $r, { $threads }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+            expdec_gu::<$block, Whole, $r, { $threads }, { false $(|| $warp_rows)? }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
         }
     )*};
 }
@@ -308,7 +420,7 @@ macro_rules! expdec_gu_entries {
 /// The pair entries (sm_90: `launch::CLUSTER_BOUNDS`, clusters of `EXPDEC_PAIR` blocks of
 /// `EXPDEC_THREADS`, R = 1, 4 blocks per SM), one per format of `EXPDEC_GU_MINB4_FORMATS`.
 macro_rules! expdec_gu_pair_entries {
-    ($($name:ident => $block:ty;)*) => {$(
+    ($($name:ident => $block:ty, $warp_rows:literal;)*) => {$(
         /// EXPDEC gate/up, each 32-row chunk split over a cluster's two blocks. Launch as the
         /// other entries with `rb` = `MOE_GU_ROWS` and `EXPDEC_PAIR` blocks a chunk:
         /// `2 n (n_ff / 32)` blocks of `EXPDEC_THREADS`.
@@ -320,7 +432,7 @@ macro_rules! expdec_gu_pair_entries {
         #[cfg(target_feature = "sm_90")]
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-            expdec_gu::<$block, Pair, 1, EXPDEC_THREADS>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+            expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, $warp_rows>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
         }
     )*};
 }
@@ -339,11 +451,15 @@ expdec_gu_entries! {
     expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2, EXPDEC_THREADS; expdec_gu_iq3_s_r1_w16 => blocks::Iq3S, 1, EXPDEC_W16_THREADS;
     expdec_gu_iq3_st_r1_m2 => blocks::Iq3ST, 1, EXPDEC_THREADS; expdec_gu_iq3_st_r1_m4 => blocks::Iq3ST, 1, EXPDEC_THREADS;
     expdec_gu_iq3_st_r2_m2 => blocks::Iq3ST, 2, EXPDEC_THREADS; expdec_gu_iq3_st_r1_w16 => blocks::Iq3ST, 1, EXPDEC_W16_THREADS;
+    // Each warp copying its own rows (`EXPDEC_WARP_ROWS`): formats whose rows are staged only.
+    expdec_gu_iq3_st_r1_m2w => blocks::Iq3ST, 1, EXPDEC_THREADS, true;
 }
 
 expdec_gu_pair_entries! {
-    expdec_gu_iq2_xxs_r1_p2 => blocks::Iq2Xxs; expdec_gu_iq2_xs_r1_p2 => blocks::Iq2Xs; expdec_gu_iq2_s_r1_p2 => blocks::Iq2S;
-    expdec_gu_iq3_xxs_r1_p2 => blocks::Iq3Xxs; expdec_gu_iq3_s_r1_p2 => blocks::Iq3S; expdec_gu_iq3_st_r1_p2 => blocks::Iq3ST;
+    expdec_gu_iq2_xxs_r1_p2 => blocks::Iq2Xxs, false; expdec_gu_iq2_xs_r1_p2 => blocks::Iq2Xs, false; expdec_gu_iq2_s_r1_p2 => blocks::Iq2S, false;
+    expdec_gu_iq3_xxs_r1_p2 => blocks::Iq3Xxs, false; expdec_gu_iq3_s_r1_p2 => blocks::Iq3S, false; expdec_gu_iq3_st_r1_p2 => blocks::Iq3ST, false;
+    // Each warp copying its own rows (`EXPDEC_WARP_ROWS`): formats whose rows are staged only.
+    expdec_gu_iq3_st_r1_p2w => blocks::Iq3ST, true;
 }
 
 // Four staged entries and R <= 2 (the unrolled loops list them); every `rb` splits into whole
@@ -352,6 +468,6 @@ const _: () = {
     let (w8, w16) = (EXPDEC_THREADS / 32, EXPDEC_W16_THREADS / 32);
     assert!(EXPDEC_ENTRIES == 4 && w8 == 8 && w16 == 16);
     assert!(EXPDEC_RB[0] / w8 % 2 == 0 && MOE_GU_ROWS % (EXPDEC_RB[2] / w8) == 0 && MOE_GU_ROWS % (EXPDEC_RB[2] / w16) == 0);
-    // A pair's block takes half a chunk, whole rows a warp.
-    assert!(MOE_GU_ROWS % (EXPDEC_PAIR * w8) == 0);
+    // A pair's block takes half a chunk, whole rows a warp: as many as a warp's row slots.
+    assert!(MOE_GU_ROWS % (EXPDEC_PAIR * w8) == 0 && MOE_GU_ROWS / (EXPDEC_PAIR * w8) == EXPDEC_ROW_SLOTS);
 };

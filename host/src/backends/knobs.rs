@@ -6,7 +6,7 @@
 //! numbers; docs/bench/ the whole tables).
 use strata_gpu_shared::formats::WeightFormat;
 use strata_gpu_shared::launch::{
-    bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_pair_kernel, expdec_gu_pair_smem, expdec_gu_smem, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
+    bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_pair_kernel, expdec_gu_pair_smem, expdec_gu_ring_bytes, expdec_gu_smem, expdec_gu_warp_rows_kernel, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
     EXPDEC_DOWN_MAX_GROUPS, EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R,
     EXPDEC_PAIR, EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_GU_ROWS,
 };
@@ -57,6 +57,12 @@ pub struct ExpertKnobs {
     /// over the two blocks of a cluster; R = 1, an IQ format, a backend with cluster entries):
     /// 0 never, 1 where the rule would pick 16-warp blocks ([`Self::plan`]), 2 always.
     pub pairs: u32,
+    /// `STRATA_EXPDEC_WARP_ROWS`: for a gate/up format whose rows are whole 16-byte units
+    /// (IQ3_ST), the entries whose warps copy their own rows to shared memory, two ahead of the
+    /// one they decode, and start on a row once it has landed: `_p2w` where a pair entry runs
+    /// (whose block otherwise copies all its rows and waits for all), `_m2w` where the 8-warp
+    /// entry of one row a lane at 2 blocks per SM runs (whose rows otherwise come from L2).
+    pub warp_rows: bool,
     /// `STRATA_DOWN_AHEAD`: the `moe_down_*` launch asks L2 for the weight the step reads after
     /// the experts (`Op::Experts`'s `ahead`, at most [`DOWN_AHEAD_MAX`] bytes), each block once
     /// its grid wait returns (the `expdec_down_*` entries do not).
@@ -65,7 +71,7 @@ pub struct ExpertKnobs {
 
 impl Default for ExpertKnobs {
     fn default() -> Self {
-        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, ahead: false }
+        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: false, ahead: false }
     }
 }
 
@@ -77,7 +83,7 @@ pub struct Knob {
     pub what: &'static str,
 }
 
-pub const KNOBS: [Knob; 13] = [
+pub const KNOBS: [Knob; 14] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
     Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
@@ -90,6 +96,7 @@ pub const KNOBS: [Knob; 13] = [
     Knob { name: "EXPDEC_MINBLK", values: "1..=1000000", what: "minimum-blocks rule: blocks a launch should reach" },
     Knob { name: "EXPDEC_WARPS", values: "0|8|16", what: "EXPDEC gate/up warps per block (16 needs R=1 and an IQ format; 0: 16 where 8 leaves SMs under two blocks)" },
     Knob { name: "EXPDEC_PAIRS", values: "0|1|2", what: "EXPDEC gate/up chunks split over a cluster's two blocks (cuda on sm_90+, R=1, an IQ format): 0 never, 1 where the rule picks 16 warps, 2 always" },
+    Knob { name: "EXPDEC_WARP_ROWS", values: "0|1", what: "IQ3_ST gate/up (pair blocks, and 8-warp blocks at R=1 MINB=2): each warp copies its rows to shared memory two ahead and decodes a row once it lands" },
     Knob { name: "DOWN_AHEAD", values: "0|1", what: "the down launch (moe_down_*) asks L2 for the weight read after the experts (the next layer's first projection)" },
 ];
 
@@ -124,6 +131,7 @@ impl ExpertKnobs {
             "EXPDEC_MINBLK" => self.minblk = num().and_then(|v| if (1..=1_000_000).contains(&v) { Ok(v) } else { Err(bad()) })?,
             "EXPDEC_WARPS" => self.warps = one_of(&[0, 8, 16])?,
             "EXPDEC_PAIRS" => self.pairs = one_of(&[0, 1, 2])?,
+            "EXPDEC_WARP_ROWS" => self.warp_rows = flag()?,
             "DOWN_AHEAD" => self.ahead = flag()?,
             _ => unreachable!("every name of KNOBS is matched"),
         }
@@ -179,8 +187,8 @@ impl ExpertKnobs {
     /// One line naming every knob and its value.
     pub fn describe(&self) -> String {
         format!(
-            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} DOWN_AHEAD={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
-            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.ahead as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
+            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} DOWN_AHEAD={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
+            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.ahead as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
         )
     }
 
@@ -211,7 +219,7 @@ impl ExpertKnobs {
         let chunks = n * (n_ff32 / MOE_GU_ROWS);
         let pairs_lighter = (EXPDEC_PAIR * chunks).div_ceil(sms) < EXPDEC_PAIR * chunks.div_ceil(sms);
         let pair_smem = expdec_gu_pair_smem(n_embd, gf);
-        let pair_entry = expdec_gu_pair_kernel(gf);
+        let pair_entry = expdec_gu_pair_kernel(gf, self.warp_rows);
         let pair_kernel = pair_entry.filter(|_| clusters && pair_smem <= EXPDEC_SMEM_MAX);
         let pair = match self.pairs {
             2 if expdec => Some(pair_kernel.ok_or_else(|| {
@@ -242,7 +250,13 @@ impl ExpertKnobs {
                     format!("EXPDEC_MINB={} has no {} gate/up entry (it spills in 64 registers; 4 blocks per SM is compiled for {} only): set EXPDEC_MINB=2", self.minb, gf.name(), minb4_names())
                 })?,
             };
-            Launch { kernel, blocks, smem: gu_smem, rows_per_block: rb }
+            // The warps' row slots where asked for and compiled (R = 1, 2 blocks per SM), and
+            // where they fit beside the stage and the codebook.
+            let ring = gu_smem + expdec_gu_ring_bytes(n_embd, gf);
+            match expdec_gu_warp_rows_kernel(gf).filter(|_| self.warp_rows && sixteen.is_none() && self.r == 1 && self.minb == 2 && ring <= EXPDEC_SMEM_MAX) {
+                Some(kernel) => Launch { kernel, blocks, smem: ring, rows_per_block: rb },
+                None => Launch { kernel, blocks, smem: gu_smem, rows_per_block: rb },
+            }
         } else {
             plain(&format!("moe_gu_{}", gf.tag()), n * (n_ff32 / MOE_GU_ROWS), MOE_GU_ROWS)
         };
@@ -301,6 +315,7 @@ pub struct ExpertPlan {
 mod tests {
     use super::*;
     use WeightFormat::*;
+    use strata_gpu_shared::launch::Bounds;
 
     /// The H200's SMs.
     const H200_SMS: u32 = 132;
@@ -341,7 +356,7 @@ mod tests {
 
     #[test]
     fn plan_follows_the_knobs() {
-        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, ahead: false };
+        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, ahead: false };
         let p = on.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.
@@ -439,6 +454,33 @@ mod tests {
         k.set("EXPDEC_PAIRS", "0").unwrap();
         assert_eq!(k.pairs, 0);
         assert!(k.set("EXPDEC_PAIRS", "3").unwrap_err().contains("expected 0|1|2"));
+        // EXPDEC_WARP_ROWS: IQ3_ST's pair blocks, whose rows are staged, copy them warp by warp
+        // (`_p2w`, the same grid and shared memory); a pair format without staged rows keeps
+        // its entry, and so does every other rule.
+        let warp_rows = ExpertKnobs { warp_rows: true, ..rule };
+        let w = warp_rows.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, true).unwrap();
+        assert_eq!((w.gu.kernel, w.gu.blocks, w.gu.smem, w.gu.rows_per_block), ("expdec_gu_iq3_st_r1_p2w", 384, expdec_gu_smem(2048, 32, 16 * 512) + 2 * 16 * 880, 32));
+        assert_eq!(bounds(w.gu.kernel), bounds("expdec_gu_iq3_st_r1_p2").map(|b| Bounds { kernel: w.gu.kernel, ..b }));
+        assert_eq!(warp_rows.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_p2");
+        assert_eq!(warp_rows.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_w16");
+        assert_eq!(ExpertKnobs { pairs: 2, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_p2w");
+        // And the 8-warp blocks of windows (R = 1, 2 blocks per SM), their slots after the
+        // stage and the codebook; at 4 blocks per SM, R = 2, 16 warps or another format, not.
+        let m2w = warp_rows.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap();
+        let slots = 8 * 2 * 2 * 880;
+        assert_eq!(expdec_gu_ring_bytes(2048, Iq3ST), slots);
+        assert_eq!(expdec_gu_pair_smem(2048, Iq3ST), expdec_gu_smem(2048, 32, 16 * 512) + slots);
+        assert_eq!((m2w.gu.kernel, m2w.gu.blocks, m2w.gu.smem), ("expdec_gu_iq3_st_r1_m2w", 32 * 24, expdec_gu_smem(2048, 32, 16 * 512) + slots));
+        assert_eq!(ExpertKnobs { rb: 128, warps: 8, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.smem, expdec_gu_smem(2048, 128, 16 * 512) + slots);
+        assert_eq!(ExpertKnobs { minb: 4, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m4");
+        assert_eq!(ExpertKnobs { r: 2, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r2_m2");
+        assert_eq!(ExpertKnobs { warps: 16, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_w16");
+        assert_eq!(warp_rows.plan((Iq3S, Iq4Nl), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
+        // Past EXPDEC_SMEM_MAX with the slots (n_embd 4096: 1,760-byte rows), the plain entry.
+        assert_eq!(warp_rows.plan((Iq3ST, Iq4NlT), 4096, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m2");
+        k.set("expdec_warp_rows", "1").unwrap();
+        assert!(k.warp_rows && k.describe().contains("EXPDEC_WARP_ROWS=1"));
+        assert!(k.set("EXPDEC_WARP_ROWS", "2").unwrap_err().contains("expected 0|1"));
     }
 
     #[test]
