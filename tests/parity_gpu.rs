@@ -214,9 +214,8 @@ fn moe_window_invariance() {
 }
 
 /// Every value of every expert knob gives the CPU replica's bytes on both GPU backends (hq, y
-/// and the combined rows, all written): gate/up knobs (EXPDEC, R, MINB, WARPS, PAIRS and
-/// PAIR_WARP_ROWS, RB including the rule)
-/// per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0,
+/// and the combined rows, all written): gate/up knobs (EXPDEC, R, MINB, WARPS, PAIRS,
+/// EXPDEC_WARP_ROWS for pairs and 8-warp blocks, RB including the rule) per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0,
 /// IQ4_NL and its tiles (IQ4_NLT, at n_ff 768 only), over windows whose groups hold 0 to 11 entries, at the model shapes and an odd one
 /// (n_ff 448: 14 q8_1 chunks, so 128 rows per block leave a partial block; 14 groups per down
 /// row, so 18 row slots per block).

@@ -280,7 +280,8 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     // every copy in flight at once, and decodes them there; other blocks ask L2 for theirs.
     // With `WARP_ROWS` (such a format, pair or not) each warp copies its own rows instead, two
     // ahead, and starts on a row as soon as it has landed (`WarpRows`).
-    const { assert!(!WARP_ROWS || F::STAGED_ROWS && R == 1) };
+    // (`launch::expdec_gu_ring_bytes` sizes the slots for blocks of `EXPDEC_THREADS`.)
+    const { assert!(!WARP_ROWS || F::STAGED_ROWS && R == 1 && THREADS == EXPDEC_THREADS) };
     let block_copy = C::BLOCKS > 1 && F::STAGED_ROWS && !WARP_ROWS;
     let rows_at = smem.addr(h_end + if F::SIGNED_GRID { 0 } else { stage::grid_words::<F>() });
     let ring = WarpRows {
