@@ -130,6 +130,19 @@ pub struct DecodeArgs {
     /// meaningful (docs/bench-decode.md).
     #[arg(long, value_name = "GROUPS", default_value = "")]
     pub drop: String,
+    /// GPU: also run the one-token rows (every `--depths`) and the full windows (`--windows`)
+    /// with other routed-expert kernel knobs, in one process on the loaded model: variants
+    /// comma-separated, each `knobs` (the knobs in force), `plain` (the default kernels) or
+    /// `KNOB=VALUE[+KNOB=VALUE...]` over the knobs in force (`strata knobs` lists them). Every
+    /// variant runs in turn, `--variant-rounds` times, a row each (`tg128 [DOWN_AHEAD=1 #2]`),
+    /// then a table gives each test's tok/s per variant over all its rounds and its ratio to the
+    /// first variant's: put `knobs` first to compare against the knobs in force.
+    #[arg(long, value_name = "VARIANTS", default_value = "")]
+    pub variants: String,
+    /// Rounds of `--variants` (at least 1): each runs every variant once, in turn, so that a
+    /// drift of the GPU's speed during the run falls on all of them.
+    #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub variant_rounds: usize,
 }
 
 /// The input of the full-window rows (`--window-input`).
@@ -291,6 +304,12 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     if let Some(t) = windows.iter().find(|&&t| t > a.n) {
         bail!("--windows {t}: more tokens than the {} of -n", a.n);
     }
+    let base = ExpertKnobs::process().map_err(|e| anyhow::anyhow!(e))?;
+    let variants = list(&a.variants, "--variants item", |v| Some(v.to_string()))?
+        .iter()
+        .map(|v| variant(v, base))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("--variants: {e}"))?;
     let model = bench_model(a)?;
     let c = model.config.clone();
     if let Some(bad) = bd::PATTERN.iter().find(|&&id| id as usize >= c.n_vocab) {
@@ -303,6 +322,7 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         Opened::Gpu(g) => g.set_graphs(!a.no_graph),
         Opened::Cpu(_) if a.profile_step => bail!("--profile-step brackets a step for a GPU profiler: it needs --backend cuda or hip"),
         Opened::Cpu(_) if !drops.is_empty() => bail!("--drop leaves kernel launches out of the step: it needs --backend cuda or hip"),
+        Opened::Cpu(_) if !variants.is_empty() => bail!("--variants sets the GPU's routed-expert kernel knobs: it needs --backend cuda or hip"),
         Opened::Cpu(_) => {}
     }
     let (gpu, copy) = match &opened {
@@ -420,19 +440,47 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         bd::warm_up(g.as_mut(), &ops, first)?;
     }
     let exec = opened.executor();
-    if !windows.is_empty() {
-        let seq = match a.window_input {
-            WindowInput::Greedy => {
-                spinner.set_message("the greedy tokens the windows take");
-                bd::greedy_tokens(exec, &ops, first, a.n)?
-            }
-            WindowInput::Random => bd::random_tokens(first, a.n, c.n_vocab, a.window_seed),
-        };
-        for &t in &windows {
-            spinner.set_message(format!("tg{} in windows of {t}, {runs} runs", a.n));
-            show(&bd::windows(exec, &ops, &seq, t, runs)?);
+    let seq = match a.window_input {
+        _ if windows.is_empty() => Vec::new(),
+        WindowInput::Greedy => {
+            spinner.set_message("the greedy tokens the windows take");
+            bd::greedy_tokens(exec, &ops, first, a.n)?
         }
+        WindowInput::Random => bd::random_tokens(first, a.n, c.n_vocab, a.window_seed),
+    };
+    for &t in &windows {
+        spinner.set_message(format!("tg{} in windows of {t}, {runs} runs", a.n));
+        show(&bd::windows(exec, &ops, &seq, t, runs)?);
     }
+    // The one-token rows and the windows again under each variant's knobs, in turn, round
+    // after round; then the knobs in force again.
+    let mut variant_rows = Vec::new();
+    if let (Opened::Gpu(g), false) = (&mut opened, variants.is_empty()) {
+        let in_force = g.expert_knobs();
+        for round in 1..=a.variant_rounds {
+            for (label, knobs) in &variants {
+                spinner.set_message(format!("variant {label}, round {round} of {}", a.variant_rounds));
+                // New knobs drop the captured graphs: an untimed step captures the next.
+                g.set_expert_knobs(*knobs);
+                bd::tg(g.as_mut(), &ops, first, 0, 1, 1)?;
+                let tag = |row: Row| Row { variant: Some((label.clone(), round)), ..row };
+                for &d in &depths {
+                    let row = tag(bd::tg(g.as_mut(), &ops, first, d, a.n, runs)?);
+                    show(&row);
+                    variant_rows.push(row);
+                }
+                for &t in &windows {
+                    let row = tag(bd::windows(g.as_mut(), &ops, &seq, t, runs)?);
+                    show(&row);
+                    variant_rows.push(row);
+                }
+            }
+        }
+        g.set_expert_knobs(in_force);
+        spinner.set_message("warm-up");
+        bd::warm_up(g.as_mut(), &ops, first)?;
+    }
+    let exec = opened.executor();
     let prompt = bd::pattern(bd::SPEC_PROMPT);
     let draft = super::decode::draft_of(a.draft, &model)?;
     for &s in &specs {
@@ -465,6 +513,9 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     print_phases(&set, a, phases.as_deref());
     if let Some(c) = &costs {
         print_costs(&set, a, c);
+    }
+    if !variant_rows.is_empty() {
+        print_variants(&set, a, &bd::variant_figures(&variant_rows));
     }
     if let Some(s) = mtp {
         if a.json {
@@ -552,6 +603,10 @@ fn row_json(set: &Setting, r: &Row) -> String {
         },
         format!("\"weight_bytes_per_token\":{},\"gbps_upper_bound\":{}", set.bytes, r.gbps_is_upper_bound()),
         format!("\"dropped\":{}", r.dropped.as_deref().map_or("null".into(), json_str)),
+        match &r.variant {
+            Some((v, round)) => format!("\"variant\":{},\"round\":{round}", json_str(v)),
+            None => "\"variant\":null,\"round\":null".into(),
+        },
     ];
     fields.push(match (r.reads_every_weight(), set.copy) {
         (false, _) => "\"gbps\":null,\"gbps_min\":null,\"gbps_max\":null,\"pct_copy\":null,\"pct_copy_min\":null,\"pct_copy_max\":null".into(),
@@ -586,6 +641,33 @@ fn print_phases(set: &Setting, a: &DecodeArgs, phases: Option<&[bd::PhaseRow]>) 
             println!("{{{},\"phase\":\"{phase}\",\"runs\":{},{},\"pct\":{pct}}}", json_setting(set, &test), a.runs, json_spread("us_per_step", s));
         } else {
             println!("| {:<10} | {:>14.1} | {:>21} | {:>9.1} |", phase, s.median, format!("{:.1}..{:.1}", s.min, s.max), pct);
+        }
+    }
+}
+
+/// The `--variants` table: each test's tok/s per variant over all its rounds, and its ratio
+/// to the first variant's.
+fn print_variants(set: &Setting, a: &DecodeArgs, figures: &[bd::VariantFigure]) {
+    if !a.json {
+        println!(
+            "variants ({} rounds, each variant in turn; tok/s over every run of every round; ratio: median over the first variant's):",
+            a.variant_rounds
+        );
+        println!("| {:<20} | {:<32} | {:>12} | {:>21} | {:>7} |", "test", "variant", "tok/s median", "tok/s spread", "ratio");
+        println!("|{:-<22}|{:-<34}|{:->14}|{:->23}|{:->9}|", "", "", ":", ":", ":");
+    }
+    for f in figures {
+        if a.json {
+            println!(
+                "{{{},\"variant\":{},\"rounds\":{},{},\"ratio\":{}}}",
+                json_setting(set, &format!("{} variants", f.test)),
+                json_str(&f.variant),
+                f.rounds,
+                json_spread("tok_s", f.tok_s),
+                f.ratio
+            );
+        } else {
+            println!("| {:<20} | {:<32} | {:>12.2} | {:>21} | {:>7.4} |", f.test, f.variant, f.tok_s.median, format!("{:.2}..{:.2}", f.tok_s.min, f.tok_s.max), f.ratio);
         }
     }
 }

@@ -134,13 +134,25 @@ pub struct Row {
     pub window: usize,
     /// The kernel families left out of the steps ([`DropGroup`]), if any.
     pub dropped: Option<String>,
+    /// The knobs the steps ran with where a variant set them (`strata bench decode
+    /// --variants`), and its round (from 1; each round runs every variant in turn).
+    pub variant: Option<(String, usize)>,
     pub runs: Vec<Run>,
 }
 
 impl Row {
     /// llama-bench style: `tg128`, `tg128 @ d8192`, `tg128 win4`, `tg128 spec4`, `pp512 win8`;
-    /// `tg128 eager` for eager launches, `tg128 w/o moe_down` with kernels left out.
+    /// `tg128 eager` for eager launches, `tg128 w/o moe_down` with kernels left out,
+    /// `tg128 win4 [DOWN_AHEAD=1 #2]` for round 2 of a variant.
     pub fn name(&self) -> String {
+        match &self.variant {
+            Some((v, round)) => format!("{} [{v} #{round}]", self.test()),
+            None => self.test(),
+        }
+    }
+
+    /// [`Self::name`] without the variant: what the rows of every variant have in common.
+    pub fn test(&self) -> String {
         let depth = if self.depth > 0 { format!(" @ d{}", self.depth) } else { String::new() };
         let name = match self.kind {
             Kind::Tg => format!("tg{}{depth}", self.n),
@@ -161,7 +173,7 @@ impl Row {
 
     /// Tokens per second of each run: tokens / time.
     pub fn tok_s(&self) -> Spread {
-        Spread::of(self.runs.iter().map(|r| r.tokens as f64 / r.secs.max(1e-9)))
+        tok_s(&self.runs)
     }
 
     /// Milliseconds per step: time / steps.
@@ -197,6 +209,52 @@ impl Row {
     pub fn weights_gbps(&self, bytes_per_token: usize) -> Spread {
         self.tok_s().map(|t| bytes_per_token as f64 * t / 1e9)
     }
+}
+
+/// One test's figures over the rounds of one `--variants` item: tok/s over every run of every
+/// round, and its median against the first variant's for the same test.
+#[derive(Clone, Debug)]
+pub struct VariantFigure {
+    pub test: String,
+    pub variant: String,
+    pub rounds: usize,
+    pub tok_s: Spread,
+    /// This variant's median tok/s over the first variant's (1 for the first).
+    pub ratio: f64,
+}
+
+/// The `--variants` summary of `rows` (those with a variant): per test in the order first met,
+/// per variant in the order first met, the runs of all its rounds pooled.
+pub fn variant_figures(rows: &[Row]) -> Vec<VariantFigure> {
+    let mut tests: Vec<String> = Vec::new();
+    let mut variants: Vec<String> = Vec::new();
+    for (r, (v, _)) in rows.iter().filter_map(|r| Some((r, r.variant.as_ref()?))) {
+        if !tests.contains(&r.test()) {
+            tests.push(r.test());
+        }
+        if !variants.contains(v) {
+            variants.push(v.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for test in &tests {
+        let mut first = None;
+        for v in &variants {
+            let of: Vec<&Row> = rows.iter().filter(|r| r.test() == *test && r.variant.as_ref().is_some_and(|(rv, _)| rv == v)).collect();
+            if of.is_empty() {
+                continue;
+            }
+            let tok_s = tok_s(&of.iter().flat_map(|r| r.runs.iter().copied()).collect::<Vec<_>>());
+            let base = *first.get_or_insert(tok_s.median);
+            out.push(VariantFigure { test: test.clone(), variant: v.clone(), rounds: of.len(), tok_s, ratio: tok_s.median / base });
+        }
+    }
+    out
+}
+
+/// Tokens per second of each of `runs`: tokens / time.
+fn tok_s(runs: &[Run]) -> Spread {
+    Spread::of(runs.iter().map(|r| r.tokens as f64 / r.secs.max(1e-9)))
 }
 
 /// The time per phase of a step, where the executor measures it.
@@ -280,7 +338,7 @@ pub fn tg(exec: &mut dyn Executor, ops: &[Op], first: u32, depth: usize, n: usiz
     let runs = (0..runs)
         .map(|_| chained_steps(exec, ops, first, depth, n).map(|(secs, _)| Run { secs, tokens: n, steps: n, ..Run::default() }))
         .collect::<Result<_>>()?;
-    Ok(Row { launch: Launch::Default, kind: Kind::Tg, n, depth, window: 1, dropped: None, runs })
+    Ok(Row { launch: Launch::Default, kind: Kind::Tg, n, depth, window: 1, dropped: None, variant: None, runs })
 }
 
 /// The `n` tokens a greedy decode from `first` at position 0 feeds its steps (`first`, then
@@ -324,7 +382,7 @@ pub fn windows(exec: &mut dyn Executor, ops: &[Op], seq: &[u32], t: usize, runs:
         }
         out.push(Run { secs: start.elapsed().as_secs_f64(), tokens: steps * t, steps, drafted: steps * (t - 1), accepted });
     }
-    Ok(Row { launch: Launch::Default, kind: Kind::Window, n: seq.len(), depth: 0, window: t, dropped: None, runs: out })
+    Ok(Row { launch: Launch::Default, kind: Kind::Window, n: seq.len(), depth: 0, window: t, dropped: None, variant: None, runs: out })
 }
 
 /// Speculation with `draft` (prompt lookup or the model's MTP block): [`generate`] of `n` tokens
@@ -347,7 +405,7 @@ pub fn spec(exec: &mut dyn Executor, ops: &[Op], draft: &Draft, prompt: &[u32], 
             accepted: stats.accepted,
         });
     }
-    Ok(Row { launch: Launch::Default, kind, n, depth: 0, window: spec, dropped: None, runs: out })
+    Ok(Row { launch: Launch::Default, kind, n, depth: 0, window: spec, dropped: None, variant: None, runs: out })
 }
 
 /// Prefill: `prompt` in windows of `window` tokens from position 0, as [`generate`] prefills,
@@ -367,7 +425,7 @@ pub fn prefill(exec: &mut dyn Executor, ops: &[Op], prompt: &[u32], window: usiz
         }
         out.push(Run { secs: start.elapsed().as_secs_f64(), tokens: prompt.len(), steps: prompt.len().div_ceil(window), ..Run::default() });
     }
-    Ok(Row { launch: Launch::Default, kind: Kind::Prefill, n: prompt.len(), depth: 0, window, dropped: None, runs: out })
+    Ok(Row { launch: Launch::Default, kind: Kind::Prefill, n: prompt.len(), depth: 0, window, dropped: None, variant: None, runs: out })
 }
 
 /// The MTP block's one-token draft step: one trunk step at position 0 (so the hidden state is

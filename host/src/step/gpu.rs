@@ -22,6 +22,7 @@ use crate::backends::ExpertTensor;
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
 use crate::backends::gpu::{GpuBackend, MoeBuffers, MoeLayer, MoeStages};
+use crate::backends::knobs::ExpertKnobs;
 use crate::model::{float_format, Data, WeightId};
 use crate::model::Model;
 use crate::ops::attention::{attn_part_len, rope_table, AttnShape};
@@ -283,6 +284,20 @@ impl GpuExecutor {
         if let Some(g) = &mut self.graphs {
             g.clear();
         }
+    }
+
+    /// Sets the routed-expert kernel knobs of the following steps (`strata bench decode
+    /// --variants`), and drops the captured graphs, which hold the kernels the knobs before
+    /// chose.
+    pub fn set_expert_knobs(&mut self, knobs: ExpertKnobs) {
+        self.gpu.set_expert_knobs(knobs);
+        if let Some(g) = &mut self.graphs {
+            g.clear();
+        }
+    }
+
+    pub fn expert_knobs(&self) -> ExpertKnobs {
+        self.gpu.expert_knobs()
     }
 
     /// The kernels one one-token step of `ops` launches, in order: a step fed `first` at
