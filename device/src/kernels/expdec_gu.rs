@@ -353,9 +353,8 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
                 ring.wait();
                 if pair_ring && pass == 0 && j0 + 1 == rows_per_warp {
                     // The warp's rows are in: its share of the block's down share.
-                    let share = (down_share as u32).div_ceil(warps).next_multiple_of(128);
-                    let at = (warp * share).min(down_share as u32);
-                    mem::prefetch_l2_warp(down.wrapping_add(at as usize), share.min(down_share as u32 - at) as usize);
+                    let (at, len) = mem::line_share(down_share as u32, warp, warps);
+                    mem::prefetch_l2_warp(down.wrapping_add(at as usize), len as usize);
                 }
             }
             let (ag, au) = if WARP_ROWS {

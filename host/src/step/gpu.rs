@@ -281,9 +281,7 @@ impl GpuExecutor {
     /// captured graphs, which hold the launches as they were.
     pub fn set_dropped(&mut self, prefixes: Vec<String>) {
         self.gpu.set_dropped(prefixes);
-        if let Some(g) = &mut self.graphs {
-            g.clear();
-        }
+        self.forget_graphs();
     }
 
     /// Sets the routed-expert kernel knobs of the following steps (`strata bench decode
@@ -291,13 +289,19 @@ impl GpuExecutor {
     /// chose.
     pub fn set_expert_knobs(&mut self, knobs: ExpertKnobs) {
         self.gpu.set_expert_knobs(knobs);
-        if let Some(g) = &mut self.graphs {
-            g.clear();
-        }
+        self.forget_graphs();
     }
 
     pub fn expert_knobs(&self) -> ExpertKnobs {
         self.gpu.expert_knobs()
+    }
+
+    /// Drops the captured graphs (graphs stay on): the next step of each window size captures
+    /// its launches again.
+    fn forget_graphs(&mut self) {
+        if let Some(g) = &mut self.graphs {
+            g.clear();
+        }
     }
 
     /// The kernels one one-token step of `ops` launches, in order: a step fed `first` at
