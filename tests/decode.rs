@@ -158,18 +158,21 @@ fn mixed_qkv(seed: u64) -> Arc<Model> {
 }
 
 fn gpu_executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>> {
-    gpu_executor_with(name, m, n_ctx, Launches { graphs: true, chained: true, ahead: true }).map(|(_, e)| e)
+    gpu_executor_with(name, m, n_ctx, Launches { graphs: true, chained: true, ahead: true, route: false }).map(|(_, e)| e)
 }
 
 /// How a GPU executor launches the step: replaying captured graphs or eagerly (`--no-graph`),
 /// chained by programmatic dependent launch where the backend can, or not (`STRATA_PDL=0`); and
 /// whether the experts' down launch asks L2 for the next layer's first projection
-/// (`STRATA_DOWN_AHEAD`: a hint, so the same bits, but arguments of its own to get right).
+/// (`STRATA_DOWN_AHEAD`: a hint, so the same bits, but arguments of its own to get right); and
+/// whether one-token steps pick their experts in the gate/up launch where a routing entry serves
+/// the layer, else with `router_topk` queued with the experts (`STRATA_EXPDEC_ROUTE`).
 #[derive(Clone, Copy)]
 struct Launches {
     graphs: bool,
     chained: bool,
     ahead: bool,
+    route: bool,
 }
 
 /// A GPU executor launching as `how` asks, labelled (None without the GPU, and for unchained
@@ -181,15 +184,16 @@ fn gpu_executor_with(name: &str, m: Arc<Model>, n_ctx: usize, how: Launches) -> 
         return None;
     }
     g.set_chained(how.chained);
-    g.set_expert_knobs(ExpertKnobs { ahead: how.ahead, ..g.expert_knobs() });
+    g.set_expert_knobs(ExpertKnobs { ahead: how.ahead, route: how.route, ..g.expert_knobs() });
     let mut exec = GpuExecutor::new(g, m, n_ctx, false).expect("the model fits the GPU");
     exec.set_graphs(how.graphs);
     assert_eq!(exec.graphs_on(), how.graphs);
     let label = format!(
-        "{name} {}{}{}",
+        "{name} {}{}{}{}",
         if how.graphs { "graphs" } else { "eager" },
         if exec.backend().chained() { ", chained" } else { "" },
-        if how.ahead { ", down asks ahead" } else { "" }
+        if how.ahead { ", down asks ahead" } else { "" },
+        if how.route { ", routing in gate/up" } else { "" }
     );
     Some((label, Box::new(exec)))
 }
@@ -202,14 +206,15 @@ fn executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>
 }
 
 /// The executors a backend's same-results tests run on: the CPU's one, or a GPU's with graphs
-/// and without, (where the backend chains its launches) with graphs unchained, and with graphs
-/// and the down launch asking ahead (labelled).
+/// and without, (where the backend chains its launches) with graphs unchained, with graphs and
+/// the down launch asking ahead, and with graphs and one-token steps routing with their experts
+/// (labelled).
 fn executors(name: &str, m: &Arc<Model>, n_ctx: usize) -> Vec<(String, Box<dyn Executor>)> {
     match name {
         "cpu" => vec![("cpu".into(), executor("cpu", m.clone(), n_ctx).expect("cpu executor"))],
-        gpu => [(true, true, false), (false, true, false), (true, false, false), (true, true, true)]
+        gpu => [(true, true, false, false), (false, true, false, false), (true, false, false, false), (true, true, true, false), (true, true, false, true)]
             .into_iter()
-            .filter_map(|(graphs, chained, ahead)| gpu_executor_with(gpu, m.clone(), n_ctx, Launches { graphs, chained, ahead }))
+            .filter_map(|(graphs, chained, ahead, route)| gpu_executor_with(gpu, m.clone(), n_ctx, Launches { graphs, chained, ahead, route }))
             .collect(),
     }
 }
@@ -287,15 +292,18 @@ fn backend_matches_cpu(backend: &str) {
                 .expect("decode");
                 (ids, logits)
             };
-            let Some(mut gpu) = gpu_executor(backend, m.clone(), 128) else { return };
             let mut cpu = CpuExecutor::new(m.clone(), 128).expect("cpu executor");
             let (want_ids, want) = run(&mut cpu);
-            let (ids, got) = run(gpu.as_mut());
             assert_eq!(want.len(), 64 * n_vocab as usize);
-            if let Some(d) = first_difference(&want, &got, n_vocab as usize) {
-                panic!("{backend} vs cpu, seed {seed}, {pick:?}: {d}");
+            for route in [false, true] {
+                let how = Launches { graphs: true, chained: true, ahead: true, route };
+                let Some((label, mut gpu)) = gpu_executor_with(backend, m.clone(), 128, how) else { return };
+                let (ids, got) = run(gpu.as_mut());
+                if let Some(d) = first_difference(&want, &got, n_vocab as usize) {
+                    panic!("{label} vs cpu, seed {seed}, {pick:?}: {d}");
+                }
+                assert_eq!(ids, want_ids, "{label} vs cpu tokens, seed {seed}, {pick:?}");
             }
-            assert_eq!(ids, want_ids, "{backend} vs cpu tokens, seed {seed}, {pick:?}");
         }
     }
 }
@@ -303,6 +311,34 @@ fn backend_matches_cpu(backend: &str) {
 #[test]
 fn cuda_matches_cpu() {
     backend_matches_cpu("cuda");
+}
+
+/// With `STRATA_EXPDEC_ROUTE` a one-token step of the [`wide`] model (IQ3_ST gate/up, which the
+/// H200 runs as pair blocks) launches a routing gate/up entry in each layer and no
+/// `router_topk`; without it, `router_topk` and the plain pair entry: what `cuda_matches_cpu`'s
+/// routing runs rely on to test the routing entries in the step.
+#[test]
+fn one_token_steps_route_in_gate_up() {
+    let seed = common::seed("one_token_steps_route_in_gate_up");
+    let m = wide(seed);
+    let ops = m.step_ops(Op::Pick(Pick::Greedy));
+    let layers = m.weights.layers.len();
+    for (route, warp_rows) in [(false, false), (true, false), (true, true)] {
+        let Some(mut g) = common::open_gpu("cuda") else { return };
+        if !g.clusters() {
+            return; // no pair entries (sm_90 and later): `routing_gate_up_matches_the_replica` says so
+        }
+        g.set_expert_knobs(ExpertKnobs { route, warp_rows, ..g.expert_knobs() });
+        let mut exec = GpuExecutor::new(g, m.clone(), 64, false).expect("the model fits the GPU");
+        let kernels = exec.step_kernels(&ops, 1, 0).expect("one step");
+        let count = |name: &str| kernels.iter().filter(|k| **k == name).count();
+        let pair = match (route, warp_rows) {
+            (false, _) => "expdec_gu_iq3_st_r1_p2",
+            (true, false) => "expdec_gu_iq3_st_r1_p2r",
+            (true, true) => "expdec_gu_iq3_st_r1_p2wr",
+        };
+        assert_eq!((count(pair), count("router_topk")), (layers, if route { 0 } else { layers }), "route {route}, warp rows {warp_rows}: {kernels:?}");
+    }
 }
 
 /// The MTP block's logits and drafts on a GPU backend equal the CPU replica's bit for bit: a

@@ -119,3 +119,96 @@ fn launcher_refuses_bad_sizes() {
     assert!(is_shape(gpu.moe_group_queue(&ids, 8, 8, &mut short)));
     gpu.moe_group_queue(&ids, 8, 8, &mut table).unwrap();
 }
+
+/// The routing gate/up entries (`EXPDEC_ROUTE`: IQ3_ST's `_p2r` and `_p2wr`) of one-token
+/// windows, and the fallback where no routing entry serves the window (IQ3_S's pair entry:
+/// `moe_queue` launches `router_topk` first), against the replica: from router logits with ties,
+/// NaN and infinities, the ids and weights the CPU's `router_topk` picks, the group table
+/// `moe::group` makes of them, and the replica window's SwiGLU rows, down rows and combined row
+/// over those picks, bit for bit, every output poisoned first and nothing written past it;
+/// 8 to 512 experts, `k` from 1 to 16, the grid padded or not. The launches are checked too: the
+/// routing entry and no `router_topk`, or the reverse.
+#[test]
+fn routing_gate_up_matches_the_replica() {
+    use strata::host::backends::gpu::{MoeBuffers, MoeStages};
+    use strata::host::backends::knobs::ExpertKnobs;
+    use strata::host::parity::{moe_xq, run_moe, MoeCase};
+    use strata_gpu_shared::formats::{q8_1, WeightFormat};
+    let Some(mut gpu) = common::open_gpu("cuda") else { return };
+    if !gpu.clusters() {
+        assert!(!common::gpu_required() || gpu.info().compute_capability.0 < 9, "an sm_90 device without the cluster entries");
+        eprintln!("SKIPPED routing_gate_up_matches_the_replica: this device has no thread-block clusters (sm_90 and later)");
+        return;
+    }
+    let seed = common::seed("routing_gate_up");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let cpu = CpuBackend::new();
+    let (n_embd, n_ff) = (2048, 64);
+    for case in 0..12 {
+        let n_expert = [8, 64, 128, 512, rng.random_range(1..=ROUTER_MAX_EXPERTS)][case % 5];
+        let k = rng.random_range(1..=ROUTER_MAX_K.min(n_expert));
+        // Every third case IQ3_S, whose pair entry has no routing twin.
+        let formats = if case % 3 == 2 { (WeightFormat::Iq3S, WeightFormat::Iq4Nl) } else { (WeightFormat::Iq3ST, WeightFormat::Iq4Nl) };
+        let knobs = ExpertKnobs { pairs: 2, route: true, warp_rows: case % 2 == 1, ..ExpertKnobs::default() };
+        gpu.set_expert_knobs(knobs);
+        gpu.set_grid_pad(case % 4 >= 2);
+        let logits = router_logits(&mut rng, 1, n_expert);
+        let mut case = MoeCase::random(&mut rng, formats, n_expert, n_embd, n_ff, 1, k);
+        (case.ids, case.weights) = (vec![0; k], vec![0.0; k]);
+        cpu.router_topk(&logits, n_expert, k, &mut case.ids, &mut case.weights).unwrap();
+        let xq = moe_xq(&cpu, &case).unwrap();
+        let (want_hq, want_y, want_out) = run_moe(&cpu, &case, &xq, 0, false).unwrap();
+        let mut want_table = vec![0u32; moe::table_words(k)];
+        moe::group(&case.ids, n_expert as u32, &mut want_table);
+
+        // Every buffer one guard word longer than the window, all poisoned.
+        let poisoned_u8 = |n: usize| gpu.upload("moe", &vec![0xa5u8; n + 4]).unwrap();
+        let poisoned_f32 = |n: usize| gpu.upload("moe", &vec![f32::from_bits(POISON); n + 1]).unwrap();
+        let w = case.window(&xq);
+        let layer = gpu.upload_layer(w.gate, w.up, w.down).unwrap();
+        let mut win = MoeBuffers {
+            tokens: 1,
+            k,
+            ids: gpu.upload("moe", &vec![POISON; k + 1]).unwrap(),
+            weights: poisoned_f32(k),
+            xq: gpu.upload("moe", &xq).unwrap(),
+            table: gpu.upload("moe", &vec![POISON; moe::table_words(k) + 1]).unwrap(),
+            grouped: false,
+            hq: poisoned_u8(q8_1::bytes_of(k * n_ff)),
+            y: poisoned_f32(k * n_embd),
+        };
+        let mut out = poisoned_f32(n_embd);
+        let dl = gpu.upload("router_topk", &logits).unwrap();
+        gpu.start_recording();
+        gpu.moe_queue(&layer, &mut win, &mut out, false, MoeStages::ALL, None, Some(&dl)).unwrap();
+        let launched = gpu.stop_recording();
+        let what = format!("seed {seed}: {} gate/up, top {k} of {n_expert}, {}, launched {launched:?}", formats.0.name(), knobs.describe());
+        let routes = formats.0 == WeightFormat::Iq3ST;
+        let twin = if knobs.warp_rows { "expdec_gu_iq3_st_r1_p2wr" } else { "expdec_gu_iq3_st_r1_p2r" };
+        assert_eq!((launched.contains(&twin), launched.contains(&"router_topk")), (routes, !routes), "{what}");
+
+        // A buffer's first `n` elements as downloaded (floats as their bits).
+        macro_rules! got {
+            ($d:expr, u32, $n:expr) => {{
+                let mut v = vec![0u32; $n];
+                gpu.download("moe", $d, &mut v).unwrap();
+                v
+            }};
+            ($d:expr, f32, $n:expr) => {{
+                let mut v = vec![0f32; $n];
+                gpu.download("moe", $d, &mut v).unwrap();
+                v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+            }};
+        }
+        let and_poison = |v: &[u32]| [v, &[POISON]].concat();
+        let bits = |v: &[f32]| and_poison(&v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>());
+        assert_eq!(got!(&win.ids, u32, k + 1), and_poison(&case.ids), "{what}: ids");
+        assert_eq!(got!(&win.weights, f32, k + 1), bits(&case.weights), "{what}: weights");
+        assert_eq!(got!(&win.table, u32, want_table.len() + 1), and_poison(&want_table), "{what}: table of {:?}", case.ids);
+        let mut hq = vec![0u8; want_hq.len() + 4];
+        gpu.download("moe", &win.hq, &mut hq).unwrap();
+        assert!(hq == [&want_hq[..], &[0xa5; 4]].concat(), "{what}: hq");
+        assert_eq!(got!(&win.y, f32, want_y.len() + 1), bits(&want_y), "{what}: y");
+        assert_eq!(got!(&out, f32, n_embd + 1), bits(&want_out), "{what}: out");
+    }
+}

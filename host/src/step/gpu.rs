@@ -52,6 +52,9 @@ pub struct GpuExecutor {
     qx: HashMap<Qx, CudaSlice<u8>>,
     /// The window's expert selections, their q8_1 input and scratch.
     moe: MoeBuffers,
+    /// A one-token window's router top-k waits for its experts (`EXPDEC_ROUTE`: `moe_queue`
+    /// queues it, in the gate/up launch where a routing entry serves the layer).
+    route_later: bool,
     /// Per layer: its K and V caches (attention) or its conv ring and recurrent states (Gated
     /// DeltaNet).
     cache: Vec<Option<(CudaSlice<u16>, CudaSlice<u16>)>>,
@@ -248,6 +251,7 @@ impl GpuExecutor {
             tiled,
             act,
             moe,
+            route_later: false,
             cache,
             gdn,
             n_ctx,
@@ -668,6 +672,13 @@ impl Executor for GpuExecutor {
                 self.gpu.stream().memcpy_dtod(&last, &mut first).map_err(self.gpu.driver_err("last row first", "copy"))
             }
             Op::RouterTopK { k } => {
+                self.route_later = t == 1 && self.gpu.expert_knobs().route;
+                if self.route_later {
+                    if k != self.moe.k {
+                        return Err(Error::Shape { kernel: "router_topk", detail: format!("top {k} of a step whose experts take {}", self.moe.k) });
+                    }
+                    return Ok(());
+                }
                 // A one-token window's group table comes with its picks (no `moe_group` launch).
                 let table = (t == 1).then_some(&mut self.moe.table);
                 self.gpu.router_topk_queue(&self.act[&Act::Router], t, c.n_expert, k, &mut self.moe.ids, &mut self.moe.weights, table)?;
@@ -682,7 +693,8 @@ impl Executor for GpuExecutor {
                     Some(DevWeight::Bytes(b)) => Some(b),
                     _ => None,
                 });
-                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, MoeStages::ALL, ahead);
+                let route = std::mem::take(&mut self.route_later).then(|| &self.act[&Act::Router]);
+                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, MoeStages::ALL, ahead, route);
                 self.act.insert(out, o);
                 r
             }
