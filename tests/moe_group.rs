@@ -185,7 +185,7 @@ fn routing_gate_up_matches_the_replica() {
         let what = format!("seed {seed}: {} gate/up, top {k} of {n_expert}, {}, launched {launched:?}", formats.0.name(), knobs.describe());
         let routes = formats.0 == WeightFormat::Iq3ST;
         let twin = if knobs.warp_rows { "expdec_gu_iq3_st_r1_p2wr" } else { "expdec_gu_iq3_st_r1_p2r" };
-        assert_eq!((launched.contains(&twin), launched.contains(&"router_topk")), (routes, !routes), "{what}");
+        assert_eq!((launched.contains(&twin), launched.contains(&"router_topk"), launched.contains(&"moe_group")), (routes, !routes, false), "{what}");
 
         // A buffer's first `n` elements as downloaded (floats as their bits).
         macro_rules! got {

@@ -17,12 +17,16 @@
 //! finds its pick's place among the others (`k` shuffles) and writes that group. The window's
 //! `moe_group` launch is then not needed.
 //!
+//! The kernel is [`pick`] (the picks into shared memory) and [`store_picks`] (warp 0's end),
+//! which the routing gate/up entries (`expdec_gu`'s `_p2r`, `_p2wr`) also run in each block,
+//! with [`one_token_group`] for the block's group, in place of this launch for one token.
+//!
 //! [`argmax_better`]: strata_gpu_shared::order::argmax_better
 use crate::arch::mem::Smem;
 use crate::arch::{index, sync, warp};
 use crate::kernels::head::ld_f32;
 use crate::unroll;
-use strata_gpu_shared::launch::route::{ROUTER_KEY_WORD, ROUTER_MAX_K, ROUTER_MAX_WORD, ROUTER_PER_THREAD, ROUTER_PICK_WORD, ROUTER_THREADS};
+use strata_gpu_shared::launch::route::{ROUTER_KEY_WORD, ROUTER_MAX_EXPERTS, ROUTER_MAX_K, ROUTER_MAX_WORD, ROUTER_PER_THREAD, ROUTER_PICK_WORD, ROUTER_THREADS};
 use strata_gpu_shared::moe;
 use strata_gpu_shared::order::{prob_key, top_prob_term};
 
@@ -189,7 +193,8 @@ fn id_rank(id: u32, k: u32) -> u32 {
 
 /// The group table `moe::group` builds for one token's `k` picks, lane `r < k` holding pick `r`
 /// (distinct ids below `n_expert`): `k` groups of one entry in increasing id, no errors. Lane
-/// `r`'s group is its rank among the picks. The whole warp calls it, converged.
+/// `r`'s group is its rank among the picks (as [`one_token_group`] reads it back). The whole
+/// warp calls it, converged.
 #[inline(always)]
 unsafe fn one_token_table(id: u32, k: u32, table: *mut u32) {
     let (lane, n) = (index::lane(), k as usize);
@@ -218,7 +223,9 @@ pub(super) unsafe fn one_token_group(smem: Smem, k: u32, g: u32) -> (u32, u32) {
     let lane = index::lane();
     let id = if lane < k { picked(smem, lane).1 } else { 0 };
     let rank = id_rank(id, k);
-    // The ranks of distinct ids are 0..k: one lane holds group `g`. (Ids are below 2^16.)
+    // The ranks of distinct ids are 0..k: one lane holds group `g`, and the warp's sum is that
+    // lane's slot and id, packed.
+    const { assert!(ROUTER_MAX_EXPERTS <= 1 << 16 && ROUTER_MAX_K <= 32) };
     let at = warp::warp_sum_i32(if lane < k && rank == g { (lane << 16 | id) as i32 } else { 0 }) as u32;
     (at & 0xffff, at >> 16)
 }

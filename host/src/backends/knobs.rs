@@ -521,7 +521,9 @@ mod tests {
         assert_eq!(pairs.routing(&pairs.plan((Iq3ST, Iq4NlT), 2048, 768, 16, H200_SMS, true).unwrap(), 2, 8, 128, 2048), None);
         assert_eq!(route.routing(&route.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap(), 1, 8, 128, 2048), None);
         assert_eq!(route.routing(&route.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, false).unwrap(), 1, 8, 128, 2048), None);
-        assert_eq!(route.routing(&route.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap(), 1, 32, 128, 2048), None);
+        let eight_warps = route.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap();
+        assert!(!eight_warps.gu.kernel.contains("_p2"), "{}", eight_warps.gu.kernel);
+        assert_eq!(route.routing(&eight_warps, 1, 8, 128, 2048), None);
         // The stage holds 36 words a 32-value group: 1,060 router words need n_embd >= 960.
         assert_eq!(expdec_stage_words(30) >= ROUTER_SMEM_WORDS, expdec_stage_words(29) < ROUTER_SMEM_WORDS);
         let narrow = pairs.plan((Iq3ST, Iq4NlT), 928, 768, 8, H200_SMS, true).unwrap();

@@ -672,11 +672,11 @@ impl Executor for GpuExecutor {
                 self.gpu.stream().memcpy_dtod(&last, &mut first).map_err(self.gpu.driver_err("last row first", "copy"))
             }
             Op::RouterTopK { k } => {
+                if k != self.moe.k {
+                    return Err(Error::Shape { kernel: "router_topk", detail: format!("top {k} of a step whose experts take {}", self.moe.k) });
+                }
                 self.route_later = t == 1 && self.gpu.expert_knobs().route;
                 if self.route_later {
-                    if k != self.moe.k {
-                        return Err(Error::Shape { kernel: "router_topk", detail: format!("top {k} of a step whose experts take {}", self.moe.k) });
-                    }
                     return Ok(());
                 }
                 // A one-token window's group table comes with its picks (no `moe_group` launch).
