@@ -69,6 +69,11 @@ pub struct ExpertKnobs {
     /// from the router's logits themselves, in place of the `router_topk` launch before it
     /// ([`Self::routing`]).
     pub route: bool,
+    /// `STRATA_ROUTER_IN_NORM`: in a one-token window, a norm whose output the router's f32
+    /// matvec reads next (`Op::NormQuantRouter`) runs as one `rms_norm_q8_1_router` launch, the
+    /// router's rows shared among the norm's warps, in place of `rms_norm_q8_1` then
+    /// `matvec1_f32`.
+    pub norm_router: bool,
     /// `STRATA_DOWN_AHEAD`: the `moe_down_*` launch asks L2 for the weight the step reads after
     /// the experts (`Op::Experts`'s `ahead`, at most [`DOWN_AHEAD_MAX`] bytes), each block once
     /// its grid wait returns (the `expdec_down_*` entries do not).
@@ -77,7 +82,7 @@ pub struct ExpertKnobs {
 
 impl Default for ExpertKnobs {
     fn default() -> Self {
-        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: false, route: false, ahead: false }
+        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: false, route: false, norm_router: false, ahead: false }
     }
 }
 
@@ -89,7 +94,7 @@ pub struct Knob {
     pub what: &'static str,
 }
 
-pub const KNOBS: [Knob; 15] = [
+pub const KNOBS: [Knob; 16] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
     Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
@@ -104,6 +109,7 @@ pub const KNOBS: [Knob; 15] = [
     Knob { name: "EXPDEC_PAIRS", values: "0|1|2", what: "EXPDEC gate/up chunks split over a cluster's two blocks (cuda on sm_90+, R=1, an IQ format): 0 never, 1 where the rule picks 16 warps, 2 always" },
     Knob { name: "EXPDEC_WARP_ROWS", values: "0|1", what: "IQ3_ST gate/up (pair blocks, and 8-warp blocks at R=1 MINB=2): each warp copies its rows to shared memory two ahead and decodes a row once it lands" },
     Knob { name: "EXPDEC_ROUTE", values: "0|1", what: "one-token windows on IQ3_ST pair gate/up blocks: the gate/up launch picks the token's experts from the router logits itself (no router_topk launch)" },
+    Knob { name: "ROUTER_IN_NORM", values: "0|1", what: "one-token windows: the router's f32 matvec in the launch of the norm before it (rms_norm_q8_1_router: no matvec1_f32 launch)" },
     Knob { name: "DOWN_AHEAD", values: "0|1", what: "the down launch (moe_down_*) asks L2 for the weight read after the experts (the next layer's first projection)" },
 ];
 
@@ -140,6 +146,7 @@ impl ExpertKnobs {
             "EXPDEC_PAIRS" => self.pairs = one_of(&[0, 1, 2])?,
             "EXPDEC_WARP_ROWS" => self.warp_rows = flag()?,
             "EXPDEC_ROUTE" => self.route = flag()?,
+            "ROUTER_IN_NORM" => self.norm_router = flag()?,
             "DOWN_AHEAD" => self.ahead = flag()?,
             _ => unreachable!("every name of KNOBS is matched"),
         }
@@ -195,8 +202,8 @@ impl ExpertKnobs {
     /// One line naming every knob and its value.
     pub fn describe(&self) -> String {
         format!(
-            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} EXPDEC_ROUTE={} DOWN_AHEAD={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
-            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.route as u8, self.ahead as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
+            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} EXPDEC_ROUTE={} ROUTER_IN_NORM={} DOWN_AHEAD={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
+            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.route as u8, self.norm_router as u8, self.ahead as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
         )
     }
 
@@ -375,7 +382,7 @@ mod tests {
 
     #[test]
     fn plan_follows_the_knobs() {
-        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, route: false, ahead: false };
+        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, route: false, norm_router: false, ahead: false };
         let p = on.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.
@@ -537,6 +544,9 @@ mod tests {
         k.set("expdec_route", "1").unwrap();
         assert!(k.route && k.describe().contains("EXPDEC_ROUTE=1"));
         assert!(k.set("EXPDEC_ROUTE", "2").unwrap_err().contains("expected 0|1"));
+        k.set("router_in_norm", "1").unwrap();
+        assert!(k.norm_router && k.describe().contains("ROUTER_IN_NORM=1"));
+        assert!(k.set("ROUTER_IN_NORM", "2").unwrap_err().contains("expected 0|1"));
     }
 
     #[test]

@@ -115,9 +115,9 @@ pub fn device_bytes(model: &Model, n_ctx: usize) -> usize {
 
 /// The weights the device holds in a tiled layout (`formats::tiles`: the same values, aligned
 /// 16-byte loads), each with the tiled format the kernels read it as: the matrices only
-/// [`Op::Linear`] reads (an embedding table keeps the file's blocks, which `embed_rows` reads) and
-/// the routed experts whose tiled format has expert kernels (in the launch table), where the
-/// format has a tiled layout and a row holds whole tiles.
+/// [`Op::Linear`] reads, a fused router's included (an embedding table keeps the file's blocks,
+/// which `embed_rows` reads), and the routed experts whose tiled format has expert kernels (in
+/// the launch table), where the format has a tiled layout and a row holds whole tiles.
 pub fn tiled_weights(model: &Model) -> HashMap<WeightId, WeightFormat> {
     let ops: Vec<Op> = model.step_ops(Op::Pick(Pick::Greedy)).into_iter().chain(model.mtp_ops().into_iter().flatten()).collect();
     let embedded: HashSet<WeightId> = ops.iter().filter_map(|o| if let Op::Embed { table, .. } = o { Some(*table) } else { None }).collect();
@@ -126,7 +126,11 @@ pub fn tiled_weights(model: &Model) -> HashMap<WeightId, WeightFormat> {
         GgmlType::Quant(f) => f.tiled().filter(|t| w.get(id).cols % t.block_values() == 0).map(|t| (id, t)),
         _ => None,
     };
-    let linear = ops.iter().filter_map(|o| if let Op::Linear { w, .. } = o { Some(*w) } else { None }).filter(|w| !embedded.contains(w)).filter_map(tiled);
+    let matrix = |o: &Op| match *o {
+        Op::Linear { w, .. } | Op::NormQuantRouter { router: w, .. } => Some(w),
+        _ => None,
+    };
+    let linear = ops.iter().filter_map(matrix).filter(|w| !embedded.contains(w)).filter_map(tiled);
     let has_moe = |t: WeightFormat| bounds(&format!("moe_gu_{}", t.tag())).is_some() && bounds(&format!("moe_down_{}", t.tag())).is_some();
     let experts = w.all_layers().flat_map(|l| [l.gate, l.up, l.down]).filter_map(tiled).filter(|&(_, t)| has_moe(t));
     linear.chain(experts).collect()
@@ -398,10 +402,7 @@ impl GpuExecutor {
     }
 
     fn bytes(&self, id: WeightId) -> &CudaSlice<u8> {
-        match &self.weights[&id] {
-            DevWeight::Bytes(b) => b,
-            DevWeight::F32(_) => unreachable!("{} is a matrix", self.model.weights.get(id).name),
-        }
+        matrix(&self.weights, &self.model, id)
     }
 
     fn f32s(&self, id: WeightId) -> &CudaSlice<f32> {
@@ -538,6 +539,22 @@ impl Executor for GpuExecutor {
                 let xq = q8_1_buffer(&mut self.qx, &mut self.moe, q);
                 let r = self.gpu.rms_norm_q8_1_queue(&self.act[&x], prepared(&self.weights, &model, nw), &mut o, xq, t, act_len(c, x), c.rms_eps);
                 self.act.insert(out, o);
+                r
+            }
+            Op::NormQuantRouter { x, w: nw, out, q, router, logits } => {
+                // One token only: a window's rows would each read the router's rows again, where
+                // `matvec_f32` reads them once for all of its rows.
+                let rw = weights.get(router);
+                if !(self.gpu.expert_knobs().norm_router && t == 1 && rw.ty == GgmlType::F32 && rw.cols == act_len(c, x)) {
+                    self.op(&Op::NormQuant { x, w: nw, out, q }, w)?;
+                    return self.op(&Op::Linear { w: router, xq: q, x: out, out: logits, accumulate: false }, w);
+                }
+                let (mut o, mut l) = (self.take(out), self.take(logits));
+                let xq = q8_1_buffer(&mut self.qx, &mut self.moe, q);
+                let (norm_w, router_w) = (prepared(&self.weights, &model, nw), matrix(&self.weights, &model, router));
+                let r = self.gpu.rms_norm_q8_1_router_queue(&self.act[&x], norm_w, &mut o, xq, t, act_len(c, x), c.rms_eps, router_w, rw.rows, &mut l);
+                self.act.insert(out, o);
+                self.act.insert(logits, l);
                 r
             }
             Op::Quantize { x, out } => {
@@ -767,6 +784,14 @@ fn q8_1_buffer<'a>(qx: &'a mut HashMap<Qx, CudaSlice<u8>>, moe: &'a mut MoeBuffe
 
 /// A prepared vector's device buffer (norms, biases, conv taps): a free function over the weight
 /// map, so the executor can hold a cache or state mutably while it reads one.
+/// A matrix's bytes on the device.
+fn matrix<'a>(weights: &'a HashMap<WeightId, DevWeight>, model: &Model, id: WeightId) -> &'a CudaSlice<u8> {
+    match &weights[&id] {
+        DevWeight::Bytes(b) => b,
+        DevWeight::F32(_) => unreachable!("{} is a matrix", model.weights.get(id).name),
+    }
+}
+
 fn prepared<'a>(weights: &'a HashMap<WeightId, DevWeight>, model: &Model, id: WeightId) -> &'a CudaSlice<f32> {
     match &weights[&id] {
         DevWeight::F32(v) => v,
