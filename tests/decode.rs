@@ -158,22 +158,18 @@ fn mixed_qkv(seed: u64) -> Arc<Model> {
 }
 
 fn gpu_executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>> {
-    gpu_executor_with(name, m, n_ctx, Launches { graphs: true, chained: true, ahead: true, route: false }).map(|(_, e)| e)
+    gpu_executor_with(name, m, n_ctx, Launches { graphs: true, chained: true, ahead: true }).map(|(_, e)| e)
 }
 
 /// How a GPU executor launches the step: replaying captured graphs or eagerly (`--no-graph`),
 /// chained by programmatic dependent launch where the backend can, or not (`STRATA_PDL=0`); and
 /// whether the experts' down launch asks L2 for the next layer's first projection
-/// (`STRATA_DOWN_AHEAD`: a hint, so the same bits, but arguments of its own to get right); and
-/// whether one-token steps pick their experts in the gate/up launch where a routing entry serves
-/// the layer, else with `router_topk` queued with the experts (`STRATA_EXPDEC_ROUTE`), and the
-/// router's matvec runs in the norm's launch before it (`STRATA_ROUTER_IN_NORM`).
+/// (`STRATA_DOWN_AHEAD`: a hint, so the same bits, but arguments of its own to get right).
 #[derive(Clone, Copy)]
 struct Launches {
     graphs: bool,
     chained: bool,
     ahead: bool,
-    route: bool,
 }
 
 /// A GPU executor launching as `how` asks, labelled (None without the GPU, and for unchained
@@ -185,16 +181,15 @@ fn gpu_executor_with(name: &str, m: Arc<Model>, n_ctx: usize, how: Launches) -> 
         return None;
     }
     g.set_chained(how.chained);
-    g.set_expert_knobs(ExpertKnobs { ahead: how.ahead, route: how.route, norm_router: how.route, ..g.expert_knobs() });
+    g.set_expert_knobs(ExpertKnobs { ahead: how.ahead, ..g.expert_knobs() });
     let mut exec = GpuExecutor::new(g, m, n_ctx, false).expect("the model fits the GPU");
     exec.set_graphs(how.graphs);
     assert_eq!(exec.graphs_on(), how.graphs);
     let label = format!(
-        "{name} {}{}{}{}",
+        "{name} {}{}{}",
         if how.graphs { "graphs" } else { "eager" },
         if exec.backend().chained() { ", chained" } else { "" },
-        if how.ahead { ", down asks ahead" } else { "" },
-        if how.route { ", routing in gate/up and the norm" } else { "" }
+        if how.ahead { ", down asks ahead" } else { "" }
     );
     Some((label, Box::new(exec)))
 }
@@ -207,15 +202,14 @@ fn executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>
 }
 
 /// The executors a backend's same-results tests run on: the CPU's one, or a GPU's with graphs
-/// and without, (where the backend chains its launches) with graphs unchained, with graphs and
-/// the down launch asking ahead, and with graphs and one-token steps routing with their experts
-/// (labelled).
+/// and without, (where the backend chains its launches) with graphs unchained, and with graphs
+/// and the down launch asking ahead (labelled).
 fn executors(name: &str, m: &Arc<Model>, n_ctx: usize) -> Vec<(String, Box<dyn Executor>)> {
     match name {
         "cpu" => vec![("cpu".into(), executor("cpu", m.clone(), n_ctx).expect("cpu executor"))],
-        gpu => [(true, true, false, false), (false, true, false, false), (true, false, false, false), (true, true, true, false), (true, true, false, true)]
+        gpu => [(true, true, false), (false, true, false), (true, false, false), (true, true, true)]
             .into_iter()
-            .filter_map(|(graphs, chained, ahead, route)| gpu_executor_with(gpu, m.clone(), n_ctx, Launches { graphs, chained, ahead, route }))
+            .filter_map(|(graphs, chained, ahead)| gpu_executor_with(gpu, m.clone(), n_ctx, Launches { graphs, chained, ahead }))
             .collect(),
     }
 }
@@ -293,20 +287,15 @@ fn backend_matches_cpu(backend: &str) {
                 .expect("decode");
                 (ids, logits)
             };
-            let gpus: Vec<_> = [false, true].into_iter().filter_map(|route| gpu_executor_with(backend, m.clone(), 128, Launches { graphs: true, chained: true, ahead: true, route })).collect();
-            if gpus.is_empty() {
-                return;
-            }
+            let Some(mut gpu) = gpu_executor(backend, m.clone(), 128) else { return };
             let mut cpu = CpuExecutor::new(m.clone(), 128).expect("cpu executor");
             let (want_ids, want) = run(&mut cpu);
+            let (ids, got) = run(gpu.as_mut());
             assert_eq!(want.len(), 64 * n_vocab as usize);
-            for (label, mut gpu) in gpus {
-                let (ids, got) = run(gpu.as_mut());
-                if let Some(d) = first_difference(&want, &got, n_vocab as usize) {
-                    panic!("{label} vs cpu, seed {seed}, {pick:?}: {d}");
-                }
-                assert_eq!(ids, want_ids, "{label} vs cpu tokens, seed {seed}, {pick:?}");
+            if let Some(d) = first_difference(&want, &got, n_vocab as usize) {
+                panic!("{backend} vs cpu, seed {seed}, {pick:?}: {d}");
             }
+            assert_eq!(ids, want_ids, "{backend} vs cpu tokens, seed {seed}, {pick:?}");
         }
     }
 }
@@ -314,40 +303,6 @@ fn backend_matches_cpu(backend: &str) {
 #[test]
 fn cuda_matches_cpu() {
     backend_matches_cpu("cuda");
-}
-
-/// With `STRATA_EXPDEC_ROUTE` a one-token step of the [`wide`] model (IQ3_ST gate/up, which the
-/// H200 runs as pair blocks) launches a routing gate/up entry in each layer and no
-/// `router_topk`, and with `STRATA_ROUTER_IN_NORM` an `rms_norm_q8_1_router` and no router
-/// matvec; without them, `router_topk`, the plain pair entry and `matvec1_f32`: what
-/// `cuda_matches_cpu`'s routing runs rely on to test those entries in the step.
-#[test]
-fn one_token_steps_route_in_gate_up() {
-    let seed = common::seed("one_token_steps_route_in_gate_up");
-    let m = wide(seed);
-    let ops = m.step_ops(Op::Pick(Pick::Greedy));
-    let layers = m.weights.layers.len();
-    for (route, warp_rows) in [(false, false), (true, false), (true, true)] {
-        let Some(mut g) = common::open_gpu("cuda") else { return };
-        // No pair entries before sm_90 (`routing_gate_up_matches_the_replica` says so): the
-        // norm's router only.
-        let clusters = g.clusters();
-        assert!(clusters || !common::gpu_required() || g.info().compute_capability.0 < 9, "an sm_90 device without the cluster entries");
-        g.set_expert_knobs(ExpertKnobs { route, warp_rows, norm_router: route, ..g.expert_knobs() });
-        let mut exec = GpuExecutor::new(g, m.clone(), 64, false).expect("the model fits the GPU");
-        let kernels = exec.step_kernels(&ops, 1, 0).expect("one step");
-        let count = |name: &str| kernels.iter().filter(|k| **k == name).count();
-        let pair = match (route, warp_rows) {
-            (false, _) => "expdec_gu_iq3_st_r1_p2",
-            (true, false) => "expdec_gu_iq3_st_r1_p2r",
-            (true, true) => "expdec_gu_iq3_st_r1_p2wr",
-        };
-        let (on, off) = if route { (layers, 0) } else { (0, layers) };
-        if clusters {
-            assert_eq!((count(pair), count("router_topk")), (layers, off), "route {route}, warp rows {warp_rows}: {kernels:?}");
-        }
-        assert_eq!((count("rms_norm_q8_1_router"), count("matvec1_f32")), (on, off), "router in the norm {route}: {kernels:?}");
-    }
 }
 
 /// The MTP block's logits and drafts on a GPU backend equal the CPU replica's bit for bit: a
@@ -919,14 +874,9 @@ fn every_loaded_weight_is_read() {
     }
 }
 
-/// How many ops of `ops` are a norm fused with its quantization (the router's matvec too, or not).
+/// How many ops of `ops` are a norm fused with its quantization.
 fn norm_quants(ops: &[Op]) -> usize {
-    ops.iter().filter(|op| matches!(op, Op::NormQuant { .. } | Op::NormQuantRouter { .. })).count()
-}
-
-/// How many ops of `ops` are a norm fused with its quantization and the router's matvec.
-fn norm_routers(ops: &[Op]) -> usize {
-    ops.iter().filter(|op| matches!(op, Op::NormQuantRouter { .. })).count()
+    ops.iter().filter(|op| matches!(op, Op::NormQuant { .. })).count()
 }
 
 fn attn_quants(ops: &[Op]) -> usize {
@@ -934,20 +884,16 @@ fn attn_quants(ops: &[Op]) -> usize {
 }
 
 /// Each RMSNorm followed by the quantization of its output made one `NormQuant`
-/// (`step::fuse`, one `rms_norm_q8_1` launch), each such op followed by the router's matvec of
-/// its output one `NormQuantRouter` (here the two launches: windows of more than one token; its
-/// one launch, `rms_norm_q8_1_router`, is checked by `window_invariance` and the cuda and hip
-/// matches with the CPU), and each attention followed by the quantization
+/// (`step::fuse`, one `rms_norm_q8_1` launch), and each attention followed by the quantization
 /// of its output made one attention that quantizes (no `quantize_q8_1` launch), give the bits
 /// of the separate ops: the trunk's logits
 /// of a 40-token sequence in windows of 5, then the MTP block's over the first 8 positions, of
 /// the unfused lists (the architecture modules' own) against the fused ones (`Model::step_ops`,
-/// `Model::mtp_ops`), on a qwen3moe and a qwen35moe, on the CPU or on a GPU's executors. The
-/// fused trunk is shorter by exactly one op for each layer's attention (or Gated DeltaNet)
-/// input, two for its FFN input (the quantization and the router) and one for the head's input;
-/// the MTP block's by its layer's three and its head's one, and by one for each attention
-/// whose output is quantized next (a qwen3moe's every layer; a gated attention multiplies its
-/// output first). Rows longer than `NQ_MAX_N`
+/// `Model::mtp_ops`), on a qwen3moe and a qwen35moe, on the CPU or on a GPU with graphs and
+/// eagerly. The fused trunk is shorter by exactly one op for each layer's attention (or Gated
+/// DeltaNet) input, its FFN input and the head's input; the MTP block's by its layer's two and
+/// its head's, and by one for each attention whose output is quantized next (a qwen3moe's
+/// every layer; a gated attention multiplies its output first). Rows longer than `NQ_MAX_N`
 /// are not fused into norms. On a GPU, also 300 positions of the qwen3moe in windows of 8, so
 /// the contexts pass one chunk and `attn_merge` quantizes the attention's output.
 fn fused_ops_give_the_unfused_bits(backend: &str) {
@@ -964,13 +910,11 @@ fn fused_ops_give_the_unfused_bits(backend: &str) {
         assert_eq!((norm_quants(&unfused), norm_quants(&fused)), (0, 2 * c.n_layer + 1), "{}: fused norms of the trunk", m.describe());
         let attn = if m.arch == qwen35moe::ARCH { 0 } else { c.n_layer };
         assert_eq!((attn_quants(&unfused), attn_quants(&fused)), (0, attn), "{}: attentions that quantize their output", m.describe());
-        assert_eq!((norm_routers(&unfused), norm_routers(&fused)), (0, c.n_layer), "{}: norms fused with the router", m.describe());
-        assert_eq!(fused.len() + 3 * c.n_layer + 1 + attn, unfused.len(), "{}: the trunk's ops", m.describe());
+        assert_eq!(fused.len() + 2 * c.n_layer + 1 + attn, unfused.len(), "{}: the trunk's ops", m.describe());
         assert_eq!(mtp.is_some(), m.arch == qwen35moe::ARCH, "{}: the tiny qwen35moe has an MTP block", m.describe());
         if let (Some(mtp), Some(unfused_mtp)) = (&mtp, &unfused_mtp) {
             assert_eq!((norm_quants(unfused_mtp), norm_quants(mtp)), (0, 3), "{}: fused norms of the MTP block", m.describe());
-            assert_eq!(norm_routers(mtp), 1, "{}: the MTP block's norm fused with its router", m.describe());
-            assert_eq!((attn_quants(mtp), mtp.len() + 4), (0, unfused_mtp.len()), "{}: the MTP block's ops", m.describe());
+            assert_eq!((attn_quants(mtp), mtp.len() + 3), (0, unfused_mtp.len()), "{}: the MTP block's ops", m.describe());
         }
         let mut long = c.clone();
         long.n_embd = NQ_MAX_N + 32;

@@ -281,16 +281,6 @@ fn shape_errors_are_errors() {
     assert!(cpu.rms_norm(&big[..n], &big[..n], n, 1e-6, &mut big_out[..n]).is_ok(), "rms_norm takes it");
     let n = NQ_MAX_N;
     assert!(cpu.rms_norm_q8_1(&big[..n], &big[..n], n, 1e-6, &mut big_out[..n], &mut big_q[..n / 32 * qb]).is_ok());
-
-    // rms_norm_q8_1_router: the same rows, 3 router rows of 64 f32.
-    let router = vec![0u8; 3 * 64 * 4];
-    let mut logits = vec![0f32; 4 * 3];
-    assert!(cpu.rms_norm_q8_1_router(&x, &w, 64, 1e-6, &router, 3, &mut y, &mut q, &mut logits).is_ok());
-    shape_err(cpu.rms_norm_q8_1_router(&x, &w, 64, 1e-6, &router, 0, &mut y, &mut q, &mut []), "no router rows");
-    shape_err(cpu.rms_norm_q8_1_router(&x, &w, 64, 1e-6, &router[1..], 3, &mut y, &mut q, &mut logits), "router one byte short");
-    shape_err(cpu.rms_norm_q8_1_router(&x, &w, 64, 1e-6, &router, 2, &mut y, &mut q, &mut logits[..8]), "router of more rows than said");
-    shape_err(cpu.rms_norm_q8_1_router(&x, &w, 64, 1e-6, &router, 3, &mut y, &mut q, &mut logits[1..]), "logits one short");
-    shape_err(cpu.rms_norm_q8_1_router(&x, &w, 64, 1e-6, &router, 3, &mut y[1..], &mut q, &mut logits), "output one short");
 }
 
 

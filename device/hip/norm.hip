@@ -1,6 +1,5 @@
-// rms_norm (one warp per row), add_f32 (the residual add, in place allowed), rms_norm_q8_1
-// (rms_norm then quantize_q8_1 of its output, a row spread over several blocks) and
-// rms_norm_q8_1_router (that, and the router's float matvec of its output). Twin of
+// rms_norm (one warp per row), add_f32 (the residual add, in place allowed) and rms_norm_q8_1
+// (rms_norm then quantize_q8_1 of its output, a row spread over several blocks). Twin of
 // device/src/kernels/norm.rs; specs in gpu-shared/src/replica/norm.rs. warp_rms_scale is the
 // RMSNorm scale of one row as a warp computes it from global memory; attention's per-head norm
 // calls it too. warp_rms_scale_of is its order over any loader (rms_norm_q8_1 reads the row
@@ -71,29 +70,6 @@ STRATA_KERNEL(add_f32)(const float* a, const float* b, float* out, uint32_t n) {
   out[i] = a[i] + bi;
 }
 
-// One router row's logit over a normalized row xn of n values, in matvec's order: lane l adds
-// wrow[j] * xn(j) for j = l, l + 32, ... left to right from +0.0 (STRATA_NQ_ROUTER_AHEAD of each
-// loaded before they are added), then the warp's butterfly; lane 0 stores it at out.
-template <typename Xn>
-STRATA_FN void router_logit(const uint8_t* wrow, Xn xn, uint32_t n, float* out) {
-  constexpr uint32_t A = STRATA_NQ_ROUTER_AHEAD;
-  auto ld = [=](uint32_t j) { return __builtin_bit_cast(float, ld_nc_u32(wrow + 4 * (uint64_t)j)); };
-  float acc[1] = {0.0f};
-  uint32_t j = lane();
-  for (; j + 32 * (A - 1) < n; j += 32 * A) {
-    float wv[A], xv[A];
-#pragma unroll
-    for (uint32_t i = 0; i < A; i++) {
-      wv[i] = ld(j + 32 * i);
-      xv[i] = xn(j + 32 * i);
-    }
-#pragma unroll
-    for (uint32_t i = 0; i < A; i++) acc[0] = acc[0] + wv[i] * xv[i];
-  }
-  for (; j < n; j += 32) acc[0] = acc[0] + ld(j) * xn(j);
-  store_row_sums(acc, 1, false, [&](int) { return out; });
-}
-
 // rms_norm then quantize_q8_1 of its output: out[r * n + j] = (x[r * n + j] * scale_r) * w[j],
 // and q8_1 block r * n / 32 + g of xq the quantized group g of row r of out. rows * parts blocks
 // (parts = ceil(n / 32 / STRATA_NQ_WARPS)), n * 4 bytes of dynamic shared memory; block b takes
@@ -102,13 +78,9 @@ STRATA_FN void router_logit(const uint8_t* wrow, Xn xn, uint32_t n, float* out) 
 // after one barrier every warp computes the row's scale from there itself (the one-warp order:
 // the same bits everywhere), then normalizes, stores and quantizes its group. x 16-byte
 // aligned; out and xq overlap nothing. (The Rust entry's L2 prefetch of w before the grid wait
-// has no twin here: HIP launches are never chained.) With ROUTER (rms_norm_q8_1_router) every
-// warp also takes the router rows e = g, g + parts * STRATA_NQ_WARPS, ... below n_expert: the
-// logit of row e of router (f32) over the normalized row, its values recomputed as out gets
-// them (router_logit), into logits[r * n_expert + e].
-template <bool ROUTER>
-STRATA_FN void norm_q8_1(const float* x, const float* w, float* out, uint8_t* xq, uint32_t rows, uint32_t n, float eps,
-                         const uint8_t* router, uint32_t n_expert, float* logits) {
+// has no twin here: HIP launches are never chained.)
+STRATA_KERNEL(rms_norm_q8_1)(const float* x, const float* w, float* out, uint8_t* xq, uint32_t rows, uint32_t n,
+                             float eps) {
   uint32_t groups = n / STRATA_GROUP, parts = (groups + STRATA_NQ_WARPS - 1) / STRATA_NQ_WARPS;
   uint32_t row = block_idx() / parts, part = block_idx() % parts;
   uint32_t g = part * STRATA_NQ_WARPS + warp_in_block();
@@ -133,29 +105,10 @@ STRATA_FN void norm_q8_1(const float* x, const float* w, float* out, uint8_t* xq
     }
   }
   sync_threads();
-  bool routes = ROUTER && g < n_expert;
-  if (g >= groups && !routes) return;  // the whole warp, after the block's only barrier
+  if (g >= groups) return;  // the whole warp, after the block's only barrier
   auto xs = [](uint32_t j) { return __builtin_bit_cast(float, strata_smem[j]); };
   float scale = warp_rms_scale_of<STRATA_NORM_AHEAD>(xs, n, eps);
-  if (g < groups) {
-    float v = (xs(j) * scale) * wj;
-    out[at + j] = v;
-    quantize_group(v, xq + (at / STRATA_GROUP + g) * STRATA_Q8_1_BYTES);
-  }
-  if (ROUTER) {
-    auto xn = [=](uint32_t j) { return (xs(j) * scale) * __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(w + j))); };
-    for (uint32_t e = g; e < n_expert; e += parts * STRATA_NQ_WARPS) {
-      router_logit(router + 4 * (uint64_t)e * n, xn, n, logits + (uint64_t)row * n_expert + e);
-    }
-  }
-}
-
-STRATA_KERNEL(rms_norm_q8_1)(const float* x, const float* w, float* out, uint8_t* xq, uint32_t rows, uint32_t n,
-                             float eps) {
-  norm_q8_1<false>(x, w, out, xq, rows, n, eps, nullptr, 0, nullptr);
-}
-
-STRATA_KERNEL(rms_norm_q8_1_router)(const float* x, const float* w, float* out, uint8_t* xq, uint32_t rows, uint32_t n,
-                                    float eps, const uint8_t* router, uint32_t n_expert, float* logits) {
-  norm_q8_1<true>(x, w, out, xq, rows, n, eps, router, n_expert, logits);
+  float v = (xs(j) * scale) * wj;
+  out[at + j] = v;
+  quantize_group(v, xq + (at / STRATA_GROUP + g) * STRATA_Q8_1_BYTES);
 }

@@ -30,14 +30,6 @@
 //! (`WarpRows`). A pair warp's two rows are all its rows; an 8-warp block's warp has 4 to 16.
 //! The same loads of the same bytes in the same order: the same bits.
 //!
-//! The **routing** twins of IQ3_ST's pair entries (`_p2r`, `_p2wr`, knob `EXPDEC_ROUTE`) serve
-//! one-token windows in place of the `router_topk` launch before them: once its grid wait
-//! returns, every block picks the token's experts from the router's logits with `router_topk`'s
-//! code (`route::pick`, in the stage's shared words, before the stage), takes its group's expert
-//! and entry as the one-token table has them, and goes on as its twin; block 0's first warp
-//! stores the picks, their weights and the table for the launches after it. The expert rows
-//! then wait for one launch's chain fewer.
-//!
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
 //! codebook and a pair block's staged rows (`launch::expdec_gu_smem`, `expdec_gu_pair_smem`,
 //! given at launch). A signed codebook comes first instead: at word 0 its words' addresses need
@@ -48,7 +40,6 @@ use super::stage;
 use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
 use super::quantize_q8_1::quantize_group;
-use super::route;
 use crate::arch::mem::Smem;
 use crate::arch::{index, mem, sync, warp};
 #[cfg(target_feature = "sm_90")]
@@ -56,22 +47,6 @@ use crate::arch::cluster;
 use strata_gpu_shared::formats::q8_1;
 use strata_gpu_shared::launch::{EXPDEC_ENTRIES, EXPDEC_PAIR, EXPDEC_RB, EXPDEC_ROW_SLOTS, EXPDEC_THREADS, EXPDEC_W16_THREADS, MOE_GU_ROWS};
 use strata_gpu_shared::moe;
-
-/// What a routing entry takes besides the others' arguments: a one-token window's router logits
-/// (`n_expert` of them), and where its block 0 stores the picks and the group table.
-#[derive(Clone, Copy)]
-struct Routing {
-    logits: *const f32,
-    n_expert: u32,
-    ids: *mut u32,
-    weights: *mut f32,
-    table: *mut u32,
-}
-
-impl Routing {
-    /// The other entries' (read by no code they compile).
-    const NONE: Routing = Routing { logits: core::ptr::null(), n_expert: 0, ids: core::ptr::null_mut(), weights: core::ptr::null_mut(), table: core::ptr::null_mut() };
-}
 
 /// A warp's own gate and up rows, copied to its ring of `EXPDEC_ROW_SLOTS` slots in shared
 /// memory (a slot: the gate row, then the up row) by the warp's lanes, `EXPDEC_ROW_SLOTS` rows
@@ -251,7 +226,7 @@ impl Chunk for Pair {
 /// 32)` rows. `down`, `down_bytes`: the layer's down matrices and the bytes of one expert's
 /// (prefetched only).
 #[inline(always)]
-unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, const WARP_ROWS: bool, const ROUTE: bool>(
+unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, const WARP_ROWS: bool>(
     gate: *const u8,
     up: *const u8,
     expert_bytes: u64,
@@ -265,7 +240,6 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     down: *const u8,
     down_bytes: u64,
     hq: *mut u8,
-    route: Routing,
 ) {
     // This block has started: its partner may write its H once it waited. First, so that the
     // arrive's release has no memory operation before it to wait for. (A pair's blocks leave
@@ -289,24 +263,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     // `b` counts chunks of `rb` rows; a pair's two blocks share one (clusters tile the grid in
     // order, so the part is also `block_idx() % 2`).
     let (b, part) = (index::block_idx() / C::BLOCKS, C::part());
-    let g = b / blocks_per_group;
-    // The block's group: its expert, its first entry in the table, its count of entries. A
-    // routing block picks the token's experts itself (in the stage's words, before the stage).
-    let (expert, start, count, slot) = if ROUTE {
-        if g >= k {
-            return; // whole block (a pair's both): past a one-token window's `k` groups
-        }
-        route::pick::<THREADS>(smem, route.logits, route.n_expert, k);
-        let (expert, slot) = route::one_token_group(smem, k, g);
-        if index::block_idx() == 0 && index::warp_in_block() == 0 {
-            route::store_picks(smem, 0, k, route.ids, route.weights, route.table);
-        }
-        sync::sync_threads(); // every warp has read the picks before the stage overwrites them
-        (expert, g, 1, slot)
-    } else {
-        let Some((expert, start, count)) = group_of(table, n, g) else { return }; // whole block (a pair's both)
-        (expert, start, count, 0)
-    };
+    let Some((expert, start, count)) = group_of(table, n, b / blocks_per_group) else { return }; // whole block (a pair's both)
     let chunk0 = b % blocks_per_group * per_block;
     let mine = per_block.min(chunks - chunk0);
     // This block's rows of its `mine` chunks: all of them, or its part's half.
@@ -368,9 +325,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     if !block_copy && !pair_ring {
         mem::prefetch_l2_block::<THREADS>(down, down_share);
     }
-    let entries = table.wrapping_add(moe::entries(n as usize) + start as usize);
-    // Entry `i` of the group (a routing block's one entry is its pick's slot).
-    let entry = |i: u32| if ROUTE { slot } else { ld(entries, i as usize) };
+    let entries = table.add(moe::entries(n as usize) + start as usize);
     let mut pass = 0;
     while pass < count {
         if pass > 0 {
@@ -380,7 +335,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
             }
         }
         let m = (count - pass).min(EXPDEC_ENTRIES);
-        stage::rows::<THREADS>(smem, |r| xq.add((entry(pass + r) / k) as usize * groups as usize * q8_1::BYTES), m, groups, EXPDEC_ENTRIES);
+        stage::rows::<THREADS>(smem, |r| xq.add((ld(entries, (pass + r) as usize) / k) as usize * groups as usize * q8_1::BYTES), m, groups, EXPDEC_ENTRIES);
         if block_copy {
             mem::cp_async_wait_all(); // the rows, before the barrier that shows them to the block
         }
@@ -433,7 +388,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
         let mut i = if part == 0 { warp } else { m * mine };
         while i < m * mine {
             let (r, c) = (i / mine, i % mine);
-            let e = entry(pass + r);
+            let e = ld(entries, (pass + r) as usize);
             let v = f32::from_bits(smem.ld_u32(h_base + r * rb + c * MOE_GU_ROWS + index::lane()));
             quantize_group(v, hq.add((e as usize * chunks as usize + (chunk0 + c) as usize) * q8_1::BYTES));
             i += warps;
@@ -457,7 +412,7 @@ macro_rules! expdec_gu_entries {
         /// `down`: `n_expert` matrices of `down_bytes` each (only prefetched, never loaded).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-            expdec_gu::<$block, Whole, $r, { $threads }, { false $(|| $warp_rows)? }, false>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq, Routing::NONE)
+            expdec_gu::<$block, Whole, $r, { $threads }, { false $(|| $warp_rows)? }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
         }
     )*};
 }
@@ -477,33 +432,7 @@ macro_rules! expdec_gu_pair_entries {
         #[cfg(target_feature = "sm_90")]
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-            expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, $warp_rows, false>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq, Routing::NONE)
-        }
-    )*};
-}
-
-/// The routing twins of pair entries (`_p2r`, `_p2wr`; knob `EXPDEC_ROUTE`), for one-token
-/// windows: their blocks pick the token's experts from the router's logits themselves, in place
-/// of a `router_topk` launch before them.
-macro_rules! expdec_gu_routing_entries {
-    ($($name:ident => $block:ty, $warp_rows:literal;)*) => {$(
-        /// EXPDEC pair gate/up of a one-token window that routes it: every block picks the
-        /// token's `k` experts from `logits` as `router_topk` does (`route::pick`) and takes
-        /// the expert of its group in the one-token table; block 0 stores the picks into `ids`
-        /// and `weights` and the group table into `table`, as `router_topk` would have. Launch
-        /// as the pair entries, with `n = k` (one token).
-        ///
-        /// # Safety
-        /// As the pair entries, for one token (`n == k`, `xq` one row); `table`: the
-        /// `moe::table_words(k)` words of the window's group table (written, not read);
-        /// `logits`: `n_expert` f32 with `k <= n_expert <= ROUTER_MAX_EXPERTS`, `k <=
-        /// ROUTER_MAX_K`; `ids`, `weights`: `k` elements; the stage's shared words
-        /// (`EXPDEC_ENTRIES * 9 * groups`) at least `ROUTER_SMEM_WORDS`.
-        #[cfg(target_feature = "sm_90")]
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *mut u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8, logits: *const f32, n_expert: u32, ids: *mut u32, weights: *mut f32) {
-            let route = Routing { logits, n_expert, ids, weights, table };
-            expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, $warp_rows, true>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq, route)
+            expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, $warp_rows>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
         }
     )*};
 }
@@ -531,10 +460,6 @@ expdec_gu_pair_entries! {
     expdec_gu_iq3_xxs_r1_p2 => blocks::Iq3Xxs, false; expdec_gu_iq3_s_r1_p2 => blocks::Iq3S, false; expdec_gu_iq3_st_r1_p2 => blocks::Iq3ST, false;
     // Each warp copying its own rows (`EXPDEC_WARP_ROWS`): formats whose rows are staged only.
     expdec_gu_iq3_st_r1_p2w => blocks::Iq3ST, true;
-}
-
-expdec_gu_routing_entries! {
-    expdec_gu_iq3_st_r1_p2r => blocks::Iq3ST, false; expdec_gu_iq3_st_r1_p2wr => blocks::Iq3ST, true;
 }
 
 // Four staged entries and R <= 2 (the unrolled loops list them); every `rb` splits into whole

@@ -1,7 +1,6 @@
-//! `rms_norm` (one warp per row), `add_f32` (the residual add, in place allowed),
+//! `rms_norm` (one warp per row), `add_f32` (the residual add, in place allowed) and
 //! `rms_norm_q8_1` (`rms_norm` then `quantize_q8_1` of its output, a row spread over several
-//! blocks) and `rms_norm_q8_1_router` (that, and the router's float matvec of its output).
-//! Specs: `strata_gpu_shared::replica::norm`.
+//! blocks). Specs: `strata_gpu_shared::replica::norm`.
 //!
 //! [`warp_rms_scale`] is the RMSNorm scale of one row as a warp computes it from global memory;
 //! attention's per-head norm calls it too. [`warp_rms_scale_of`] is its order over any loader
@@ -9,7 +8,7 @@
 use crate::arch::{convert, index, mem, sync, warp};
 use crate::kernels::quantize_q8_1::quantize_group;
 use strata_gpu_shared::formats::{q8_1, GROUP};
-use strata_gpu_shared::launch::norm::{nq_parts, ADD_THREADS, NORM_AHEAD, NORM_WARPS, NQ_AHEAD, NQ_ROUTER_AHEAD, NQ_WARPS};
+use strata_gpu_shared::launch::norm::{nq_parts, ADD_THREADS, NORM_AHEAD, NORM_WARPS, NQ_AHEAD, NQ_WARPS};
 
 /// `x[j]` through the coherent path: the norm helper may read rows its caller's launch wrote
 /// (in an earlier phase of the same kernel), and `add_f32` reads `a` where it writes `out`.
@@ -138,76 +137,13 @@ pub unsafe extern "ptx-kernel" fn add_f32(a: *const f32, b: *const f32, out: *mu
 /// block `n * 4` bytes of dynamic shared memory.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn rms_norm_q8_1(x: *const f32, w: *const f32, out: *mut f32, xq: *mut u8, rows: u32, n: u32, eps: f32) {
-    norm_q8_1::<false>(x, w, out, xq, rows, n, eps, Router::NONE)
-}
-
-/// `rms_norm_q8_1` and the router's matvec of its normalized rows in one launch (spec: the two
-/// ops, `replica::norm::rms_norm_q8_1_row` then `replica::matvec` over f32 weights): as
-/// `rms_norm_q8_1`, and `logits[r * n_expert + e]` = the sum over `j` of `router[e][j] *
-/// out[r * n + j]` in `matvec`'s order. Launch as `rms_norm_q8_1`.
-///
-/// Every warp of a row's blocks takes the router rows `e = part * NQ_WARPS + w`, `e +
-/// nq_parts(n) * NQ_WARPS`, ... (asked of L2 before the grid wait: constants), each from the
-/// staged row and the scale it computed: lane `l` adds `router[e][j] * ((x[j] * scale) * w[j])`
-/// for `j = l, l + 32, ...` in order (the values `out` gets, recomputed), then the warp's
-/// butterfly. So the router's launch, and its load of the normalized row, are not needed.
-///
-/// # Safety
-/// As `rms_norm_q8_1`; `router`: `n_expert * n` f32, 4-byte aligned; `logits`: `rows *
-/// n_expert` f32, overlapping nothing.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn rms_norm_q8_1_router(
-    x: *const f32,
-    w: *const f32,
-    out: *mut f32,
-    xq: *mut u8,
-    rows: u32,
-    n: u32,
-    eps: f32,
-    router: *const u8,
-    n_expert: u32,
-    logits: *mut f32,
-) {
-    norm_q8_1::<true>(x, w, out, xq, rows, n, eps, Router { w: router, n_expert, logits })
-}
-
-/// The float router whose logits `rms_norm_q8_1_router` computes: `n_expert` rows of f32 weights
-/// and the logits' rows.
-#[derive(Clone, Copy)]
-struct Router {
-    w: *const u8,
-    n_expert: u32,
-    logits: *mut f32,
-}
-
-impl Router {
-    /// `rms_norm_q8_1`'s (read by no code it compiles).
-    const NONE: Router = Router { w: core::ptr::null(), n_expert: 0, logits: core::ptr::null_mut() };
-}
-
-/// The body of `rms_norm_q8_1` and, with `ROUTER`, of `rms_norm_q8_1_router`.
-///
-/// # Safety
-/// As the entries.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn norm_q8_1<const ROUTER: bool>(x: *const f32, w: *const f32, out: *mut f32, xq: *mut u8, rows: u32, n: u32, eps: f32, router: Router) {
     let (groups, parts) = (n / GROUP as u32, nq_parts(n));
     let (row, part) = (index::block_idx() / parts, index::block_idx() % parts);
     let g = part * NQ_WARPS + index::warp_in_block();
     let j = g * GROUP as u32 + index::lane();
     // The lane's norm weight (constant) is loaded while the grid before this one runs, so no
-    // memory latency for it remains after the wait; the warp's router rows are asked of L2.
+    // memory latency for it remains after the wait.
     let wj = if row < rows && g < groups { mem::ld_nc_f32(w, j as usize) } else { 0.0 };
-    let row_bytes = 4 * n as usize;
-    if ROUTER && row < rows {
-        let mut e = g;
-        while e < router.n_expert {
-            mem::prefetch_l2_warp(router.w.wrapping_add(e as usize * row_bytes), row_bytes);
-            e += parts * NQ_WARPS;
-        }
-    }
     crate::arch::sync::chain_grids();
     if row >= rows {
         return; // the whole block (a padded grid's), before the barrier
@@ -235,53 +171,12 @@ unsafe fn norm_q8_1<const ROUTER: bool>(x: *const f32, w: *const f32, out: *mut 
         c0 += threads * NQ_AHEAD;
     }
     sync::sync_threads();
-    let routes = ROUTER && g < router.n_expert;
-    if g >= groups && !routes {
+    if g >= groups {
         return; // the whole warp, after the block's only barrier
     }
     let xs = |j: u32| f32::from_bits(smem.ld_u32(j));
     let scale = warp_rms_scale_of::<{ NORM_AHEAD as usize }>(xs, n, eps);
-    if g < groups {
-        let v = (xs(j) * scale) * wj;
-        mem::st_f32(out.add(at + j as usize), v);
-        quantize_group(v, xq.add((at / GROUP + g as usize) * q8_1::BYTES));
-    }
-    if ROUTER {
-        let mut e = g;
-        while e < router.n_expert {
-            let wrow = router.w.add(e as usize * row_bytes);
-            router_logit(wrow, |j| (xs(j) * scale) * mem::ld_nc_f32(w, j as usize), n, router.logits.add(row as usize * router.n_expert as usize + e as usize));
-            e += parts * NQ_WARPS;
-        }
-    }
-}
-
-/// One router row's logit over a normalized row `xn` of `n` values, in `matvec`'s order: lane
-/// `l` adds `wrow[j] * xn(j)` for `j = l, l + 32, ...` left to right from +0.0 (`NQ_ROUTER_AHEAD`
-/// of each loaded before they are added), then the warp's butterfly; lane 0 stores it at `out`.
-/// The whole warp calls it, converged.
-///
-/// # Safety
-/// `wrow`: `n` f32, 4-byte aligned; `out` an f32 no other thread touches.
-#[inline(always)]
-unsafe fn router_logit(wrow: *const u8, xn: impl Fn(u32) -> f32, n: u32, out: *mut f32) {
-    const A: usize = NQ_ROUTER_AHEAD as usize;
-    let ld = |j: u32| f32::from_bits(mem::ld_nc_u32(wrow.add(4 * j as usize)));
-    let mut acc = 0.0f32;
-    let mut j = index::lane();
-    while j + 32 * (A as u32 - 1) < n {
-        let (mut wv, mut xv) = ([0.0f32; A], [0.0f32; A]);
-        for i in 0..A {
-            (wv[i], xv[i]) = (ld(j + 32 * i as u32), xn(j + 32 * i as u32));
-        }
-        for i in 0..A {
-            acc += wv[i] * xv[i];
-        }
-        j += 32 * A as u32;
-    }
-    while j < n {
-        acc += ld(j) * xn(j);
-        j += 32;
-    }
-    warp::store_row_sums(&[acc], 1, false, |_| out);
+    let v = (xs(j) * scale) * wj;
+    mem::st_f32(out.add(at + j as usize), v);
+    quantize_group(v, xq.add((at / GROUP + g as usize) * q8_1::BYTES));
 }

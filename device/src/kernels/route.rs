@@ -17,16 +17,12 @@
 //! finds its pick's place among the others (`k` shuffles) and writes that group. The window's
 //! `moe_group` launch is then not needed.
 //!
-//! The kernel is [`pick`] (the picks into shared memory) and [`store_picks`] (warp 0's end),
-//! which the routing gate/up entries (`expdec_gu`'s `_p2r`, `_p2wr`) also run in each block,
-//! with [`one_token_group`] for the block's group, in place of this launch for one token.
-//!
 //! [`argmax_better`]: strata_gpu_shared::order::argmax_better
 use crate::arch::mem::Smem;
 use crate::arch::{index, sync, warp};
 use crate::kernels::head::ld_f32;
 use crate::unroll;
-use strata_gpu_shared::launch::route::{ROUTER_KEY_WORD, ROUTER_MAX_EXPERTS, ROUTER_MAX_K, ROUTER_MAX_WORD, ROUTER_PER_THREAD, ROUTER_PICK_WORD, ROUTER_THREADS};
+use strata_gpu_shared::launch::route::{ROUTER_KEY_WORD, ROUTER_MAX_K, ROUTER_MAX_WORD, ROUTER_PER_THREAD, ROUTER_PICK_WORD, ROUTER_THREADS};
 use strata_gpu_shared::moe;
 use strata_gpu_shared::order::{prob_key, top_prob_term};
 
@@ -55,108 +51,6 @@ unsafe fn ranks<const S: usize>(smem: Smem, key: &[u64; ROUTER_PER_THREAD], turn
     rank
 }
 
-/// The router's picks for the token whose `n_expert` logits are `row`, into shared memory: pick
-/// `r < k`'s probability at word `ROUTER_PICK_WORD + r` and its id at `ROUTER_PICK_WORD +
-/// ROUTER_MAX_K + r`. Every thread of a block of `THREADS` calls it (three block barriers, the
-/// last after the picks are written); its first `ROUTER_THREADS` do the work, in the words
-/// `ROUTER_SMEM_WORDS` from `smem`.
-///
-/// # Safety
-/// `row`: `n_expert` f32 with `1 <= n_expert <= ROUTER_MAX_EXPERTS`; `1 <= k <= min(ROUTER_MAX_K,
-/// n_expert)`; `smem`: 16-byte aligned, `ROUTER_SMEM_WORDS` words no other thread touches until
-/// the last barrier.
-#[inline(always)]
-pub(super) unsafe fn pick<const THREADS: u32>(smem: Smem, row: *const f32, n_expert: u32, k: u32) {
-    const { assert!(THREADS >= ROUTER_THREADS && THREADS % 32 == 0) };
-    let (tid, lane, w) = (index::thread_idx(), index::lane(), index::warp_in_block());
-    // Whole warps past the router's threads only take part in the barriers.
-    let routes = THREADS == ROUTER_THREADS || tid < ROUTER_THREADS;
-    let expert = |j: usize| tid + ROUTER_THREADS * j as u32;
-    let mut l = [0.0f32; ROUTER_PER_THREAD];
-    if routes {
-        let mut m = f32::NEG_INFINITY;
-        unroll!(j in [0, 1, 2, 3] {
-            if expert(j) < n_expert {
-                l[j] = ld_f32(row, expert(j) as usize);
-                m = m.max(l[j]);
-            }
-        });
-        // The row's maximum (exact in any order): the warps' maxima folded.
-        let m = warp::warp_max_f32(m);
-        if lane == 0 {
-            smem.st_u32(ROUTER_MAX_WORD + w, m.to_bits());
-        }
-    }
-    sync::sync_threads();
-    let mut key = [0u64; ROUTER_PER_THREAD];
-    if routes {
-        let mut m = f32::NEG_INFINITY;
-        unroll!(x in [0, 1, 2, 3] {
-            m = m.max(f32::from_bits(smem.ld_u32(ROUTER_MAX_WORD + x as u32)));
-        });
-        // Every slot's key into shared memory, 0 past `n_expert`.
-        unroll!(j in [0, 1, 2, 3] {
-            if expert(j) < n_expert {
-                key[j] = prob_key(top_prob_term(l[j], m), expert(j));
-            }
-            smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j), key[j] as u32);
-            smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j) + 1, (key[j] >> 32) as u32);
-        });
-    }
-    sync::sync_threads();
-    if routes {
-        let slots = n_expert.saturating_sub(tid).div_ceil(ROUTER_THREADS);
-        let turns = n_expert.div_ceil(8);
-        let rank = match slots {
-            0 => [u32::MAX; ROUTER_PER_THREAD],
-            1 => ranks::<1>(smem, &key, turns),
-            2 => ranks::<2>(smem, &key, turns),
-            3 => ranks::<3>(smem, &key, turns),
-            _ => ranks::<4>(smem, &key, turns),
-        };
-        unroll!(j in [0, 1, 2, 3] {
-            if (j as u32) < slots && rank[j] < k {
-                smem.st_u32(ROUTER_PICK_WORD + rank[j], (key[j] >> 32) as u32);
-                smem.st_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + rank[j], expert(j));
-            }
-        });
-    }
-    sync::sync_threads();
-}
-
-/// Pick `r`'s probability and id from [`pick`]'s words.
-#[inline(always)]
-unsafe fn picked(smem: Smem, r: u32) -> (f32, u32) {
-    (f32::from_bits(smem.ld_u32(ROUTER_PICK_WORD + r)), smem.ld_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + r))
-}
-
-/// One warp's end of the router for token `t`, after [`pick`]: the picks' sum in slot order
-/// (every lane), lane `r < k` stores pick `r` and its weight, and with `table` not null the
-/// one-token group table ([`one_token_table`]). The whole warp calls it, converged.
-///
-/// # Safety
-/// As [`pick`], whose words hold the picks; `ids`, `weights`: `(t + 1) * k` elements; `table`:
-/// null, or for `t == 0` the `moe::table_words(k)` u32 of the window's group table.
-#[inline(always)]
-pub(super) unsafe fn store_picks(smem: Smem, t: u32, k: u32, ids: *mut u32, weights: *mut f32, table: *mut u32) {
-    let lane = index::lane();
-    let mut sum = 0.0f32;
-    let mut r = 0;
-    while r < k {
-        sum += picked(smem, r).0;
-        r += 1;
-    }
-    let mine = if lane < k { picked(smem, lane) } else { (0.0, 0) };
-    if lane < k {
-        let at = t as usize * k as usize + lane as usize;
-        *ids.add(at) = mine.1;
-        *weights.add(at) = if sum == 0.0 { 0.0 } else { mine.0 / sum };
-    }
-    if !table.is_null() {
-        one_token_table(mine.1, k, table);
-    }
-}
-
 /// One block per token (blocks past `tokens`, from a padded grid, return at once).
 ///
 /// # Safety
@@ -171,34 +65,87 @@ pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n
     if t >= tokens {
         return; // the whole block
     }
-    let smem = Smem::dynamic();
-    pick::<ROUTER_THREADS>(smem, logits.add(t as usize * n_expert as usize), n_expert, k);
-    if index::warp_in_block() == 0 {
-        store_picks(smem, t, k, ids, weights, table);
+    let (smem, tid, lane, w) = (Smem::dynamic(), index::thread_idx(), index::lane(), index::warp_in_block());
+    let row = logits.add(t as usize * n_expert as usize);
+    let expert = |j: usize| tid + ROUTER_THREADS * j as u32;
+    let mut l = [0.0f32; ROUTER_PER_THREAD];
+    let mut m = f32::NEG_INFINITY;
+    unroll!(j in [0, 1, 2, 3] {
+        if expert(j) < n_expert {
+            l[j] = ld_f32(row, expert(j) as usize);
+            m = m.max(l[j]);
+        }
+    });
+    // The row's maximum (exact in any order): the warps' maxima folded.
+    let m = warp::warp_max_f32(m);
+    if lane == 0 {
+        smem.st_u32(ROUTER_MAX_WORD + w, m.to_bits());
+    }
+    sync::sync_threads();
+    let mut m = f32::NEG_INFINITY;
+    unroll!(x in [0, 1, 2, 3] {
+        m = m.max(f32::from_bits(smem.ld_u32(ROUTER_MAX_WORD + x as u32)));
+    });
+    // Every slot's key into shared memory, 0 past `n_expert`.
+    let mut key = [0u64; ROUTER_PER_THREAD];
+    unroll!(j in [0, 1, 2, 3] {
+        if expert(j) < n_expert {
+            key[j] = prob_key(top_prob_term(l[j], m), expert(j));
+        }
+        smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j), key[j] as u32);
+        smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j) + 1, (key[j] >> 32) as u32);
+    });
+    sync::sync_threads();
+    let slots = n_expert.saturating_sub(tid).div_ceil(ROUTER_THREADS);
+    let turns = n_expert.div_ceil(8);
+    let rank = match slots {
+        0 => [u32::MAX; ROUTER_PER_THREAD],
+        1 => ranks::<1>(smem, &key, turns),
+        2 => ranks::<2>(smem, &key, turns),
+        3 => ranks::<3>(smem, &key, turns),
+        _ => ranks::<4>(smem, &key, turns),
+    };
+    unroll!(j in [0, 1, 2, 3] {
+        if (j as u32) < slots && rank[j] < k {
+            smem.st_u32(ROUTER_PICK_WORD + rank[j], (key[j] >> 32) as u32);
+            smem.st_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + rank[j], expert(j));
+        }
+    });
+    sync::sync_threads();
+    if w != 0 {
+        return;
+    }
+    // Warp 0: the picks' sum in slot order (every lane), lane `r` stores pick `r`.
+    let pick = |r: u32| (f32::from_bits(smem.ld_u32(ROUTER_PICK_WORD + r)), smem.ld_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + r));
+    let mut sum = 0.0f32;
+    let mut r = 0;
+    while r < k {
+        sum += pick(r).0;
+        r += 1;
+    }
+    let mine = if lane < k { pick(lane) } else { (0.0, 0) };
+    if lane < k {
+        let at = t as usize * k as usize + lane as usize;
+        *ids.add(at) = mine.1;
+        *weights.add(at) = if sum == 0.0 { 0.0 } else { mine.0 / sum };
+    }
+    if !table.is_null() {
+        one_token_table(mine.1, k, table);
     }
 }
 
-/// Pick `r`'s rank among the `k` picks by id (its group in the one-token table), lane `r < k`
-/// holding pick `r`'s `id` (distinct ids). The whole warp calls it, converged.
+/// The group table `moe::group` builds for one token's `k` picks, lane `r < k` holding pick `r`
+/// (distinct ids below `n_expert`): `k` groups of one entry in increasing id, no errors. Lane
+/// `r`'s group is its rank among the picks. The whole warp calls it, converged.
 #[inline(always)]
-fn id_rank(id: u32, k: u32) -> u32 {
+unsafe fn one_token_table(id: u32, k: u32, table: *mut u32) {
+    let (lane, n) = (index::lane(), k as usize);
     let mut rank = 0u32;
     let mut r = 0;
     while r < k {
         rank += (warp::shfl_u32(id, r) < id) as u32;
         r += 1;
     }
-    rank
-}
-
-/// The group table `moe::group` builds for one token's `k` picks, lane `r < k` holding pick `r`
-/// (distinct ids below `n_expert`): `k` groups of one entry in increasing id, no errors. Lane
-/// `r`'s group is its rank among the picks (as [`one_token_group`] reads it back). The whole
-/// warp calls it, converged.
-#[inline(always)]
-unsafe fn one_token_table(id: u32, k: u32, table: *mut u32) {
-    let (lane, n) = (index::lane(), k as usize);
-    let rank = id_rank(id, k);
     if lane < k {
         let g = rank as usize;
         *table.add(moe::EXPERT + g) = id;
@@ -210,22 +157,4 @@ unsafe fn one_token_table(id: u32, k: u32, table: *mut u32) {
         *table.add(moe::N_GROUPS) = k;
         *table.add(moe::ERRORS) = 0;
     }
-}
-
-/// Group `g < k` of the one-token table [`one_token_table`] writes for [`pick`]'s picks: its
-/// expert and its one entry (the pick's slot), in every lane. The whole warp calls it,
-/// converged, after [`pick`]'s last barrier.
-///
-/// # Safety
-/// As [`store_picks`].
-#[inline(always)]
-pub(super) unsafe fn one_token_group(smem: Smem, k: u32, g: u32) -> (u32, u32) {
-    let lane = index::lane();
-    let id = if lane < k { picked(smem, lane).1 } else { 0 };
-    let rank = id_rank(id, k);
-    // The ranks of distinct ids are 0..k: one lane holds group `g`, and the warp's sum is that
-    // lane's slot and id, packed.
-    const { assert!(ROUTER_MAX_EXPERTS <= 1 << 16 && ROUTER_MAX_K <= 32) };
-    let at = warp::warp_sum_i32(if lane < k && rank == g { (lane << 16 | id) as i32 } else { 0 }) as u32;
-    (at & 0xffff, at >> 16)
 }

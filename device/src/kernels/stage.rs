@@ -12,11 +12,12 @@ use super::blocks::{self, Block};
 use crate::arch::mem::Smem;
 use crate::arch::{convert, index, mem};
 use strata_gpu_shared::formats::q8_1;
+use strata_gpu_shared::launch::EXPDEC_ENTRIES;
 
 /// Shared words of one EXPDEC staged pass (`EXPDEC_ENTRIES` rows) of rows of `groups` q8_1 blocks.
 #[inline(always)]
 pub fn expdec_words(groups: u32) -> u32 {
-    strata_gpu_shared::launch::expdec_stage_words(groups)
+    9 * EXPDEC_ENTRIES * groups
 }
 
 /// Stages `m` q8_1 rows (`row(r)` for `r < m`, `groups` blocks each) into LO / HI / D sized for

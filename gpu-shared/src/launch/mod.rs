@@ -85,17 +85,11 @@ pub const EXPDEC_DRB: [u32; 5] = [16, 32, 64, 128, 256];
 /// group's partial is then one contribution, and the row's sum is one butterfly over them.
 pub const EXPDEC_DOWN_MAX_GROUPS: u32 = 32;
 
-/// Shared words of one EXPDEC staged pass: `EXPDEC_ENTRIES` q8_1 rows of `groups` 32-value
-/// groups, 9 words a group.
-pub const fn expdec_stage_words(groups: u32) -> u32 {
-    9 * EXPDEC_ENTRIES * groups
-}
-
-/// Dynamic shared memory of an `expdec_gu_*` launch, in bytes: a staged pass of rows of `n_embd`
-/// values ([`expdec_stage_words`]), their SwiGLU outputs (`rb` words each) and the format's
-/// codebook (`grid_words`).
+/// Dynamic shared memory of an `expdec_gu_*` launch, in bytes: `EXPDEC_ENTRIES` staged q8_1
+/// rows of `n_embd` values (9 words per 32-value group), their SwiGLU outputs (`rb` words each)
+/// and the format's codebook (`grid_words`).
 pub const fn expdec_gu_smem(n_embd: usize, rb: u32, grid_words: usize) -> u32 {
-    4 * (expdec_stage_words((n_embd / 32) as u32) + EXPDEC_ENTRIES * rb + grid_words as u32)
+    (4 * (EXPDEC_ENTRIES as usize * (9 * (n_embd / 32) + rb as usize) + grid_words)) as u32
 }
 
 /// Dynamic shared memory of a pair gate/up launch (`expdec_gu_*_p2`), in bytes: as
@@ -392,9 +386,8 @@ pub fn expdec_entry(kernel: &str) -> bool {
 /// the formats of [`EXPDEC_GU_MINB4_FORMATS`], blocks of [`EXPDEC_THREADS`] at 4 a SM, in
 /// clusters of [`EXPDEC_PAIR`] (build.rs writes `.reqnctapercluster` into their headers); and
 /// `expdec_gu_<format>_r1_p2w`, each warp copying its own rows, for the formats whose pair
-/// blocks stage their rows (`WeightFormat::pair_stages_rows`); and the routing twins of IQ3_ST's
-/// two (`_p2r`, `_p2wr`: [`expdec_gu_routing_kernel`]).
-pub const CLUSTER_BOUNDS: [Bounds; 9] = [
+/// blocks stage their rows (`WeightFormat::pair_stages_rows`).
+pub const CLUSTER_BOUNDS: [Bounds; 7] = [
     expdec("expdec_gu_iq2_xxs_r1_p2", 4),
     expdec("expdec_gu_iq2_xs_r1_p2", 4),
     expdec("expdec_gu_iq2_s_r1_p2", 4),
@@ -402,8 +395,6 @@ pub const CLUSTER_BOUNDS: [Bounds; 9] = [
     expdec("expdec_gu_iq3_s_r1_p2", 4),
     expdec("expdec_gu_iq3_st_r1_p2", 4),
     expdec("expdec_gu_iq3_st_r1_p2w", 4),
-    expdec("expdec_gu_iq3_st_r1_p2r", 4),
-    expdec("expdec_gu_iq3_st_r1_p2wr", 4),
 ];
 
 /// The images (`strata::ptx::IMAGES` architectures) that have the [`CLUSTER_BOUNDS`] entries.
@@ -496,15 +487,6 @@ pub fn expdec_gu_pair_kernel(format: WeightFormat, warp_rows: bool) -> Option<&'
     } else {
         block_rows
     }
-}
-
-/// The routing twin of the pair entry `pair` (`_p2` or `_p2w`; knob `EXPDEC_ROUTE`), where it
-/// has one: the same blocks, shared memory and bits, for one-token windows, whose blocks pick the
-/// token's experts from the router's logits themselves (in the stage's shared words, which must
-/// hold `route::ROUTER_SMEM_WORDS`) and store the picks and the group table `router_topk` would
-/// have.
-pub fn expdec_gu_routing_kernel(pair: &str) -> Option<&'static str> {
-    named_in(&CLUSTER_BOUNDS, &[pair, "r"])
 }
 
 /// The `expdec_down_*` entry for `format`, `dr` rows per lane and `minb` blocks per SM.

@@ -28,10 +28,6 @@ pub const NQ_MAX_N: usize = 12288;
 /// to shared memory: `4 * 32 * NQ_WARPS * NQ_AHEAD` = 4,096 values a round, so rows up to 4,096
 /// are staged in one memory round trip (three at [`NQ_MAX_N`]).
 pub const NQ_AHEAD: u32 = 4;
-/// Router weights (and as many normalized values) a lane of `rms_norm_q8_1_router` loads
-/// before adding their products, in order: a 2,048-wide router row's 64 a lane in four
-/// memory latencies.
-pub const NQ_ROUTER_AHEAD: u32 = 16;
 /// Threads of an `add_f32` block, one element each.
 pub const ADD_THREADS: u32 = 256;
 /// Blocks of `rms_norm_q8_1` per row of `n` values (`n` a multiple of 32).
@@ -120,7 +116,7 @@ const fn embed(kernel: &'static str) -> Bounds {
 }
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
-pub const BOUNDS: [Bounds; 17] = [
+pub const BOUNDS: [Bounds; 16] = [
     embed("embed_rows_q8_0"),
     embed("embed_rows_q6_k"),
     embed("embed_rows_iq2_xxs"),
@@ -139,9 +135,6 @@ pub const BOUNDS: [Bounds; 17] = [
     Bounds { kernel: "add_f32", threads: ADD_THREADS, min_blocks: 4, smem_bytes: 0 },
     // The launcher passes `nq_smem(n)`; this default is the longest row's.
     Bounds { kernel: "rms_norm_q8_1", threads: 32 * NQ_WARPS, min_blocks: 4, smem_bytes: nq_smem(NQ_MAX_N) },
-    // A row's few blocks (8 at n = 2,048 for one token), so occupancy is no concern: 2 blocks a
-    // SM leave the router's loads in flight 128 registers.
-    Bounds { kernel: "rms_norm_q8_1_router", threads: 32 * NQ_WARPS, min_blocks: 2, smem_bytes: nq_smem(NQ_MAX_N) },
 ];
 
 /// Sizes the HIP sources read as `STRATA_<NAME>`.
@@ -153,7 +146,6 @@ pub const GEOMETRY: &[(&str, usize)] = &[
     ("ADD_THREADS", ADD_THREADS as usize),
     ("NQ_WARPS", NQ_WARPS as usize),
     ("NQ_AHEAD", NQ_AHEAD as usize),
-    ("NQ_ROUTER_AHEAD", NQ_ROUTER_AHEAD as usize),
 ];
 
 #[cfg(test)]

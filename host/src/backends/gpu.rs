@@ -568,12 +568,8 @@ impl GpuBackend {
     /// kernels and sizes the knobs plan for this shape and window. The combined rows go to `out`
     /// (`tokens` x `n_embd`), added to its values with `accumulate`. `ahead`: a weight read after
     /// the experts, whose first [`DOWN_AHEAD_MAX`] bytes a `moe_down_*` launch asks L2 for where
-    /// the `DOWN_AHEAD` knob says so (a hint). `router_logits`: the window's router logits
-    /// (`tokens` x `n_expert`) where its top-k is not queued yet: in the gate/up launch where the
-    /// `EXPDEC_ROUTE` knob plans a routing entry ([`ExpertKnobs::routing`]), else as
-    /// `router_topk` first; either writes `w`'s ids, weights and (one token) group table.
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_queue(&self, l: &MoeLayer, w: &mut MoeBuffers, out: &mut CudaSlice<f32>, accumulate: bool, stages: MoeStages, ahead: Option<&CudaSlice<u8>>, router_logits: Option<&CudaSlice<f32>>) -> Result<()> {
+    /// the `DOWN_AHEAD` knob says so (a hint).
+    pub fn moe_queue(&self, l: &MoeLayer, w: &mut MoeBuffers, out: &mut CudaSlice<f32>, accumulate: bool, stages: MoeStages, ahead: Option<&CudaSlice<u8>>) -> Result<()> {
         // The buffers must hold the window (the step's are sized for its largest one).
         let sel = w.tokens * w.k;
         if w.tokens == 0 || w.k == 0 || sel > MOE_MAX_SELECTIONS {
@@ -586,9 +582,6 @@ impl GpuBackend {
         holds("moe", "hq", w.hq.len(), q8_1::bytes_of(sel * l.n_ff))?;
         holds("moe", "y", w.y.len(), sel * l.n_embd)?;
         holds("moe", "out", out.len(), w.tokens * l.n_embd)?;
-        if let Some(logits) = router_logits {
-            holds("moe", "router logits", logits.len(), w.tokens * l.n_expert)?;
-        }
         let (g, d) = l.formats;
         let n = (w.tokens * w.k) as u32;
         let (k, tokens) = (w.k as u32, w.tokens as u32);
@@ -597,42 +590,23 @@ impl GpuBackend {
         let down_bytes = (l.n_embd * d.row_bytes(l.n_ff)) as u64;
         let plan = self.experts.plan(l.formats, l.n_embd, l.n_ff, n as usize, self.info.sms(), self.clusters).map_err(|e| Error::Request(format!("{}: expert knobs: {e}", self.name)))?;
         let pad = |kernel: &str, blocks: u32| self.padded_grid(kernel, blocks);
-        // The top-k inside gate/up where a routing entry serves the window, else before it.
-        let routing = router_logits.and_then(|_| self.experts.routing(&plan, w.tokens, w.k, l.n_expert, l.n_embd)).filter(|_| stages.gate_up);
-        if let (Some(logits), None) = (router_logits, routing) {
-            let table = (w.tokens == 1).then_some(&mut w.table);
-            self.router_topk_queue(logits, w.tokens, l.n_expert, w.k, &mut w.ids, &mut w.weights, table)?;
-            w.grouped = w.tokens == 1;
-        }
-        // SAFETY (the launches below): the parameters are each kernel's, in order, over buffers
-        // sized by `check_moe` (or the bench's own equivalent shapes), with the shared memory the
-        // plan computed for this shape; kernels return at once in blocks past the real groups,
-        // rows or values, so padded and worst-case grids are covered. A routing gate/up's logits
-        // hold its token's `n_expert` values (checked above), and `routing` checked `k`,
-        // `n_expert` and the stage's words.
-        if stages.group && !w.grouped && routing.is_none() {
+        // SAFETY (all four): the parameters are each kernel's, in order, over buffers sized by
+        // `check_moe` (or the bench's own equivalent shapes), with the shared memory the plan
+        // computed for this shape; kernels return at once in blocks past the real groups, rows
+        // or values, so padded and worst-case grids are covered.
+        if stages.group && !w.grouped {
             self.moe_group_queue(&w.ids, sel, l.n_expert, &mut w.table)?;
         }
         w.grouped = false;
         if stages.gate_up {
-            let gu = routing.unwrap_or(plan.gu);
+            let gu = plan.gu;
             self.log_first_launch(gu);
             let mut a = self.builder(gu.kernel);
-            a.arg(&l.gate).arg(&l.up).arg(&gu_bytes).arg(&w.xq);
-            if routing.is_some() {
-                a.arg(&mut w.table); // written there
-            } else {
-                a.arg(&w.table);
-            }
-            a.arg(&n).arg(&k).arg(&embd_groups).arg(&n_ff);
+            a.arg(&l.gate).arg(&l.up).arg(&gu_bytes).arg(&w.xq).arg(&w.table).arg(&n).arg(&k).arg(&embd_groups).arg(&n_ff);
             if gu.kernel.starts_with("expdec") {
                 a.arg(&gu.rows_per_block).arg(&l.down).arg(&down_bytes);
             }
             a.arg(&mut w.hq);
-            let n_expert = l.n_expert as u32;
-            if let (Some(logits), Some(_)) = (router_logits, routing) {
-                a.arg(logits).arg(&n_expert).arg(&mut w.ids).arg(&mut w.weights);
-            }
             unsafe { self.launch_async_smem(gu.kernel, pad(gu.kernel, gu.blocks), gu.smem, a) }?;
         }
         if stages.down {
@@ -811,7 +785,7 @@ impl Backend for GpuBackend {
         };
         let mut out = self.upload_out("moe_combine", o.out)?;
         debug_assert_eq!((layer.n_embd, layer.n_ff), (n_embd, n_ff));
-        self.moe_queue(&layer, &mut win, &mut out, o.accumulate, MoeStages::ALL, None, None)?;
+        self.moe_queue(&layer, &mut win, &mut out, o.accumulate, MoeStages::ALL, None)?;
         self.stream.synchronize().map_err(self.driver_err("moe", "execution"))?;
         self.download_out("moe_gu", &win.hq, o.hq)?;
         self.download_out("moe_down", &win.y, o.y)?;

@@ -6,11 +6,10 @@
 //! numbers; docs/bench/ the whole tables).
 use strata_gpu_shared::formats::WeightFormat;
 use strata_gpu_shared::launch::{
-    bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_pair_kernel, expdec_gu_pair_smem, expdec_gu_ring_bytes, expdec_gu_routing_kernel, expdec_gu_smem, expdec_stage_words, expdec_gu_warp_rows_kernel, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
+    bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_pair_kernel, expdec_gu_pair_smem, expdec_gu_ring_bytes, expdec_gu_smem, expdec_gu_warp_rows_kernel, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
     EXPDEC_DOWN_MAX_GROUPS, EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R,
     EXPDEC_PAIR, EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_GU_ROWS,
 };
-use strata_gpu_shared::launch::route::{ROUTER_MAX_EXPERTS, ROUTER_MAX_K, ROUTER_SMEM_WORDS};
 
 /// Dynamic shared memory an EXPDEC launch may ask for (96 KiB; the backends opt the EXPDEC
 /// entries in to it at load, which every device the PTX runs on allows: compute capability 8.0
@@ -64,16 +63,6 @@ pub struct ExpertKnobs {
     /// (whose block otherwise copies all its rows and waits for all), `_m2w` where the 8-warp
     /// entry of one row a lane at 2 blocks per SM runs (whose rows otherwise come from L2).
     pub warp_rows: bool,
-    /// `STRATA_EXPDEC_ROUTE`: a one-token window whose gate/up runs a pair entry with a routing
-    /// twin (IQ3_ST's `_p2r`, `_p2wr`) runs the twin, whose blocks pick the token's experts
-    /// from the router's logits themselves, in place of the `router_topk` launch before it
-    /// ([`Self::routing`]).
-    pub route: bool,
-    /// `STRATA_ROUTER_IN_NORM`: in a one-token window, a norm whose output the router's f32
-    /// matvec reads next (`Op::NormQuantRouter`) runs as one `rms_norm_q8_1_router` launch, the
-    /// router's rows shared among the norm's warps, in place of `rms_norm_q8_1` then
-    /// `matvec1_f32`.
-    pub norm_router: bool,
     /// `STRATA_DOWN_AHEAD`: the `moe_down_*` launch asks L2 for the weight the step reads after
     /// the experts (`Op::Experts`'s `ahead`, at most [`DOWN_AHEAD_MAX`] bytes), each block once
     /// its grid wait returns (the `expdec_down_*` entries do not).
@@ -82,7 +71,7 @@ pub struct ExpertKnobs {
 
 impl Default for ExpertKnobs {
     fn default() -> Self {
-        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: false, route: false, norm_router: false, ahead: false }
+        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: false, ahead: false }
     }
 }
 
@@ -94,7 +83,7 @@ pub struct Knob {
     pub what: &'static str,
 }
 
-pub const KNOBS: [Knob; 16] = [
+pub const KNOBS: [Knob; 14] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
     Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
@@ -108,8 +97,6 @@ pub const KNOBS: [Knob; 16] = [
     Knob { name: "EXPDEC_WARPS", values: "0|8|16", what: "EXPDEC gate/up warps per block (16 needs R=1 and an IQ format; 0: 16 where 8 leaves SMs under two blocks)" },
     Knob { name: "EXPDEC_PAIRS", values: "0|1|2", what: "EXPDEC gate/up chunks split over a cluster's two blocks (cuda on sm_90+, R=1, an IQ format): 0 never, 1 where the rule picks 16 warps, 2 always" },
     Knob { name: "EXPDEC_WARP_ROWS", values: "0|1", what: "IQ3_ST gate/up (pair blocks, and 8-warp blocks at R=1 MINB=2): each warp copies its rows to shared memory two ahead and decodes a row once it lands" },
-    Knob { name: "EXPDEC_ROUTE", values: "0|1", what: "one-token windows on IQ3_ST pair gate/up blocks: the gate/up launch picks the token's experts from the router logits itself (no router_topk launch)" },
-    Knob { name: "ROUTER_IN_NORM", values: "0|1", what: "one-token windows: the router's f32 matvec in the launch of the norm before it (rms_norm_q8_1_router: no matvec1_f32 launch)" },
     Knob { name: "DOWN_AHEAD", values: "0|1", what: "the down launch (moe_down_*) asks L2 for the weight read after the experts (the next layer's first projection)" },
 ];
 
@@ -145,8 +132,6 @@ impl ExpertKnobs {
             "EXPDEC_WARPS" => self.warps = one_of(&[0, 8, 16])?,
             "EXPDEC_PAIRS" => self.pairs = one_of(&[0, 1, 2])?,
             "EXPDEC_WARP_ROWS" => self.warp_rows = flag()?,
-            "EXPDEC_ROUTE" => self.route = flag()?,
-            "ROUTER_IN_NORM" => self.norm_router = flag()?,
             "DOWN_AHEAD" => self.ahead = flag()?,
             _ => unreachable!("every name of KNOBS is matched"),
         }
@@ -202,8 +187,8 @@ impl ExpertKnobs {
     /// One line naming every knob and its value.
     pub fn describe(&self) -> String {
         format!(
-            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} EXPDEC_ROUTE={} ROUTER_IN_NORM={} DOWN_AHEAD={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
-            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.route as u8, self.norm_router as u8, self.ahead as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
+            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} DOWN_AHEAD={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
+            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.ahead as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
         )
     }
 
@@ -294,17 +279,6 @@ impl ExpertKnobs {
         };
         Ok(ExpertPlan { gu, down })
     }
-
-    /// The gate/up launch that also routes a window of `tokens` tokens choosing `k` of
-    /// `n_expert` experts over rows of `n_embd` (`EXPDEC_ROUTE`), in place of `plan`'s gate/up
-    /// and a `router_topk` launch before it: the routing twin of `plan`'s pair entry, for one
-    /// token, where it has one and its stage's shared words hold the router's. None otherwise
-    /// (the window routes with `router_topk`).
-    pub fn routing(&self, plan: &ExpertPlan, tokens: usize, k: usize, n_expert: usize, n_embd: usize) -> Option<Launch> {
-        let fits = expdec_stage_words((n_embd / 32) as u32) >= ROUTER_SMEM_WORDS && (1..=ROUTER_MAX_K.min(n_expert)).contains(&k) && n_expert <= ROUTER_MAX_EXPERTS;
-        let kernel = expdec_gu_routing_kernel(plan.gu.kernel).filter(|_| self.route && tokens == 1 && fits)?;
-        Some(Launch { kernel, ..plan.gu })
-    }
 }
 
 /// The formats with 4-blocks-per-SM, 16-warp and pair gate/up entries, for the errors.
@@ -382,7 +356,7 @@ mod tests {
 
     #[test]
     fn plan_follows_the_knobs() {
-        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, route: false, norm_router: false, ahead: false };
+        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, ahead: false };
         let p = on.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.
@@ -507,46 +481,6 @@ mod tests {
         k.set("expdec_warp_rows", "1").unwrap();
         assert!(k.warp_rows && k.describe().contains("EXPDEC_WARP_ROWS=1"));
         assert!(k.set("EXPDEC_WARP_ROWS", "2").unwrap_err().contains("expected 0|1"));
-    }
-
-    /// EXPDEC_ROUTE: a one-token window on IQ3_ST's pair entries runs their routing twins, the
-    /// same grid, bounds and shared memory; not a wider window, another format's pair entry, the
-    /// 16-warp or 8-warp entries, a stage too small for the router's words, a `k` the router
-    /// does not take, or with the knob off.
-    #[test]
-    fn routing_twins_serve_one_token_pair_windows() {
-        let route = ExpertKnobs { route: true, ..ExpertKnobs::default() };
-        let one = route.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, true).unwrap();
-        let r = route.routing(&one, 1, 8, 128, 2048).unwrap();
-        assert_eq!(r, Launch { kernel: "expdec_gu_iq3_st_r1_p2r", ..one.gu });
-        assert_eq!(bounds(r.kernel), bounds("expdec_gu_iq3_st_r1_p2").map(|b| Bounds { kernel: r.kernel, ..b }));
-        let w = ExpertKnobs { warp_rows: true, ..route };
-        let wp = w.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, true).unwrap();
-        assert_eq!(w.routing(&wp, 1, 8, 128, 2048), Some(Launch { kernel: "expdec_gu_iq3_st_r1_p2wr", ..wp.gu }));
-        assert_eq!(ExpertKnobs::default().routing(&one, 1, 8, 128, 2048), None);
-        let pairs = ExpertKnobs { pairs: 2, ..route };
-        assert_eq!(pairs.routing(&pairs.plan((Iq3ST, Iq4NlT), 2048, 768, 16, H200_SMS, true).unwrap(), 2, 8, 128, 2048), None);
-        assert_eq!(route.routing(&route.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap(), 1, 8, 128, 2048), None);
-        assert_eq!(route.routing(&route.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, false).unwrap(), 1, 8, 128, 2048), None);
-        let eight_warps = route.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap();
-        assert!(!eight_warps.gu.kernel.contains("_p2"), "{}", eight_warps.gu.kernel);
-        assert_eq!(route.routing(&eight_warps, 1, 8, 128, 2048), None);
-        // The stage holds 36 words a 32-value group: 1,060 router words need n_embd >= 960.
-        assert_eq!(expdec_stage_words(30) >= ROUTER_SMEM_WORDS, expdec_stage_words(29) < ROUTER_SMEM_WORDS);
-        let narrow = pairs.plan((Iq3ST, Iq4NlT), 928, 768, 8, H200_SMS, true).unwrap();
-        assert_eq!(narrow.gu.kernel, "expdec_gu_iq3_st_r1_p2");
-        assert_eq!(pairs.routing(&narrow, 1, 8, 128, 928), None);
-        assert!(pairs.routing(&pairs.plan((Iq3ST, Iq4NlT), 960, 768, 8, H200_SMS, true).unwrap(), 1, 8, 128, 960).is_some());
-        assert_eq!(route.routing(&one, 1, 17, 128, 2048), None);
-        assert_eq!(route.routing(&one, 1, 8, 513, 2048), None);
-        assert_eq!(route.routing(&one, 1, 8, 4, 2048), None);
-        let mut k = ExpertKnobs::default();
-        k.set("expdec_route", "1").unwrap();
-        assert!(k.route && k.describe().contains("EXPDEC_ROUTE=1"));
-        assert!(k.set("EXPDEC_ROUTE", "2").unwrap_err().contains("expected 0|1"));
-        k.set("router_in_norm", "1").unwrap();
-        assert!(k.norm_router && k.describe().contains("ROUTER_IN_NORM=1"));
-        assert!(k.set("ROUTER_IN_NORM", "2").unwrap_err().contains("expected 0|1"));
     }
 
     #[test]

@@ -171,10 +171,6 @@ impl Executor for CpuExecutor {
                 self.put(out, o);
                 r
             }
-            Op::NormQuantRouter { x, w: nw, out, q, router, logits } => {
-                self.op(&Op::NormQuant { x, w: nw, out, q }, w)?;
-                self.op(&Op::Linear { w: router, xq: q, x: out, out: logits, accumulate: false }, w)
-            }
             Op::Quantize { x, out } => self.quantize_rows(x, out, t),
             Op::Linear { w: id, xq, x, out, accumulate } => {
                 let lw = weights.get(id);

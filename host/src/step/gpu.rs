@@ -52,9 +52,6 @@ pub struct GpuExecutor {
     qx: HashMap<Qx, CudaSlice<u8>>,
     /// The window's expert selections, their q8_1 input and scratch.
     moe: MoeBuffers,
-    /// A one-token window's router top-k waits for its experts (`EXPDEC_ROUTE`: `moe_queue`
-    /// queues it, in the gate/up launch where a routing entry serves the layer).
-    route_later: bool,
     /// Per layer: its K and V caches (attention) or its conv ring and recurrent states (Gated
     /// DeltaNet).
     cache: Vec<Option<(CudaSlice<u16>, CudaSlice<u16>)>>,
@@ -115,9 +112,9 @@ pub fn device_bytes(model: &Model, n_ctx: usize) -> usize {
 
 /// The weights the device holds in a tiled layout (`formats::tiles`: the same values, aligned
 /// 16-byte loads), each with the tiled format the kernels read it as: the matrices only
-/// [`Op::Linear`] reads, a fused router's included (an embedding table keeps the file's blocks,
-/// which `embed_rows` reads), and the routed experts whose tiled format has expert kernels (in
-/// the launch table), where the format has a tiled layout and a row holds whole tiles.
+/// [`Op::Linear`] reads (an embedding table keeps the file's blocks, which `embed_rows` reads) and
+/// the routed experts whose tiled format has expert kernels (in the launch table), where the
+/// format has a tiled layout and a row holds whole tiles.
 pub fn tiled_weights(model: &Model) -> HashMap<WeightId, WeightFormat> {
     let ops: Vec<Op> = model.step_ops(Op::Pick(Pick::Greedy)).into_iter().chain(model.mtp_ops().into_iter().flatten()).collect();
     let embedded: HashSet<WeightId> = ops.iter().filter_map(|o| if let Op::Embed { table, .. } = o { Some(*table) } else { None }).collect();
@@ -126,11 +123,7 @@ pub fn tiled_weights(model: &Model) -> HashMap<WeightId, WeightFormat> {
         GgmlType::Quant(f) => f.tiled().filter(|t| w.get(id).cols % t.block_values() == 0).map(|t| (id, t)),
         _ => None,
     };
-    let matrix = |o: &Op| match *o {
-        Op::Linear { w, .. } | Op::NormQuantRouter { router: w, .. } => Some(w),
-        _ => None,
-    };
-    let linear = ops.iter().filter_map(matrix).filter(|w| !embedded.contains(w)).filter_map(tiled);
+    let linear = ops.iter().filter_map(|o| if let Op::Linear { w, .. } = o { Some(*w) } else { None }).filter(|w| !embedded.contains(w)).filter_map(tiled);
     let has_moe = |t: WeightFormat| bounds(&format!("moe_gu_{}", t.tag())).is_some() && bounds(&format!("moe_down_{}", t.tag())).is_some();
     let experts = w.all_layers().flat_map(|l| [l.gate, l.up, l.down]).filter_map(tiled).filter(|&(_, t)| has_moe(t));
     linear.chain(experts).collect()
@@ -255,7 +248,6 @@ impl GpuExecutor {
             tiled,
             act,
             moe,
-            route_later: false,
             cache,
             gdn,
             n_ctx,
@@ -402,7 +394,10 @@ impl GpuExecutor {
     }
 
     fn bytes(&self, id: WeightId) -> &CudaSlice<u8> {
-        matrix(&self.weights, &self.model, id)
+        match &self.weights[&id] {
+            DevWeight::Bytes(b) => b,
+            DevWeight::F32(_) => unreachable!("{} is a matrix", self.model.weights.get(id).name),
+        }
     }
 
     fn f32s(&self, id: WeightId) -> &CudaSlice<f32> {
@@ -541,22 +536,6 @@ impl Executor for GpuExecutor {
                 self.act.insert(out, o);
                 r
             }
-            Op::NormQuantRouter { x, w: nw, out, q, router, logits } => {
-                // One token only: a window's rows would each read the router's rows again, where
-                // `matvec_f32` reads them once for all of its rows.
-                let rw = weights.get(router);
-                if !(self.gpu.expert_knobs().norm_router && t == 1 && rw.ty == GgmlType::F32 && rw.cols == act_len(c, x)) {
-                    self.op(&Op::NormQuant { x, w: nw, out, q }, w)?;
-                    return self.op(&Op::Linear { w: router, xq: q, x: out, out: logits, accumulate: false }, w);
-                }
-                let (mut o, mut l) = (self.take(out), self.take(logits));
-                let xq = q8_1_buffer(&mut self.qx, &mut self.moe, q);
-                let (norm_w, router_w) = (prepared(&self.weights, &model, nw), matrix(&self.weights, &model, router));
-                let r = self.gpu.rms_norm_q8_1_router_queue(&self.act[&x], norm_w, &mut o, xq, t, act_len(c, x), c.rms_eps, router_w, rw.rows, &mut l);
-                self.act.insert(out, o);
-                self.act.insert(logits, l);
-                r
-            }
             Op::Quantize { x, out } => {
                 let n = t * act_len(c, x);
                 self.gpu.quantize_q8_1_queue(&self.act[&x], q8_1_buffer(&mut self.qx, &mut self.moe, out), n)
@@ -689,13 +668,6 @@ impl Executor for GpuExecutor {
                 self.gpu.stream().memcpy_dtod(&last, &mut first).map_err(self.gpu.driver_err("last row first", "copy"))
             }
             Op::RouterTopK { k } => {
-                if k != self.moe.k {
-                    return Err(Error::Shape { kernel: "router_topk", detail: format!("top {k} of a step whose experts take {}", self.moe.k) });
-                }
-                self.route_later = t == 1 && self.gpu.expert_knobs().route;
-                if self.route_later {
-                    return Ok(());
-                }
                 // A one-token window's group table comes with its picks (no `moe_group` launch).
                 let table = (t == 1).then_some(&mut self.moe.table);
                 self.gpu.router_topk_queue(&self.act[&Act::Router], t, c.n_expert, k, &mut self.moe.ids, &mut self.moe.weights, table)?;
@@ -710,8 +682,7 @@ impl Executor for GpuExecutor {
                     Some(DevWeight::Bytes(b)) => Some(b),
                     _ => None,
                 });
-                let route = std::mem::take(&mut self.route_later).then(|| &self.act[&Act::Router]);
-                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, MoeStages::ALL, ahead, route);
+                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, MoeStages::ALL, ahead);
                 self.act.insert(out, o);
                 r
             }
@@ -784,14 +755,6 @@ fn q8_1_buffer<'a>(qx: &'a mut HashMap<Qx, CudaSlice<u8>>, moe: &'a mut MoeBuffe
 
 /// A prepared vector's device buffer (norms, biases, conv taps): a free function over the weight
 /// map, so the executor can hold a cache or state mutably while it reads one.
-/// A matrix's bytes on the device.
-fn matrix<'a>(weights: &'a HashMap<WeightId, DevWeight>, model: &Model, id: WeightId) -> &'a CudaSlice<u8> {
-    match &weights[&id] {
-        DevWeight::Bytes(b) => b,
-        DevWeight::F32(_) => unreachable!("{} is a matrix", model.weights.get(id).name),
-    }
-}
-
 fn prepared<'a>(weights: &'a HashMap<WeightId, DevWeight>, model: &Model, id: WeightId) -> &'a CudaSlice<f32> {
     match &weights[&id] {
         DevWeight::F32(v) => v,

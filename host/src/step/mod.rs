@@ -214,11 +214,6 @@ pub enum Op {
     /// [`Op::Quantize`] of its output in one kernel (`rms_norm_q8_1`, the same bits), which
     /// [`fuse`] makes of the two where the row fits its shared memory.
     NormQuant { x: Act, w: WeightId, out: Act, q: Qx },
-    /// [`Op::NormQuant`], then the router's [`Op::Linear`] of its output (`out = rms_norm(x) * w`,
-    /// `q = q8_1(out)`, `logits = router * out`), which [`fuse`] makes of the two: a backend
-    /// runs them as one kernel where it can (a GPU's `rms_norm_q8_1_router` for one-token
-    /// windows and an f32 router, with `ROUTER_IN_NORM`; the same bits), else as the two ops.
-    NormQuantRouter { x: Act, w: WeightId, out: Act, q: Qx, router: WeightId, logits: Act },
     /// `out = w * input` per row, or with `accumulate` `out += w * input` (the residual add
     /// fused into the matvec: the bits of `Linear` then `AddInto`): quantized weights read `xq`,
     /// float weights read `x`.
@@ -300,7 +295,6 @@ impl Op {
             | Op::AddWeight { w, .. }
             | Op::GdnConv { w, .. }
             | Op::RmsNormGated { w, .. } => vec![w],
-            Op::NormQuantRouter { w, router, .. } => vec![w, router],
             Op::AttnPrep { q_norm, k_norm, .. } => vec![q_norm, k_norm],
             Op::GdnRecur { dt_bias, a, .. } => vec![dt_bias, a],
             Op::Experts { gate, up, down, .. } => vec![gate, up, down],
@@ -315,9 +309,7 @@ impl Op {
 ///   [`Op::NormQuant`], where the row (`act_len(c, x)` values) fits `rms_norm_q8_1`'s shared
 ///   memory (`NQ_MAX_N`);
 /// - an [`Op::Attention`] immediately followed by the quantization of `Attn` quantizes its own
-///   output;
-/// - such an [`Op::NormQuant`] immediately followed by the router's [`Op::Linear`] of its output
-///   (into `Act::Router`, not accumulating) becomes one [`Op::NormQuantRouter`].
+///   output.
 ///
 /// Other ops, and pairs with longer rows, stay as they are.
 pub fn fuse(ops: Vec<Op>, c: &ModelConfig) -> Vec<Op> {
@@ -329,9 +321,6 @@ pub fn fuse(ops: Vec<Op>, c: &ModelConfig) -> Vec<Op> {
             }
             (Some(&Op::Attention { layer, q: None }), Op::Quantize { x: Act::Attn, out: q }) => {
                 *out.last_mut().expect("matched above") = Op::Attention { layer, q: Some(q) };
-            }
-            (Some(&Op::NormQuant { x, w, out: n, q }), Op::Linear { w: router, xq, x: lx, out: Act::Router, accumulate: false }) if lx == n && xq == q => {
-                *out.last_mut().expect("matched above") = Op::NormQuantRouter { x, w, out: n, q, router, logits: Act::Router };
             }
             (_, op) => out.push(op),
         }
@@ -480,8 +469,7 @@ pub fn add_phase_time(sums: &mut Vec<(&'static str, f64)>, phase: &'static str, 
 /// The phase an op belongs to: attention or deltanet (the mixer, its projections and gates
 /// included), router (its matvec included), experts, shared expert (its matvecs, activation and
 /// gate), head (the output matvec), sampling, or other (embedding, norms, quantization, residual
-/// adds; a norm with the router's matvec too, which a backend may run as one launch: its two ops,
-/// where it runs them apart, mark their own phases).
+/// adds).
 pub fn phase_of(op: &Op, weights: &Weights) -> &'static str {
     let deltanet = |w: WeightId| {
         weights.all_layers().any(|l| matches!(&l.mixer, Mixer::DeltaNet(d) if [d.qkv, d.z, d.beta, d.alpha, d.out].contains(&w)))
