@@ -215,7 +215,7 @@ fn moe_window_invariance() {
 
 /// Every value of every expert knob gives the CPU replica's bytes on both GPU backends (hq, y
 /// and the combined rows, all written): gate/up knobs (EXPDEC, R, MINB, WARPS, PAIRS,
-/// EXPDEC_WARP_ROWS for pairs and 8-warp blocks, RB including the rule) per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0,
+/// EXPDEC_WARP_ROWS for 8-warp blocks and with pair blocks, RB including the rule) per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0,
 /// IQ4_NL and its tiles (IQ4_NLT, at n_ff 768 only), over windows whose groups hold 0 to 11 entries, at the model shapes and an odd one
 /// (n_ff 448: 14 q8_1 chunks, so 128 rows per block leave a partial block; 14 groups per down
 /// row, so 18 row slots per block).
@@ -232,7 +232,7 @@ fn expert_knobs_every_value() {
         assert_eq!(g.clusters(), name == "cuda" && g.info().compute_capability.0 >= 9, "{name}: cluster entries");
         let seed = common::seed("expert_knobs_every_value");
         let mut rng = SmallRng::seed_from_u64(seed);
-        let plain = ExpertKnobs { expdec: false, down: false, d20: false, ..ExpertKnobs::default() };
+        let plain = ExpertKnobs { expdec: false, down: false, d20: false, warp_rows: false, ..ExpertKnobs::default() };
         let mut sets = vec![plain];
         for r in EXPDEC_R {
             for minb in EXPDEC_MINB {
@@ -249,8 +249,9 @@ fn expert_knobs_every_value() {
         }
         // The pair entries (cuda on sm_90 and later; the plan refuses them elsewhere).
         sets.push(ExpertKnobs { expdec: true, r: 1, warps: 0, pairs: 2, ..plain });
-        // Rows copied warp by warp where a format has the entries (IQ3_ST's `_p2w` and `_m2w`),
-        // the 8-warp blocks at every rows-per-block (4 to 16 rows a warp through two slots).
+        // Rows copied warp by warp where a format has the entry (IQ3_ST's `_m2w`), the 8-warp
+        // blocks at every rows-per-block (4 to 16 rows a warp through two slots); pair blocks
+        // keep their own copy.
         sets.push(ExpertKnobs { expdec: true, r: 1, warps: 0, pairs: 2, warp_rows: true, ..plain });
         for rb in [0].into_iter().chain(EXPDEC_RB) {
             sets.push(ExpertKnobs { expdec: true, r: 1, minb: 2, rb, warps: 8, warp_rows: true, minblk: rng.random_range(1..=2000), ..plain });
@@ -286,9 +287,8 @@ fn expert_knobs_every_value() {
                     g.set_expert_knobs(knobs);
                     let plan = knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms, clusters).unwrap();
                     assert_eq!(plan.gu.kernel.ends_with("_w16"), knobs.expdec && knobs.warps == 16, "{}", plan.gu.kernel);
-                    assert_eq!(plan.gu.kernel.ends_with("_p2") || plan.gu.kernel.ends_with("_p2w"), pairs, "{}", plan.gu.kernel);
+                    assert_eq!(plan.gu.kernel.ends_with("_p2"), pairs, "{}", plan.gu.kernel);
                     let warp_rows = knobs.expdec && knobs.warp_rows && gf == WeightFormat::Iq3ST;
-                    assert_eq!(plan.gu.kernel.ends_with("_p2w"), pairs && warp_rows, "{}", plan.gu.kernel);
                     assert_eq!(plan.gu.kernel.ends_with("_m2w"), !pairs && warp_rows, "{}", plan.gu.kernel);
                     let label = format!("{name} {} {}/{}", knobs.describe(), plan.gu.kernel, plan.down.kernel);
                     check(parity::moe_against(("cpu", &want), &g, &label, &case, &xq, seed).unwrap());

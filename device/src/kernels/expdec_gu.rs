@@ -23,12 +23,13 @@
 //! time; it asks L2 for its share of the down rows only once its own rows are in, so that those
 //! requests do not queue ahead of its rows.
 //!
-//! The `WARP_ROWS` entries of such a format (`_p2w` and the 8-warp `_m2w`, knob
-//! `EXPDEC_WARP_ROWS`) copy rows warp by warp instead: each warp copies its own rows to its
-//! ring of `EXPDEC_ROW_SLOTS` slots, one commit group a row, and decodes a row once its group
-//! has landed while the next is still in flight, then starts the row two ahead into the slot
-//! (`WarpRows`). A pair warp's two rows are all its rows; an 8-warp block's warp has 4 to 16.
-//! The same loads of the same bytes in the same order: the same bits.
+//! The `WARP_ROWS` entry of such a format (the 8-warp `_m2w`, knob `EXPDEC_WARP_ROWS`, on by
+//! default) copies rows warp by warp, where the other 8-warp entries load them group by group
+//! from L2: each warp copies its own 4 to 16 rows through its ring of `EXPDEC_ROW_SLOTS` slots,
+//! one commit group a row, and decodes a row once its group has landed while the next is still
+//! in flight, then starts the row two ahead into the slot (`WarpRows`). The same loads of the
+//! same bytes in the same order: the same bits. (A pair entry copying its rows that way,
+//! `_p2w`, was slower than the pair's block copy and was removed: docs/kernels/moe.md.)
 //!
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
 //! codebook and a pair block's staged rows (`launch::expdec_gu_smem`, `expdec_gu_pair_smem`,
@@ -278,10 +279,10 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     let first = warp * rows_per_warp; // this warp's first row in the block's part, inside one chunk
     // A pair block of a format with 16-byte rows copies its gate and up rows to shared memory,
     // every copy in flight at once, and decodes them there; other blocks ask L2 for theirs.
-    // With `WARP_ROWS` (such a format, pair or not) each warp copies its own rows instead, two
-    // ahead, and starts on a row as soon as it has landed (`WarpRows`).
+    // With `WARP_ROWS` (such a format, an 8-warp block) each warp copies its own rows instead,
+    // two ahead, and starts on a row as soon as it has landed (`WarpRows`).
     // (`launch::expdec_gu_ring_bytes` sizes the slots for blocks of `EXPDEC_THREADS`.)
-    const { assert!(!WARP_ROWS || F::STAGED_ROWS && R == 1 && THREADS == EXPDEC_THREADS) };
+    const { assert!(!WARP_ROWS || F::STAGED_ROWS && R == 1 && THREADS == EXPDEC_THREADS && C::BLOCKS == 1) };
     let block_copy = C::BLOCKS > 1 && F::STAGED_ROWS && !WARP_ROWS;
     let rows_at = smem.addr(h_end + if F::SIGNED_GRID { 0 } else { stage::grid_words::<F>() });
     let ring = WarpRows {
@@ -289,13 +290,8 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
         gate: gate.wrapping_add(rows + first as usize * row_bytes),
         up: up.wrapping_add(rows + first as usize * row_bytes),
         row_bytes,
-        // (A pair block's part is 16 rows, two a warp: a constant, so the pair entries carry no
-        // refill code.)
-        rows: if C::BLOCKS > 1 { EXPDEC_ROW_SLOTS } else if first < part_rows { rows_per_warp } else { 0 },
+        rows: if first < part_rows { rows_per_warp } else { 0 },
     };
-    // A pair's warps copy all their rows at once (`EXPDEC_ROW_SLOTS` of them): nothing for L2
-    // to fetch ahead, and the down rows are asked for once a warp's rows are in, as below.
-    let pair_ring = WARP_ROWS && C::BLOCKS > 1;
     if WARP_ROWS {
         ring.start();
     }
@@ -311,7 +307,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
             mem::cp_async_16(rows_at + (part_bytes + i) as u32, up.add(rows + i));
             i += 16 * THREADS as usize;
         }
-    } else if !pair_ring {
+    } else {
         mem::prefetch_l2_block::<THREADS>(gate.wrapping_add(rows), part_bytes);
         mem::prefetch_l2_block::<THREADS>(up.wrapping_add(rows), part_bytes);
     }
@@ -322,7 +318,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     let first_down = ((b % blocks_per_group * C::BLOCKS + part) * share).min(down_bytes);
     let down = down.wrapping_add(expert as usize * down_bytes as usize + first_down as usize);
     let down_share = share.min(down_bytes - first_down) as usize;
-    if !block_copy && !pair_ring {
+    if !block_copy {
         mem::prefetch_l2_block::<THREADS>(down, down_share);
     }
     let entries = table.add(moe::entries(n as usize) + start as usize);
@@ -330,8 +326,8 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     while pass < count {
         if pass > 0 {
             C::sync(); // the previous pass's readers are done with the stage and H
-            if WARP_ROWS && !pair_ring {
-                ring.start(); // the rows again, for this pass's entries (a pair's are all still in)
+            if WARP_ROWS {
+                ring.start(); // the rows again, for this pass's entries
             }
         }
         let m = (count - pass).min(EXPDEC_ENTRIES);
@@ -351,11 +347,6 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
             let local = part * part_rows + first + j0; // the row in the block's chunks
             if WARP_ROWS {
                 ring.wait();
-                if pair_ring && pass == 0 && j0 + 1 == rows_per_warp {
-                    // The warp's rows are in: its share of the block's down share.
-                    let (at, len) = mem::line_share(down_share as u32, warp, warps);
-                    mem::prefetch_l2_warp(down.wrapping_add(at as usize), len as usize);
-                }
             }
             let (ag, au) = if WARP_ROWS {
                 let slot = ring.slot(j0);
@@ -420,7 +411,7 @@ macro_rules! expdec_gu_entries {
 /// The pair entries (sm_90: `launch::CLUSTER_BOUNDS`, clusters of `EXPDEC_PAIR` blocks of
 /// `EXPDEC_THREADS`, R = 1, 4 blocks per SM), one per format of `EXPDEC_GU_MINB4_FORMATS`.
 macro_rules! expdec_gu_pair_entries {
-    ($($name:ident => $block:ty, $warp_rows:literal;)*) => {$(
+    ($($name:ident => $block:ty;)*) => {$(
         /// EXPDEC gate/up, each 32-row chunk split over a cluster's two blocks. Launch as the
         /// other entries with `rb` = `MOE_GU_ROWS` and `EXPDEC_PAIR` blocks a chunk:
         /// `2 n (n_ff / 32)` blocks of `EXPDEC_THREADS`.
@@ -432,7 +423,7 @@ macro_rules! expdec_gu_pair_entries {
         #[cfg(target_feature = "sm_90")]
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-            expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, $warp_rows>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+            expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, false>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
         }
     )*};
 }
@@ -456,10 +447,8 @@ expdec_gu_entries! {
 }
 
 expdec_gu_pair_entries! {
-    expdec_gu_iq2_xxs_r1_p2 => blocks::Iq2Xxs, false; expdec_gu_iq2_xs_r1_p2 => blocks::Iq2Xs, false; expdec_gu_iq2_s_r1_p2 => blocks::Iq2S, false;
-    expdec_gu_iq3_xxs_r1_p2 => blocks::Iq3Xxs, false; expdec_gu_iq3_s_r1_p2 => blocks::Iq3S, false; expdec_gu_iq3_st_r1_p2 => blocks::Iq3ST, false;
-    // Each warp copying its own rows (`EXPDEC_WARP_ROWS`): formats whose rows are staged only.
-    expdec_gu_iq3_st_r1_p2w => blocks::Iq3ST, true;
+    expdec_gu_iq2_xxs_r1_p2 => blocks::Iq2Xxs; expdec_gu_iq2_xs_r1_p2 => blocks::Iq2Xs; expdec_gu_iq2_s_r1_p2 => blocks::Iq2S;
+    expdec_gu_iq3_xxs_r1_p2 => blocks::Iq3Xxs; expdec_gu_iq3_s_r1_p2 => blocks::Iq3S; expdec_gu_iq3_st_r1_p2 => blocks::Iq3ST;
 }
 
 // Four staged entries and R <= 2 (the unrolled loops list them); every `rb` splits into whole
@@ -468,6 +457,6 @@ const _: () = {
     let (w8, w16) = (EXPDEC_THREADS / 32, EXPDEC_W16_THREADS / 32);
     assert!(EXPDEC_ENTRIES == 4 && w8 == 8 && w16 == 16);
     assert!(EXPDEC_RB[0] / w8 % 2 == 0 && MOE_GU_ROWS % (EXPDEC_RB[2] / w8) == 0 && MOE_GU_ROWS % (EXPDEC_RB[2] / w16) == 0);
-    // A pair's block takes half a chunk, whole rows a warp: as many as a warp's row slots.
-    assert!(MOE_GU_ROWS % (EXPDEC_PAIR * w8) == 0 && MOE_GU_ROWS / (EXPDEC_PAIR * w8) == EXPDEC_ROW_SLOTS);
+    // A pair's block takes half a chunk, whole rows a warp.
+    assert!(MOE_GU_ROWS % (EXPDEC_PAIR * w8) == 0);
 };

@@ -71,9 +71,9 @@ pub const EXPDEC_W16_THREADS: u32 = 2 * EXPDEC_THREADS;
 /// [`CLUSTER_BOUNDS`]): each 32-row chunk of the SwiGLU output is split over them, 16 rows
 /// each, and the first quantizes it.
 pub const EXPDEC_PAIR: u32 = 2;
-/// Rows a warp of the `WARP_ROWS` gate/up entries (`expdec_gu_<format>_r1_p2w`, `_r1_m2w`:
-/// formats whose rows are whole 16-byte units, `WeightFormat::pair_stages_rows`) holds in
-/// shared memory at once: it copies its rows this far ahead of the one it decodes.
+/// Rows a warp of the `WARP_ROWS` gate/up entries (`expdec_gu_<format>_r1_m2w`: formats whose
+/// rows are whole 16-byte units, `WeightFormat::pair_stages_rows`) holds in shared memory at
+/// once: it copies its rows this far ahead of the one it decodes.
 pub const EXPDEC_ROW_SLOTS: u32 = 2;
 /// Gate/up rows per block of `expdec_gu_*` (`STRATA_EXPDEC_RB`): whole q8_1 groups of the
 /// SwiGLU output, 1, 2 or 4 of them. A run-time argument.
@@ -100,9 +100,8 @@ pub fn expdec_gu_pair_smem(n_embd: usize, format: WeightFormat) -> u32 {
     expdec_gu_smem(n_embd, MOE_GU_ROWS, format.staged_grid().len()) + rows as u32
 }
 
-/// Shared memory of the row slots of a `WARP_ROWS` gate/up block (`_p2w`, `_m2w`), in bytes:
-/// [`EXPDEC_ROW_SLOTS`] gate and up rows a warp, after [`expdec_gu_smem`]'s. (A pair block's
-/// two rows a warp are all its rows: [`expdec_gu_pair_smem`] is the same size.)
+/// Shared memory of the row slots of a `WARP_ROWS` gate/up block (`_m2w`), in bytes:
+/// [`EXPDEC_ROW_SLOTS`] gate and up rows a warp, after [`expdec_gu_smem`]'s.
 pub fn expdec_gu_ring_bytes(n_embd: usize, format: WeightFormat) -> u32 {
     (EXPDEC_THREADS / 32 * EXPDEC_ROW_SLOTS * 2) * format.row_bytes(n_embd) as u32
 }
@@ -384,17 +383,14 @@ pub fn expdec_entry(kernel: &str) -> bool {
 /// The entries that run as thread-block clusters, which only the sm_90 image has (not the
 /// sm_80 one, nor the HIP sources): the pair gate/up entries `expdec_gu_<format>_r1_p2` for
 /// the formats of [`EXPDEC_GU_MINB4_FORMATS`], blocks of [`EXPDEC_THREADS`] at 4 a SM, in
-/// clusters of [`EXPDEC_PAIR`] (build.rs writes `.reqnctapercluster` into their headers); and
-/// `expdec_gu_<format>_r1_p2w`, each warp copying its own rows, for the formats whose pair
-/// blocks stage their rows (`WeightFormat::pair_stages_rows`).
-pub const CLUSTER_BOUNDS: [Bounds; 7] = [
+/// clusters of [`EXPDEC_PAIR`] (build.rs writes `.reqnctapercluster` into their headers).
+pub const CLUSTER_BOUNDS: [Bounds; 6] = [
     expdec("expdec_gu_iq2_xxs_r1_p2", 4),
     expdec("expdec_gu_iq2_xs_r1_p2", 4),
     expdec("expdec_gu_iq2_s_r1_p2", 4),
     expdec("expdec_gu_iq3_xxs_r1_p2", 4),
     expdec("expdec_gu_iq3_s_r1_p2", 4),
     expdec("expdec_gu_iq3_st_r1_p2", 4),
-    expdec("expdec_gu_iq3_st_r1_p2w", 4),
 ];
 
 /// The images (`strata::ptx::IMAGES` architectures) that have the [`CLUSTER_BOUNDS`] entries.
@@ -478,15 +474,9 @@ pub fn expdec_gu_w16_kernel(format: WeightFormat) -> Option<&'static str> {
     named(&["expdec_gu_", format.tag(), "_r1_w16"])
 }
 
-/// The pair `expdec_gu_*` entry for `format` ([`CLUSTER_BOUNDS`]), where it has one; with
-/// `warp_rows`, the one whose warps copy their own rows (`_p2w`) where it has that.
-pub fn expdec_gu_pair_kernel(format: WeightFormat, warp_rows: bool) -> Option<&'static str> {
-    let block_rows = named_in(&CLUSTER_BOUNDS, &["expdec_gu_", format.tag(), "_r1_p2"]);
-    if warp_rows {
-        named_in(&CLUSTER_BOUNDS, &["expdec_gu_", format.tag(), "_r1_p2w"]).or(block_rows)
-    } else {
-        block_rows
-    }
+/// The pair `expdec_gu_*` entry for `format` ([`CLUSTER_BOUNDS`]), where it has one.
+pub fn expdec_gu_pair_kernel(format: WeightFormat) -> Option<&'static str> {
+    named_in(&CLUSTER_BOUNDS, &["expdec_gu_", format.tag(), "_r1_p2"])
 }
 
 /// The `expdec_down_*` entry for `format`, `dr` rows per lane and `minb` blocks per SM.
