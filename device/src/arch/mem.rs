@@ -104,18 +104,10 @@ pub fn prefetch_l2_block<const THREADS: u32>(start: *const u8, bytes: usize) {
 /// and together they ask for all of it.
 #[inline(always)]
 pub fn prefetch_l2_grid<const THREADS: u32>(start: *const u8, bytes: u32) {
-    let (first, len) = line_share(bytes, crate::arch::index::block_idx(), crate::arch::index::grid_dim());
-    prefetch_l2_block::<THREADS>(start.wrapping_add(first as usize), len as usize);
-}
-
-/// Share `part` of `parts` of a range of `bytes` bytes, as consecutive whole-line shares (the
-/// last ones short or empty): its first byte and its length. Together the shares cover the
-/// range. (`part * share` stays below `bytes + 128 parts`: in 32 bits for any range under 2 GiB.)
-#[inline(always)]
-pub fn line_share(bytes: u32, part: u32, parts: u32) -> (u32, u32) {
-    let share = bytes.div_ceil(parts).next_multiple_of(128);
-    let first = (part * share).min(bytes);
-    (first, share.min(bytes - first))
+    // `block * share` stays below `bytes + 128 grid`: in 32 bits for any range under 2 GiB.
+    let share = bytes.div_ceil(crate::arch::index::grid_dim()).next_multiple_of(128);
+    let first = (crate::arch::index::block_idx() * share).min(bytes);
+    prefetch_l2_block::<THREADS>(start.wrapping_add(first as usize), share.min(bytes - first) as usize);
 }
 
 /// Thread `t` of `threads` asks for `start + 128 (t + threads i)`: every 128 bytes from `start`

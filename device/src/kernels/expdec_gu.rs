@@ -283,7 +283,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     // two ahead, and starts on a row as soon as it has landed (`WarpRows`).
     // (`launch::expdec_gu_ring_bytes` sizes the slots for blocks of `EXPDEC_THREADS`.)
     const { assert!(!WARP_ROWS || F::STAGED_ROWS && R == 1 && THREADS == EXPDEC_THREADS && C::BLOCKS == 1) };
-    let block_copy = C::BLOCKS > 1 && F::STAGED_ROWS && !WARP_ROWS;
+    let block_copy = C::BLOCKS > 1 && F::STAGED_ROWS; // (never with `WARP_ROWS`: asserted above)
     let rows_at = smem.addr(h_end + if F::SIGNED_GRID { 0 } else { stage::grid_words::<F>() });
     let ring = WarpRows {
         slots: rows_at + warp * EXPDEC_ROW_SLOTS * 2 * row_bytes as u32,

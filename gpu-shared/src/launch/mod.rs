@@ -419,8 +419,8 @@ pub const EXPDEC_GU_FORMATS: [WeightFormat; 7] =
 pub const EXPDEC_DOWN_FORMATS: [WeightFormat; 3] = [WeightFormat::Q2_0, WeightFormat::Iq4Nl, WeightFormat::Iq4NlT];
 
 /// The EXPDEC entries: per format, and the `WARP_ROWS` 8-warp gate/up entry of IQ3_ST
-/// (`_r1_m2w`; its pair twin is in [`CLUSTER_BOUNDS`]; the HIP source compiles the `_r1_m2` body
-/// under its name, AMD having no asynchronous copies).
+/// (`_r1_m2w`; the HIP source compiles the `_r1_m2` body under its name, AMD having no
+/// asynchronous copies).
 const EXPDEC_BOUNDS: [Bounds; 42] = join(
     expdec_bounds!(gu_m2: "q8_0"; gu: "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq3_st"; down: "q2_0", "iq4_nl", "iq4_nlt"),
     [expdec("expdec_gu_iq3_st_r1_m2w", 2)],

@@ -315,7 +315,6 @@ pub struct ExpertPlan {
 mod tests {
     use super::*;
     use WeightFormat::*;
-    use strata_gpu_shared::launch::Bounds;
 
     /// The H200's SMs.
     const H200_SMS: u32 = 132;
@@ -467,7 +466,8 @@ mod tests {
         let m2w = warp_rows.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap();
         let slots = 8 * 2 * 2 * 880;
         assert_eq!(expdec_gu_ring_bytes(2048, Iq3ST), slots);
-        assert_eq!(expdec_gu_pair_smem(2048, Iq3ST), expdec_gu_smem(2048, 32, 16 * 512) + slots);
+        // (A pair block's copy of its 16 gate and 16 up rows is as large.)
+        assert_eq!(expdec_gu_pair_smem(2048, Iq3ST), expdec_gu_smem(2048, 32, 16 * 512) + 2 * 16 * 880);
         assert_eq!((m2w.gu.kernel, m2w.gu.blocks, m2w.gu.smem), ("expdec_gu_iq3_st_r1_m2w", 32 * 24, expdec_gu_smem(2048, 32, 16 * 512) + slots));
         assert_eq!(ExpertKnobs { rb: 128, warps: 8, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.smem, expdec_gu_smem(2048, 128, 16 * 512) + slots);
         assert_eq!(ExpertKnobs { minb: 4, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m4");
