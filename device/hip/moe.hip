@@ -1,7 +1,6 @@
 // Routed experts for a verify window: moe_group, moe_gu_* (gate/up + SwiGLU + q8_1, fused),
 // moe_down_*, moe_combine. Twin of device/src/kernels/moe.rs; specs in gpu-shared/src/moe.rs and
-// the mmvq order. moe_down_* asks L2 for its share of the weight read after the experts first
-// (a hint; AMD has no such instruction, and its launches are not chained).
+// the mmvq order.
 #include "strata_hip.h"
 #include "blocks.hip"
 #include "mmvq.hip"
@@ -203,9 +202,7 @@ STRATA_KERNEL(moe_combine)(const float* y, const float* weights, uint32_t tokens
     moe_gu<F>(gate, up, expert_bytes, xq, table, n, k, embd_groups, n_ff, hq);                                     \
   }                                                                                                                \
   STRATA_KERNEL(moe_down_##tag)(const uint8_t* w, uint64_t expert_bytes, const uint8_t* hq, const uint32_t* table, \
-                                uint32_t n, uint32_t ff_groups, uint32_t n_embd, const uint8_t* ahead,             \
-                                uint32_t ahead_bytes, float* y) {                                                  \
-    prefetch_l2_grid<32u * STRATA_MMVQ_WARPS>(ahead, ahead_bytes);                                                 \
+                                uint32_t n, uint32_t ff_groups, uint32_t n_embd, float* y) {                       \
     moe_down<F>(w, expert_bytes, hq, table, n, ff_groups, n_embd, y);                                              \
   }
 

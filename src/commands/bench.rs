@@ -134,7 +134,7 @@ pub struct DecodeArgs {
     /// with other routed-expert kernel knobs, in one process on the loaded model: variants
     /// comma-separated, each `knobs` (the knobs in force), `plain` (the default kernels) or
     /// `KNOB=VALUE[+KNOB=VALUE...]` over the knobs in force (`strata knobs` lists them). Every
-    /// variant runs in turn, `--variant-rounds` times, a row each (`tg128 [DOWN_AHEAD=1 #2]`),
+    /// variant runs in turn, `--variant-rounds` times, a row each (`tg128 [EXPDEC_WARP_ROWS=0 #2]`),
     /// then a table gives each test's tok/s per variant over all its rounds and its ratio to the
     /// first variant's: put `knobs` first to compare against the knobs in force.
     #[arg(long, value_name = "VARIANTS", default_value = "")]

@@ -5,13 +5,6 @@
 //! and applied to every entry of the pass. Specs: `strata_gpu_shared::moe` and the mmvq order;
 //! every value is a function of its own token's inputs alone, so a token's output is the same in
 //! any window.
-//!
-//! **Asking ahead**: a `moe_down_*` launch may name a weight the step reads after the experts
-//! (`ahead`, `ahead_bytes`: the next layer's first projection, whose own launch has only the
-//! short norm before it to ask L2 for its rows). Once its grid wait returns, every block asks L2
-//! for its share of it (`mem::prefetch_l2_grid`): the down rows come from L2 by then (the gate/up
-//! launch asked for them), so DRAM has nothing else to do until that projection. A hint, which
-//! changes no value.
 use super::blocks::{self, Block};
 use super::mmvq::{row_partials, rows_partials};
 use super::quantize_q8_1::quantize_group;
@@ -264,12 +257,10 @@ macro_rules! moe_entries {
         /// blocks of `32 * MMVQ_WARPS` threads.
         ///
         /// # Safety
-        /// As `down`; `ahead`: `ahead_bytes` bytes (only prefetched, never loaded; none where
-        /// `ahead_bytes` is 0).
+        /// As `down`.
         #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $down(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, ahead: *const u8, ahead_bytes: u32, y: *mut f32) {
+        pub unsafe extern "ptx-kernel" fn $down(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, y: *mut f32) {
             crate::arch::sync::chain_grids();
-            mem::prefetch_l2_grid::<{ 32 * MMVQ_WARPS }>(ahead, ahead_bytes);
             down::<$block>(w, expert_bytes, hq, table, n, ff_groups, n_embd, y)
         }
     )*};

@@ -16,7 +16,7 @@ use crate::backends::{
 use crate::error::{Error, Result};
 use crate::backends::launch::{entry_param_widths, KernelArgs};
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
-use crate::backends::knobs::{ExpertKnobs, Launch, DOWN_AHEAD_MAX, EXPDEC_SMEM_MAX};
+use crate::backends::knobs::{ExpertKnobs, Launch, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, CLUSTER_ARCHS, HEAD_CHUNK, MATVEC_WARPS, mmvq_launch, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
@@ -566,10 +566,8 @@ impl GpuBackend {
 
     /// Queues a window's launches (without waiting): grouping, gate/up, down, combine, with the
     /// kernels and sizes the knobs plan for this shape and window. The combined rows go to `out`
-    /// (`tokens` x `n_embd`), added to its values with `accumulate`. `ahead`: a weight read after
-    /// the experts, whose first [`DOWN_AHEAD_MAX`] bytes a `moe_down_*` launch asks L2 for where
-    /// the `DOWN_AHEAD` knob says so (a hint).
-    pub fn moe_queue(&self, l: &MoeLayer, w: &mut MoeBuffers, out: &mut CudaSlice<f32>, accumulate: bool, stages: MoeStages, ahead: Option<&CudaSlice<u8>>) -> Result<()> {
+    /// (`tokens` x `n_embd`), added to its values with `accumulate`.
+    pub fn moe_queue(&self, l: &MoeLayer, w: &mut MoeBuffers, out: &mut CudaSlice<f32>, accumulate: bool, stages: MoeStages) -> Result<()> {
         // The buffers must hold the window (the step's are sized for its largest one).
         let sel = w.tokens * w.k;
         if w.tokens == 0 || w.k == 0 || sel > MOE_MAX_SELECTIONS {
@@ -614,13 +612,8 @@ impl GpuBackend {
             self.log_first_launch(down);
             let mut a = self.builder(down.kernel);
             a.arg(&l.down).arg(&down_bytes).arg(&w.hq).arg(&w.table).arg(&n).arg(&ff_groups).arg(&n_embd);
-            let ahead = ahead.filter(|_| self.experts.ahead);
-            let ahead_bytes = ahead.map_or(0, |b| b.len().min(DOWN_AHEAD_MAX)) as u32;
             if down.kernel.starts_with("expdec") {
-                a.arg(&down.rows_per_block); // these entries ask for nothing ahead
-            } else {
-                // Without a weight to ask for, any buffer: with 0 bytes the kernel asks for none.
-                a.arg(ahead.unwrap_or(&l.down)).arg(&ahead_bytes);
+                a.arg(&down.rows_per_block);
             }
             a.arg(&mut w.y);
             unsafe { self.launch_async_smem(down.kernel, pad(down.kernel, down.blocks), down.smem, a) }?;
@@ -785,7 +778,7 @@ impl Backend for GpuBackend {
         };
         let mut out = self.upload_out("moe_combine", o.out)?;
         debug_assert_eq!((layer.n_embd, layer.n_ff), (n_embd, n_ff));
-        self.moe_queue(&layer, &mut win, &mut out, o.accumulate, MoeStages::ALL, None)?;
+        self.moe_queue(&layer, &mut win, &mut out, o.accumulate, MoeStages::ALL)?;
         self.stream.synchronize().map_err(self.driver_err("moe", "execution"))?;
         self.download_out("moe_gu", &win.hq, o.hq)?;
         self.download_out("moe_down", &win.y, o.y)?;

@@ -143,7 +143,7 @@ pub struct Row {
 impl Row {
     /// llama-bench style: `tg128`, `tg128 @ d8192`, `tg128 win4`, `tg128 spec4`, `pp512 win8`;
     /// `tg128 eager` for eager launches, `tg128 w/o moe_down` with kernels left out,
-    /// `tg128 win4 [DOWN_AHEAD=1 #2]` for round 2 of a variant.
+    /// `tg128 win4 [EXPDEC_WARP_ROWS=0 #2]` for round 2 of a variant.
     pub fn name(&self) -> String {
         match &self.variant {
             Some((v, round)) => format!("{} [{v} #{round}]", self.test()),

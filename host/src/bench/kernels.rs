@@ -367,7 +367,7 @@ pub fn experts(
                 let mut i = 0;
                 median_us(g, rounds, || {
                     i += 1;
-                    g.moe_queue(&dl, &mut wins[i % WINDOWS], &mut outs[i % WINDOWS], false, stages, None)
+                    g.moe_queue(&dl, &mut wins[i % WINDOWS], &mut outs[i % WINDOWS], false, stages)
                 })
             };
             let all = time(MoeStages::ALL)?;
@@ -376,7 +376,7 @@ pub fn experts(
             // The outputs of every window, for the identical column.
             let mut result = Vec::new();
             for (w, o) in wins.iter_mut().zip(outs.iter_mut()) {
-                g.moe_queue(&dl, w, o, false, MoeStages::ALL, None)?;
+                g.moe_queue(&dl, w, o, false, MoeStages::ALL)?;
                 let mut out = vec![0f32; t * n_embd];
                 g.download("bench", o, &mut out)?;
                 result.extend(out);

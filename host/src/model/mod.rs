@@ -82,22 +82,20 @@ impl Model {
     }
 
     /// The MTP block's step (drafts for the verify windows), where the model has one: described
-    /// unfused by [`qwen35moe::mtp_ops`], then fused ([`crate::step::fuse`]), its experts told
-    /// the weight read after them ([`crate::step::ask_ahead`]).
+    /// unfused by [`qwen35moe::mtp_ops`], then fused ([`crate::step::fuse`]).
     pub fn mtp_ops(&self) -> Option<Vec<Op>> {
-        qwen35moe::mtp_ops(self).map(|ops| crate::step::ask_ahead(crate::step::fuse(ops, &self.config)))
+        qwen35moe::mtp_ops(self).map(|ops| crate::step::fuse(ops, &self.config))
     }
 
     /// One step over a window as an op list (the window size and position are given when it
     /// runs): every backend runs this same list. Described unfused by the architecture's
-    /// module, then fused ([`crate::step::fuse`]), its experts told the weight read after them
-    /// ([`crate::step::ask_ahead`]).
+    /// module, then fused ([`crate::step::fuse`]).
     pub fn step_ops(&self, pick: Op) -> Vec<Op> {
         let ops = match self.arch {
             qwen35moe::ARCH => qwen35moe::step_ops(self, pick),
             _ => qwen3moe::step_ops(self, pick),
         };
-        crate::step::ask_ahead(crate::step::fuse(ops, &self.config))
+        crate::step::fuse(ops, &self.config)
     }
 
     /// The architecture and shapes in one line: `qwen35moe, 4 layers (2 Gated DeltaNet), 8
@@ -222,10 +220,10 @@ fn ffn_ops(ops: &mut Vec<Op>, m: &Model, lw: &LayerWeights) {
     ops.push(Op::RouterTopK { k: m.config.n_expert_used });
     let (gate, up, down) = (lw.gate, lw.up, lw.down);
     let Some(s) = &lw.shared else {
-        ops.push(Op::Experts { gate, up, down, out: Act::X, accumulate: true, ahead: None });
+        ops.push(Op::Experts { gate, up, down, out: Act::X, accumulate: true });
         return;
     };
-    ops.push(Op::Experts { gate, up, down, out: Act::Experts, accumulate: false, ahead: None });
+    ops.push(Op::Experts { gate, up, down, out: Act::Experts, accumulate: false });
     ops.push(linear(s.gate, Qx::X, Act::Xn, Act::ShGate));
     ops.push(linear(s.up, Qx::X, Act::Xn, Act::ShUp));
     ops.push(Op::Swiglu { gate: Act::ShGate, up: Act::ShUp, out: Act::ShAct });

@@ -323,7 +323,7 @@ impl Executor for CpuExecutor {
                 let n = t * k;
                 self.cpu.router_topk(&self.act[&Act::Router][..t * c.n_expert], c.n_expert, k, &mut self.ids[..n], &mut self.route_w[..n])
             }
-            Op::Experts { gate, up, down, out, accumulate, .. } => {
+            Op::Experts { gate, up, down, out, accumulate } => {
                 let k = c.n_expert_used;
                 let tensor = |id: WeightId| {
                     let e = weights.get(id);

@@ -674,15 +674,10 @@ impl Executor for GpuExecutor {
                 self.moe.grouped = t == 1;
                 Ok(())
             }
-            Op::Experts { gate, out, accumulate, ahead, .. } => {
+            Op::Experts { gate, out, accumulate, .. } => {
                 self.moe.tokens = t;
                 let mut o = self.take(out);
-                // A float weight (a router, a norm) is not asked for: small, and not bytes here.
-                let ahead = ahead.and_then(|id| match self.weights.get(&id) {
-                    Some(DevWeight::Bytes(b)) => Some(b),
-                    _ => None,
-                });
-                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, MoeStages::ALL, ahead);
+                let r = self.gpu.moe_queue(&self.experts[&gate], &mut self.moe, &mut o, accumulate, MoeStages::ALL);
                 self.act.insert(out, o);
                 r
             }

@@ -249,10 +249,8 @@ pub enum Op {
     /// Softmax over the router logits, top-k, renormalised: the window's expert selections.
     RouterTopK { k: usize },
     /// The routed experts of the window (`Qx::X` in): their combined rows into `out`, or with
-    /// `accumulate` added to it (as [`Op::Linear`]). `ahead`: the weight of the first
-    /// [`Op::Linear`] after them ([`ask_ahead`] sets it), which a GPU backend's gate/up launch may
-    /// ask L2 for (a hint: no value changes).
-    Experts { gate: WeightId, up: WeightId, down: WeightId, out: Act, accumulate: bool, ahead: Option<WeightId> },
+    /// `accumulate` added to it (as [`Op::Linear`]).
+    Experts { gate: WeightId, up: WeightId, down: WeightId, out: Act, accumulate: bool },
     /// The next token of each row, from `Logits`.
     Pick(Pick),
     /// Verify-window acceptance: how many of the window's drafts (rows 1..) the model's own
@@ -326,21 +324,6 @@ pub fn fuse(ops: Vec<Op>, c: &ModelConfig) -> Vec<Op> {
         }
     }
     out
-}
-
-/// `ops` with each [`Op::Experts`] naming the weight of the first [`Op::Linear`] after it (in a
-/// trunk step: the next layer's first projection, or the head after the last layer) as its
-/// `ahead`, and `None` where no `Linear` follows.
-pub fn ask_ahead(mut ops: Vec<Op>) -> Vec<Op> {
-    let mut next = None;
-    for op in ops.iter_mut().rev() {
-        match op {
-            Op::Linear { w, .. } => next = Some(*w),
-            Op::Experts { ahead, .. } => *ahead = next,
-            _ => {}
-        }
-    }
-    ops
 }
 
 /// Where a step runs in the sequence.
