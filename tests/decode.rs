@@ -15,7 +15,6 @@ use rand::{Rng, SeedableRng};
 use strata::host::generate::{forced_logits, generate, Draft, Request, Stop};
 use strata::host::gguf::{GgmlType, GgufFile};
 use strata::host::model::synth::{build_in_memory, SynthSpec};
-use strata::host::backends::knobs::ExpertKnobs;
 use strata::host::model::{qwen35moe, qwen3moe, LoadOptions, Mixer, Model, QkvProj};
 use strata::host::ops::route::SampleParams;
 use strata::host::step::cpu::CpuExecutor;
@@ -93,41 +92,6 @@ fn wide(seed: u64) -> Arc<Model> {
     m
 }
 
-/// The first projection a layer's mixer reads (`Qx::X` in): its fused or first q/k/v matrix, or
-/// its Gated DeltaNet input projection.
-fn first_projection(l: &strata::host::model::LayerWeights) -> strata::host::model::WeightId {
-    match &l.mixer {
-        Mixer::Attention(a) => match a.proj {
-            QkvProj::Fused { qkv, .. } => qkv,
-            QkvProj::Split { q, .. } => q,
-        },
-        Mixer::DeltaNet(d) => d.qkv,
-    }
-}
-
-/// Each layer's mixer output projection (the one `Linear` adding into `X` before the experts)
-/// names, as the weight read after the experts (`Op::Linear`'s `ahead`, which the GPU's launch
-/// asks L2 for): the shared expert's gate where the layer has one, else the next layer's first
-/// projection, and the head after the last layer; no other op names one. The MTP block's
-/// projection names its shared expert's gate.
-#[test]
-fn output_projections_name_the_weight_read_after_the_experts() {
-    let seed = common::seed("output_projections_name_the_weight_read_after_the_experts");
-    for m in models(seed).into_iter().chain([split_qkv(&builtin())]) {
-        let w = &m.weights;
-        let named = |ops: &[Op]| ops.iter().filter_map(|op| if let Op::Linear { ahead: Some(a), .. } = op { Some(*a) } else { None }).collect::<Vec<_>>();
-        let ops = m.step_ops(Op::Pick(Pick::Greedy));
-        let want: Vec<_> =
-            (0..w.layers.len()).map(|i| w.layers[i].shared.as_ref().map(|s| s.gate).unwrap_or_else(|| w.layers.get(i + 1).map_or(w.output, first_projection))).collect();
-        assert_eq!(named(&ops), want, "seed {seed}, {}", m.describe());
-        let others = ops.iter().filter(|op| matches!(op, Op::Linear { ahead: Some(_), .. }) && !matches!(op, Op::Linear { out: Act::X, accumulate: true, .. })).count();
-        assert_eq!(others, 0, "only output projections ask ahead: {}", m.describe());
-        if let (Some(ops), Some(mtp)) = (m.mtp_ops(), w.mtp.as_ref()) {
-            assert_eq!(named(&ops), [mtp.layer.shared.as_ref().expect("a qwen35moe MTP layer has a shared expert").gate]);
-        }
-    }
-}
-
 /// The built-in model (`SynthSpec::tiny()`: 4 layers, with its vocabulary).
 fn builtin() -> Arc<Model> {
     load(build_in_memory(&SynthSpec::tiny()), "<built-in>")
@@ -161,18 +125,15 @@ fn mixed_qkv(seed: u64) -> Arc<Model> {
 }
 
 fn gpu_executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>> {
-    gpu_executor_with(name, m, n_ctx, Launches { graphs: true, chained: true, ahead: true }).map(|(_, e)| e)
+    gpu_executor_with(name, m, n_ctx, Launches { graphs: true, chained: true }).map(|(_, e)| e)
 }
 
 /// How a GPU executor launches the step: replaying captured graphs or eagerly (`--no-graph`),
-/// chained by programmatic dependent launch where the backend can, or not (`STRATA_PDL=0`); and
-/// whether the output projections ask L2 for the weight read after the experts
-/// (`STRATA_PROJ_AHEAD`: a hint, so the same bits, but arguments of its own to get right).
+/// chained by programmatic dependent launch where the backend can, or not (`STRATA_PDL=0`).
 #[derive(Clone, Copy)]
 struct Launches {
     graphs: bool,
     chained: bool,
-    ahead: bool,
 }
 
 /// A GPU executor launching as `how` asks, labelled (None without the GPU, and for unchained
@@ -184,16 +145,10 @@ fn gpu_executor_with(name: &str, m: Arc<Model>, n_ctx: usize, how: Launches) -> 
         return None;
     }
     g.set_chained(how.chained);
-    g.set_expert_knobs(ExpertKnobs { proj_ahead: how.ahead, ..g.expert_knobs() });
     let mut exec = GpuExecutor::new(g, m, n_ctx, false).expect("the model fits the GPU");
     exec.set_graphs(how.graphs);
     assert_eq!(exec.graphs_on(), how.graphs);
-    let label = format!(
-        "{name} {}{}{}",
-        if how.graphs { "graphs" } else { "eager" },
-        if exec.backend().chained() { ", chained" } else { "" },
-        if how.ahead { ", projections ask ahead" } else { "" }
-    );
+    let label = format!("{name} {}{}", if how.graphs { "graphs" } else { "eager" }, if exec.backend().chained() { ", chained" } else { "" });
     Some((label, Box::new(exec)))
 }
 
@@ -205,14 +160,13 @@ fn executor(name: &str, m: Arc<Model>, n_ctx: usize) -> Option<Box<dyn Executor>
 }
 
 /// The executors a backend's same-results tests run on: the CPU's one, or a GPU's with graphs
-/// and without, (where the backend chains its launches) with graphs unchained, and with graphs
-/// and the output projections asking ahead (labelled).
+/// and without, and (where the backend chains its launches) with graphs unchained (labelled).
 fn executors(name: &str, m: &Arc<Model>, n_ctx: usize) -> Vec<(String, Box<dyn Executor>)> {
     match name {
         "cpu" => vec![("cpu".into(), executor("cpu", m.clone(), n_ctx).expect("cpu executor"))],
-        gpu => [(true, true, false), (false, true, false), (true, false, false), (true, true, true)]
+        gpu => [(true, true), (false, true), (true, false)]
             .into_iter()
-            .filter_map(|(graphs, chained, ahead)| gpu_executor_with(gpu, m.clone(), n_ctx, Launches { graphs, chained, ahead }))
+            .filter_map(|(graphs, chained)| gpu_executor_with(gpu, m.clone(), n_ctx, Launches { graphs, chained }))
             .collect(),
     }
 }
@@ -675,8 +629,8 @@ fn fused_qkv_gives_the_split_bits_hip() {
 fn unfused(ops: &[Op]) -> Vec<Op> {
     ops.iter()
         .flat_map(|&op| match op {
-            Op::Linear { w, xq, x, out: Act::X, accumulate: true, ahead } => {
-                vec![Op::Linear { w, xq, x, out: Act::Proj, accumulate: false, ahead }, Op::AddInto { acc: Act::X, b: Act::Proj }]
+            Op::Linear { w, xq, x, out: Act::X, accumulate: true } => {
+                vec![Op::Linear { w, xq, x, out: Act::Proj, accumulate: false }, Op::AddInto { acc: Act::X, b: Act::Proj }]
             }
             Op::Experts { gate, up, down, out: Act::X, accumulate: true } => {
                 vec![Op::Experts { gate, up, down, out: Act::Experts, accumulate: false }, Op::AddInto { acc: Act::X, b: Act::Experts }]

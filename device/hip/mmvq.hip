@@ -129,26 +129,22 @@ static __device__ __forceinline__ void mmvqs(const uint8_t* w, const uint8_t* x,
 }
 
 // Per format: the entry for 1..8 activation rows, the one-row entry (mmvq1_*: the row count a
-// constant, STRATA_MMVQ1_AHEAD weight groups a lane in flight) and the staged one (mmvqs_*). Each
-// first asks L2 for its block's share of `ahead` (a weight read later; a hint, no-op on AMD).
-#define MMVQ_PARAMS                                                                                               \
-  const uint8_t *w, const uint8_t *x, float *y, uint32_t m, uint32_t groups, uint32_t rows, uint32_t accumulate, \
-      const uint8_t *ahead, uint32_t ahead_bytes
-#define MMVQ_ENTRY(name, one, staged, F)                                                                         \
-  STRATA_KERNEL(name)(MMVQ_PARAMS) {                                                                             \
-    prefetch_l2_grid<32u * STRATA_MMVQ_WARPS>(ahead, ahead_bytes);                                               \
-    mmvq<F, 1>(w, x, y, m, groups, rows, accumulate);                                                            \
-  }                                                                                                              \
-  STRATA_KERNEL(one)(MMVQ_PARAMS) {                                                                              \
-    prefetch_l2_grid<32u * STRATA_MMVQ_WARPS>(ahead, ahead_bytes);                                               \
-    if (mmvq1_pairs(m, groups))                                                                                  \
-      mmvq1_pair<F>(w, x, y, m, groups, accumulate);                                                             \
-    else                                                                                                         \
-      mmvq<F, STRATA_MMVQ1_AHEAD>(w, x, y, m, groups, 1, accumulate);                                            \
-  }                                                                                                              \
-  STRATA_KERNEL(staged)(MMVQ_PARAMS) {                                                                           \
-    prefetch_l2_grid<32u * STRATA_MMVQS_WARPS>(ahead, ahead_bytes);                                              \
-    mmvqs<F>(w, x, y, m, groups, rows, accumulate);                                                              \
+// constant, STRATA_MMVQ1_AHEAD weight groups a lane in flight) and the staged one (mmvqs_*).
+#define MMVQ_ENTRY(name, one, staged, F)                                                                        \
+  STRATA_KERNEL(name)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows, \
+                      uint32_t accumulate) {                                                                    \
+    mmvq<F, 1>(w, x, y, m, groups, rows, accumulate);                                                           \
+  }                                                                                                             \
+  STRATA_KERNEL(one)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t,       \
+                     uint32_t accumulate) {                                                                     \
+    if (mmvq1_pairs(m, groups))                                                                                 \
+      mmvq1_pair<F>(w, x, y, m, groups, accumulate);                                                            \
+    else                                                                                                        \
+      mmvq<F, STRATA_MMVQ1_AHEAD>(w, x, y, m, groups, 1, accumulate);                                           \
+  }                                                                                                             \
+  STRATA_KERNEL(staged)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows, \
+                        uint32_t accumulate) {                                                                  \
+    mmvqs<F>(w, x, y, m, groups, rows, accumulate);                                                             \
   }
 
 MMVQ_ENTRY(mmvq_q8_0, mmvq1_q8_0, mmvqs_q8_0, Q8_0)

@@ -131,21 +131,8 @@ STRATA_FN int32_t warp_sum_i32(int32_t v) {
 // ---- L2 prefetch: a hint (no value read, no fault); AMD has no such instruction ----------------
 #if STRATA_NVIDIA
 STRATA_FN void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-// This block's share of `bytes` bytes at `start`, the grid's blocks taking consecutive
-// whole-line shares, thread t of THREADS asking for lines t, t + THREADS, ... of it (the last
-// clamped into it): mem::prefetch_l2_grid.
-template <uint32_t THREADS>
-STRATA_FN void prefetch_l2_grid(const uint8_t* start, uint32_t bytes) {
-  uint32_t share = ((bytes + gridDim.x - 1) / gridDim.x + 127u) / 128u * 128u;
-  uint32_t first = block_idx() * share < bytes ? block_idx() * share : bytes;
-  uint32_t mine = share < bytes - first ? share : bytes - first;
-  for (uint32_t off = 128u * thread_idx(); mine > 0 && off < mine + 127u; off += 128u * THREADS)
-    prefetch_l2(start + first + (off < mine - 1 ? off : mine - 1));
-}
 #else
 STRATA_FN void prefetch_l2(const void*) {}
-template <uint32_t THREADS>
-STRATA_FN void prefetch_l2_grid(const uint8_t*, uint32_t) {}
 #endif
 
 // *p = v, or with accumulate *p = *p + v (order::stored: the residual add fused into its

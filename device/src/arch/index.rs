@@ -13,13 +13,6 @@ pub fn block_idx() -> u32 {
     unsafe { nvptx::_block_idx_x() as u32 }
 }
 
-/// Blocks in the grid.
-#[inline(always)]
-pub fn grid_dim() -> u32 {
-    // SAFETY: as above.
-    unsafe { nvptx::_grid_dim_x() as u32 }
-}
-
 #[inline(always)]
 pub fn block_dim() -> u32 {
     // SAFETY: as above.

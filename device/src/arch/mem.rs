@@ -99,17 +99,6 @@ pub fn prefetch_l2_block<const THREADS: u32>(start: *const u8, bytes: usize) {
     prefetch_spread(start, bytes, crate::arch::index::thread_idx(), THREADS, prefetch_l2);
 }
 
-/// [`prefetch_l2_block`] of this block's share of `bytes` bytes at `start`, the grid's blocks
-/// taking consecutive whole-line shares: every block of the grid calls it with the same range,
-/// and together they ask for all of it.
-#[inline(always)]
-pub fn prefetch_l2_grid<const THREADS: u32>(start: *const u8, bytes: u32) {
-    // `block * share` stays below `bytes + 128 grid`: in 32 bits for any range under 2 GiB.
-    let share = bytes.div_ceil(crate::arch::index::grid_dim()).next_multiple_of(128);
-    let first = (crate::arch::index::block_idx() * share).min(bytes);
-    prefetch_l2_block::<THREADS>(start.wrapping_add(first as usize), share.min(bytes - first) as usize);
-}
-
 /// Thread `t` of `threads` asks for `start + 128 (t + threads i)`: every 128 bytes from `start`
 /// on lie in the next line, so these addresses reach every line of the range; the last is
 /// clamped into it.

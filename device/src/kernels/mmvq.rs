@@ -6,13 +6,6 @@
 //! warp butterfly then sums the 32 partials. That is the `mmvq` spec of
 //! `strata_gpu_shared::order` exactly: partial `p` = groups `p (mod 32)`, left to right. With
 //! `accumulate` the sums are added to what `y` holds (the residual add, fused).
-//!
-//! **Asking ahead**: every entry takes a weight the step reads after a later launch (`ahead`,
-//! `ahead_bytes`, 0 for none) and, before its grid wait, each block asks L2 for its share of it
-//! (`mem::prefetch_l2_grid`). The step names one for the attention output projection: the next
-//! layer's first projection, asked for while attention runs and DRAM has little else to do. A
-//! hint (weights are constants, so the rule of `host/src/backends/launch.rs` allows it before
-//! the wait), which changes no value.
 use super::blocks::{self, Block};
 use super::stage;
 use crate::arch::mem::Smem;
@@ -294,13 +287,11 @@ macro_rules! mmvq_entries {
         /// `32 * MMVQ_WARPS` threads.
         ///
         /// # Safety
-        /// As `mmvq`: buffers of the documented sizes, `1 <= rows <= 8`, `accumulate` 0 or 1;
-        /// `ahead`: `ahead_bytes` bytes (only asked of L2, never loaded; none where 0).
+        /// As `mmvq`: buffers of the documented sizes, `1 <= rows <= 8`, `accumulate` 0 or 1.
         #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32, ahead: *const u8, ahead_bytes: u32) {
+        pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
             let first = warp_first_groups::<$block, MMVQ_WARPS, 1>(w, m, groups);
             prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
-            mem::prefetch_l2_grid::<{ 32 * MMVQ_WARPS }>(ahead, ahead_bytes);
             crate::arch::sync::chain_grids();
             mmvq::<$block, 1>(first, w, x, y, m, groups, rows, accumulate)
         }
@@ -312,16 +303,14 @@ macro_rules! mmvq_entries {
         /// # Safety
         /// As `mmvq` with `rows == 1`.
         #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $one(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, _rows: u32, accumulate: u32, ahead: *const u8, ahead_bytes: u32) {
+        pub unsafe extern "ptx-kernel" fn $one(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, _rows: u32, accumulate: u32) {
             if launch::mmvq1_pairs(m as usize, groups as usize) {
                 let first = pair_first_groups::<$block>(w, m, groups);
-                mem::prefetch_l2_grid::<{ 32 * MMVQ_WARPS }>(ahead, ahead_bytes);
                 crate::arch::sync::chain_grids();
                 return mmvq1_pair::<$block>(first, w, x, y, m, groups, accumulate);
             }
             let first = warp_first_groups::<$block, MMVQ_WARPS, { MMVQ1_AHEAD as usize }>(w, m, groups);
             prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
-            mem::prefetch_l2_grid::<{ 32 * MMVQ_WARPS }>(ahead, ahead_bytes);
             crate::arch::sync::chain_grids();
             mmvq::<$block, { MMVQ1_AHEAD as usize }>(first, w, x, y, m, groups, 1, accumulate)
         }
@@ -333,10 +322,9 @@ macro_rules! mmvq_entries {
         /// # Safety
         /// As `mmvq`, and the shared memory above.
         #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $staged(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32, ahead: *const u8, ahead_bytes: u32) {
+        pub unsafe extern "ptx-kernel" fn $staged(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
             let first = warp_first_groups::<$block, MMVQS_WARPS, 1>(w, m, groups);
             prefetch_row::<$block, MMVQS_WARPS>(w, m, groups);
-            mem::prefetch_l2_grid::<{ 32 * MMVQS_WARPS }>(ahead, ahead_bytes);
             crate::arch::sync::chain_grids();
             mmvqs::<$block>(first, w, x, y, m, groups, rows, accumulate)
         }

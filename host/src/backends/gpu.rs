@@ -16,7 +16,7 @@ use crate::backends::{
 use crate::error::{Error, Result};
 use crate::backends::launch::{entry_param_widths, KernelArgs};
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
-use crate::backends::knobs::{ExpertKnobs, Launch, EXPDEC_SMEM_MAX, PROJ_AHEAD_MAX};
+use crate::backends::knobs::{ExpertKnobs, Launch, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, CLUSTER_ARCHS, HEAD_CHUNK, MATVEC_WARPS, mmvq_launch, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
@@ -455,8 +455,7 @@ impl GpuBackend {
 
     /// Queues `mmvq` of `m` x `k` weights of `format` times `rows` (1..=8) q8_1 rows of `k`
     /// values into `y[r * m + i]` (added to it with `accumulate`). Buffers may be longer than
-    /// needed. `ahead`: a weight read later, whose first [`PROJ_AHEAD_MAX`] bytes the launch
-    /// asks L2 for where the `PROJ_AHEAD` knob says so (a hint).
+    /// needed.
     #[allow(clippy::too_many_arguments)]
     pub fn mmvq_queue(
         &self,
@@ -468,7 +467,6 @@ impl GpuBackend {
         rows: usize,
         accumulate: bool,
         y: &mut CudaSlice<f32>,
-        ahead: Option<&CudaSlice<u8>>,
     ) -> Result<()> {
         let groups = k / GROUP;
         let launch = mmvq_launch(format, m, rows, groups);
@@ -482,10 +480,7 @@ impl GpuBackend {
         holds(kernel, "output", y.len(), rows * m)?;
         let (m, groups, rows, accumulate) = (m as u32, groups as u32, rows as u32, accumulate as u32);
         let mut a = self.builder(kernel);
-        let ahead = ahead.filter(|_| self.experts.proj_ahead);
-        let ahead_bytes = ahead.map_or(0, |b| b.len().min(PROJ_AHEAD_MAX)) as u32;
-        // Without a weight to ask for, any buffer: with 0 bytes the kernel asks for none.
-        a.arg(w).arg(xq).arg(y).arg(&m).arg(&groups).arg(&rows).arg(&accumulate).arg(ahead.unwrap_or(w)).arg(&ahead_bytes);
+        a.arg(w).arg(xq).arg(y).arg(&m).arg(&groups).arg(&rows).arg(&accumulate);
         // SAFETY: the kernel's parameters in order, buffers checked against the shape; warps
         // past the last weight row return at once (the staged kernel's after its barrier), so a
         // padded grid is covered; the staged kernel gets the shared memory its rows need.
@@ -684,7 +679,7 @@ impl Backend for GpuBackend {
         let dw = self.upload(kernel, w.data)?;
         let dx = self.upload(kernel, xq)?;
         let mut dy = self.upload_out(kernel, y)?;
-        self.mmvq_queue(&dw, w.format, w.m, w.k, &dx, rows, accumulate, &mut dy, None)?;
+        self.mmvq_queue(&dw, w.format, w.m, w.k, &dx, rows, accumulate, &mut dy)?;
         self.synchronize(kernel)?;
         self.download_out(kernel, &dy, y)
     }

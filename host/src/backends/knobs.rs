@@ -17,12 +17,6 @@ use strata_gpu_shared::launch::{
 /// IQ3_ST's signed codebook alone is 32 KiB of it.
 pub const EXPDEC_SMEM_MAX: u32 = 96 * 1024;
 
-/// The most bytes of a weight read later that a projection's launch asks L2 for
-/// (`STRATA_PROJ_AHEAD`): a layer's fused q/k/v projection (11.1 MB for the 30B-A3B shape in
-/// Q8_0) whole, next to the about 16 MB of experts a layer reads in the 60 MiB L2 of an H200; a
-/// larger weight (the head, after the last layer) its first part.
-pub const PROJ_AHEAD_MAX: usize = 16 << 20;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExpertKnobs {
     /// `STRATA_EXPDEC`: EXPDEC gate/up (`expdec_gu_*`) instead of `moe_gu_*`.
@@ -63,15 +57,11 @@ pub struct ExpertKnobs {
     /// one it decodes, and starts on a row once it has landed, where they otherwise come from
     /// L2 (on by default: full windows of 4 and 8 1.3 % and 0.4 % faster on the H200).
     pub warp_rows: bool,
-    /// `STRATA_PROJ_AHEAD`: a mixer's output projection (`mmvq_*`) asks L2, before its grid
-    /// wait, for the weight read after the layer's experts (`Op::Linear`'s `ahead`, at most
-    /// [`PROJ_AHEAD_MAX`] bytes), while attention runs.
-    pub proj_ahead: bool,
 }
 
 impl Default for ExpertKnobs {
     fn default() -> Self {
-        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: true, proj_ahead: false }
+        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: true }
     }
 }
 
@@ -83,7 +73,7 @@ pub struct Knob {
     pub what: &'static str,
 }
 
-pub const KNOBS: [Knob; 14] = [
+pub const KNOBS: [Knob; 13] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
     Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
@@ -97,7 +87,6 @@ pub const KNOBS: [Knob; 14] = [
     Knob { name: "EXPDEC_WARPS", values: "0|8|16", what: "EXPDEC gate/up warps per block (16 needs R=1 and an IQ format; 0: 16 where 8 leaves SMs under two blocks)" },
     Knob { name: "EXPDEC_PAIRS", values: "0|1|2", what: "EXPDEC gate/up chunks split over a cluster's two blocks (cuda on sm_90+, R=1, an IQ format): 0 never, 1 where the rule picks 16 warps, 2 always" },
     Knob { name: "EXPDEC_WARP_ROWS", values: "0|1", what: "IQ3_ST gate/up in 8-warp blocks at R=1 MINB=2: each warp copies its rows to shared memory two ahead and decodes a row once it lands" },
-    Knob { name: "PROJ_AHEAD", values: "0|1", what: "the attention output projection (mmvq_*) asks L2 for the weight read after the experts (the next layer's first projection) while attention runs" },
 ];
 
 impl ExpertKnobs {
@@ -132,7 +121,6 @@ impl ExpertKnobs {
             "EXPDEC_WARPS" => self.warps = one_of(&[0, 8, 16])?,
             "EXPDEC_PAIRS" => self.pairs = one_of(&[0, 1, 2])?,
             "EXPDEC_WARP_ROWS" => self.warp_rows = flag()?,
-            "PROJ_AHEAD" => self.proj_ahead = flag()?,
             _ => unreachable!("every name of KNOBS is matched"),
         }
         Ok(())
@@ -187,8 +175,8 @@ impl ExpertKnobs {
     /// One line naming every knob and its value.
     pub fn describe(&self) -> String {
         format!(
-            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} PROJ_AHEAD={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
-            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.proj_ahead as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
+            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
+            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
         )
     }
 
@@ -325,16 +313,15 @@ mod tests {
             "STRATA_EXPDEC_R" => Some("1".into()),
             "STRATA_EXPDEC_DRB" => Some("256".into()),
             "STRATA_EXPDEC_D20" => Some("0".into()),
-            "STRATA_PROJ_AHEAD" => Some("1".into()),
             _ => None,
         })
         .unwrap();
-        assert_eq!((k.r, k.drb, k.d20, k.proj_ahead, k.minb), (1, 256, false, true, ExpertKnobs::default().minb));
+        assert_eq!((k.r, k.drb, k.d20, k.minb), (1, 256, false, ExpertKnobs::default().minb));
         let mut k = ExpertKnobs::default();
         k.set("strata_expdec_minb", "4").unwrap();
         k.set("expdec_rb", "64").unwrap();
         assert_eq!((k.minb, k.rb), (4, 64));
-        for (name, value) in [("EXPDEC_R", "3"), ("EXPDEC_RB", "48"), ("EXPDEC", "yes"), ("EXPDEC_MINBLK", "0"), ("EXPDEC_DR", "-1"), ("PROJ_AHEAD", "2")] {
+        for (name, value) in [("EXPDEC_R", "3"), ("EXPDEC_RB", "48"), ("EXPDEC", "yes"), ("EXPDEC_MINBLK", "0"), ("EXPDEC_DR", "-1")] {
             let e = k.set(name, value).unwrap_err();
             assert!(e.contains(name) && e.contains("expected"), "{e}");
         }
@@ -355,7 +342,7 @@ mod tests {
 
     #[test]
     fn plan_follows_the_knobs() {
-        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, proj_ahead: false };
+        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false };
         let p = on.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.

@@ -124,10 +124,9 @@ pub fn mmvq(
         for c in 0..calls {
             let w = pool.slice((c % slots) * wbytes..(c % slots + 1) * wbytes);
             let mut args = g.builder_on(s, kernel);
-            args.arg(&w).arg(&dx).arg(&mut dy).arg(&m32).arg(&groups).arg(&rows32).arg(&accumulate).arg(&w).arg(&0u32);
+            args.arg(&w).arg(&dx).arg(&mut dy).arg(&m32).arg(&groups).arg(&rows32).arg(&accumulate);
             // SAFETY: the parameters are the kernel's, in order: a whole weight matrix, 8 q8_1
-            // rows of k values (rows <= 8), an output of 8 x m floats, stored (not added to),
-            // nothing asked ahead (0 bytes).
+            // rows of k values (rows <= 8), an output of 8 x m floats, stored (not added to).
             unsafe { g.launch_async_smem(kernel, m32.div_ceil(launch.rows_per_block), launch.smem, args) }?;
         }
         let graph = s

@@ -82,22 +82,20 @@ impl Model {
     }
 
     /// The MTP block's step (drafts for the verify windows), where the model has one: described
-    /// unfused by [`qwen35moe::mtp_ops`], then fused ([`crate::step::fuse`]), its output
-    /// projection told the weight read after the experts ([`crate::step::ask_ahead`]).
+    /// unfused by [`qwen35moe::mtp_ops`], then fused ([`crate::step::fuse`]).
     pub fn mtp_ops(&self) -> Option<Vec<Op>> {
-        qwen35moe::mtp_ops(self).map(|ops| crate::step::ask_ahead(crate::step::fuse(ops, &self.config)))
+        qwen35moe::mtp_ops(self).map(|ops| crate::step::fuse(ops, &self.config))
     }
 
     /// One step over a window as an op list (the window size and position are given when it
     /// runs): every backend runs this same list. Described unfused by the architecture's
-    /// module, then fused ([`crate::step::fuse`]), its output projections told the weight read
-    /// after the experts ([`crate::step::ask_ahead`]).
+    /// module, then fused ([`crate::step::fuse`]).
     pub fn step_ops(&self, pick: Op) -> Vec<Op> {
         let ops = match self.arch {
             qwen35moe::ARCH => qwen35moe::step_ops(self, pick),
             _ => qwen3moe::step_ops(self, pick),
         };
-        crate::step::ask_ahead(crate::step::fuse(ops, &self.config))
+        crate::step::fuse(ops, &self.config)
     }
 
     /// The architecture and shapes in one line: `qwen35moe, 4 layers (2 Gated DeltaNet), 8
@@ -260,10 +258,10 @@ fn projection(ops: &mut Vec<Op>, w: WeightId, out: Act, bias: Option<WeightId>) 
 }
 
 fn linear(w: WeightId, xq: Qx, x: Act, out: Act) -> Op {
-    Op::Linear { w, xq, x, out, accumulate: false, ahead: None }
+    Op::Linear { w, xq, x, out, accumulate: false }
 }
 
 /// `Act::X += w * input`: a mixer's output projection, the residual add fused into it.
 fn residual_linear(w: WeightId, xq: Qx, x: Act) -> Op {
-    Op::Linear { w, xq, x, out: Act::X, accumulate: true, ahead: None }
+    Op::Linear { w, xq, x, out: Act::X, accumulate: true }
 }

@@ -172,7 +172,7 @@ impl Executor for CpuExecutor {
                 r
             }
             Op::Quantize { x, out } => self.quantize_rows(x, out, t),
-            Op::Linear { w: id, xq, x, out, accumulate, .. } => {
+            Op::Linear { w: id, xq, x, out, accumulate } => {
                 let lw = weights.get(id);
                 let mut o = self.take(out);
                 let y = &mut o[..t * lw.rows];

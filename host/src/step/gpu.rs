@@ -540,14 +540,9 @@ impl Executor for GpuExecutor {
                 let n = t * act_len(c, x);
                 self.gpu.quantize_q8_1_queue(&self.act[&x], q8_1_buffer(&mut self.qx, &mut self.moe, out), n)
             }
-            Op::Linear { w: id, xq, x, out, accumulate, ahead } => {
+            Op::Linear { w: id, xq, x, out, accumulate } => {
                 let lw = weights.get(id);
                 let mut o = self.take(out);
-                // A float weight (a router, a norm) is not asked for: small, and not bytes here.
-                let ahead = ahead.and_then(|id| match self.weights.get(&id) {
-                    Some(DevWeight::Bytes(b)) => Some(b),
-                    _ => None,
-                });
                 let r = match lw.ty {
                     GgmlType::Quant(format) => {
                         let format = self.tiled.get(&id).copied().unwrap_or(format);
@@ -555,7 +550,7 @@ impl Executor for GpuExecutor {
                             Qx::X => &self.moe.xq,
                             q => &self.qx[&q],
                         };
-                        self.gpu.mmvq_queue(self.bytes(id), format, lw.rows, lw.cols, q, t, accumulate, &mut o, ahead)
+                        self.gpu.mmvq_queue(self.bytes(id), format, lw.rows, lw.cols, q, t, accumulate, &mut o)
                     }
                     ty => {
                         let format = float_format(ty).expect("not quantized, so float");

@@ -216,9 +216,8 @@ pub enum Op {
     NormQuant { x: Act, w: WeightId, out: Act, q: Qx },
     /// `out = w * input` per row, or with `accumulate` `out += w * input` (the residual add
     /// fused into the matvec: the bits of `Linear` then `AddInto`): quantized weights read `xq`,
-    /// float weights read `x`. `ahead`: a weight read later in the step ([`ask_ahead`] sets
-    /// it), which a GPU backend's launch may ask L2 for (a hint: no value changes).
-    Linear { w: WeightId, xq: Qx, x: Act, out: Act, accumulate: bool, ahead: Option<WeightId> },
+    /// float weights read `x`.
+    Linear { w: WeightId, xq: Qx, x: Act, out: Act, accumulate: bool },
     /// `acc += w` (a weight of [`MAX_WINDOW`] repeated rows: a bias).
     AddWeight { acc: Act, w: WeightId },
     /// `acc += b`.
@@ -325,28 +324,6 @@ pub fn fuse(ops: Vec<Op>, c: &ModelConfig) -> Vec<Op> {
         }
     }
     out
-}
-
-/// `ops` with each mixer's output projection (the [`Op::Linear`] that adds into `X` last
-/// before an [`Op::Experts`], none between) naming as its `ahead` the first `Linear` after those
-/// experts: in a trunk step the next layer's first projection, or the head after the last layer;
-/// the shared expert's gate where the layer has one. The projection's launch runs while
-/// attention does, which reads few bytes, so the weight's rows can come from DRAM then.
-pub fn ask_ahead(mut ops: Vec<Op>) -> Vec<Op> {
-    for i in 0..ops.len() {
-        if !matches!(ops[i], Op::Experts { .. }) {
-            continue;
-        }
-        let after = ops[i + 1..].iter().find_map(|op| if let Op::Linear { w, .. } = op { Some(*w) } else { None });
-        let before = ops[..i].iter_mut().rev().take_while(|op| !matches!(op, Op::Experts { .. })).find_map(|op| match op {
-            Op::Linear { out: Act::X, accumulate: true, ahead, .. } => Some(ahead),
-            _ => None,
-        });
-        if let Some(ahead) = before {
-            *ahead = after;
-        }
-    }
-    ops
 }
 
 /// Where a step runs in the sequence.
