@@ -255,7 +255,7 @@ fn the_cli_refuses_clearly() {
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "-n", "16", "--depths", "0", "--drop", "moe_down"], "--drop leaves kernel launches out of the step: it needs --backend cuda or hip"),
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "-n", "16", "--depths", "0", "--variants", "knobs,EXPDEC_WARP_ROWS=0"], "--variants sets the GPU's routed-expert kernel knobs: it needs --backend cuda or hip"),
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--variants", "knobs,EXPDEC_R=3"], "--variants: STRATA_EXPDEC_R=\"3\": expected 1|2"),
-        (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--variants", "DOWN_AHEAD"], "variant \"DOWN_AHEAD\": expected plain, knobs or KNOB=VALUE"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--variants", "EXPDEC_WARP_ROWS"], "variant \"EXPDEC_WARP_ROWS\": expected plain, knobs or KNOB=VALUE"),
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--variants", "EXPDEC_MINB=4+EXPDEC_R=2"], "EXPDEC_MINB=4 needs EXPDEC_R<=1"),
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--variants", "knobs", "--variant-rounds", "0"], "--variant-rounds"),
     ] {
@@ -322,22 +322,22 @@ fn variant_rows_pool_their_rounds_against_the_first_variant() {
     let rows = [
         row(Kind::Tg, 1, "knobs", 1, &[1.0, 0.5]),
         row(Kind::Window, 4, "knobs", 1, &[0.25]),
-        row(Kind::Tg, 1, "DOWN_AHEAD=1", 1, &[0.5]),
-        row(Kind::Window, 4, "DOWN_AHEAD=1", 1, &[0.2]),
+        row(Kind::Tg, 1, "EXPDEC_WARP_ROWS=1", 1, &[0.5]),
+        row(Kind::Window, 4, "EXPDEC_WARP_ROWS=1", 1, &[0.2]),
         row(Kind::Tg, 1, "knobs", 2, &[0.25]),
         row(Kind::Window, 4, "knobs", 2, &[0.25]),
-        row(Kind::Tg, 1, "DOWN_AHEAD=1", 2, &[0.4]),
-        row(Kind::Window, 4, "DOWN_AHEAD=1", 2, &[0.1]),
+        row(Kind::Tg, 1, "EXPDEC_WARP_ROWS=1", 2, &[0.4]),
+        row(Kind::Window, 4, "EXPDEC_WARP_ROWS=1", 2, &[0.1]),
     ];
-    assert_eq!(rows[2].name(), "tg10 [DOWN_AHEAD=1 #1]");
-    assert_eq!((rows[7].name(), rows[7].test()), ("tg10 win4 [DOWN_AHEAD=1 #2]".to_string(), "tg10 win4".to_string()));
+    assert_eq!(rows[2].name(), "tg10 [EXPDEC_WARP_ROWS=1 #1]");
+    assert_eq!((rows[7].name(), rows[7].test()), ("tg10 win4 [EXPDEC_WARP_ROWS=1 #2]".to_string(), "tg10 win4".to_string()));
     let f = bd::variant_figures(&rows);
     let got: Vec<(&str, &str, usize)> = f.iter().map(|f| (f.test.as_str(), f.variant.as_str(), f.rounds)).collect();
-    assert_eq!(got, [("tg10", "knobs", 2), ("tg10", "DOWN_AHEAD=1", 2), ("tg10 win4", "knobs", 2), ("tg10 win4", "DOWN_AHEAD=1", 2)]);
-    // tg10: knobs 10, 20 and 40 tok/s (median 20), DOWN_AHEAD=1 20 and 25 (median 22.5).
+    assert_eq!(got, [("tg10", "knobs", 2), ("tg10", "EXPDEC_WARP_ROWS=1", 2), ("tg10 win4", "knobs", 2), ("tg10 win4", "EXPDEC_WARP_ROWS=1", 2)]);
+    // tg10: knobs 10, 20 and 40 tok/s (median 20), EXPDEC_WARP_ROWS=1 20 and 25 (median 22.5).
     assert_eq!(f[0].tok_s, Spread { median: 20.0, min: 10.0, max: 40.0 });
     assert!((f[0].ratio - 1.0).abs() < 1e-12 && (f[1].ratio - 22.5 / 20.0).abs() < 1e-12, "{f:?}");
-    // win4: knobs 40 and 40, DOWN_AHEAD=1 50 and 100 (median 75).
+    // win4: knobs 40 and 40, EXPDEC_WARP_ROWS=1 50 and 100 (median 75).
     assert!((f[3].tok_s.median - 75.0).abs() < 1e-9 && (f[3].ratio - 75.0 / 40.0).abs() < 1e-12, "{f:?}");
     // Rows without a variant take no part.
     let plain = Row { variant: None, ..rows[0].clone() };
@@ -429,14 +429,14 @@ fn gpu_variants_run_in_turn_round_after_round() {
         }
         let args = [
             "bench", "decode", "--builtin", "--backend", name, "-n", "16", "--depths", "0", "--windows", "4", "--spec", "4", "--prefill", "0", "--runs", "2", "--variants",
-            "knobs,EXPDEC=0,DOWN_AHEAD=1", "--variant-rounds", "2", "--json",
+            "knobs,EXPDEC=0,EXPDEC_WARP_ROWS=1", "--variant-rounds", "2", "--json",
         ];
         let (code, out, err) = strata(&args);
         assert_eq!(code, 0, "{out}\n{err}");
         let tests: Vec<&str> = out.lines().filter_map(|l| l.split("\"test\":\"").nth(1)?.split('"').next()).collect();
         let mut want = Vec::new();
         for round in 1..=2 {
-            for v in ["knobs", "EXPDEC=0", "DOWN_AHEAD=1"] {
+            for v in ["knobs", "EXPDEC=0", "EXPDEC_WARP_ROWS=1"] {
                 want.push(format!("tg16 [{v} #{round}]"));
                 want.push(format!("tg16 win4 [{v} #{round}]"));
             }
@@ -444,7 +444,7 @@ fn gpu_variants_run_in_turn_round_after_round() {
         let got: Vec<&str> = tests.iter().copied().filter(|t| t.contains(" #")).collect();
         assert_eq!(got, want, "{name}: {out}");
         assert!(tests.contains(&"tg16 spec4"), "{name}: no speculation row after the variants: {out}");
-        for v in ["knobs", "EXPDEC=0", "DOWN_AHEAD=1"] {
+        for v in ["knobs", "EXPDEC=0", "EXPDEC_WARP_ROWS=1"] {
             for test in ["tg16 variants", "tg16 win4 variants"] {
                 let line = out.lines().find(|l| l.contains(&format!("\"test\":\"{test}\"")) && l.contains(&format!("\"variant\":\"{v}\""))).unwrap_or_else(|| panic!("{name}: no {test} of {v}: {out}"));
                 assert_eq!(figure(line, "rounds"), Some(2.0), "{name}: {line}");
@@ -455,7 +455,7 @@ fn gpu_variants_run_in_turn_round_after_round() {
         }
         let table = strata(&args[..args.len() - 1]);
         assert_eq!(table.0, 0, "{}\n{}", table.1, table.2);
-        assert!(table.1.contains("| tg16 win4 [DOWN_AHEAD=1 #2]") && table.1.contains("variants (2 rounds"), "{name}: {}", table.1);
+        assert!(table.1.contains("| tg16 win4 [EXPDEC_WARP_ROWS=1 #2]") && table.1.contains("variants (2 rounds"), "{name}: {}", table.1);
     }
 }
 
