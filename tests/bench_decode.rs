@@ -7,6 +7,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use strata::host::bench::decode::{self as bd, Kind, Launch, Row, Run, Spread};
+use strata::host::bench::timeline;
 use strata::host::generate::{generate, Draft, Request};
 use strata::host::gguf::GgufFile;
 use strata::host::model::synth::{build_in_memory, SynthSpec};
@@ -258,6 +259,11 @@ fn the_cli_refuses_clearly() {
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--variants", "EXPDEC_WARP_ROWS"], "variant \"EXPDEC_WARP_ROWS\": expected plain, knobs or KNOB=VALUE"),
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--variants", "EXPDEC_MINB=4+EXPDEC_R=2"], "EXPDEC_MINB=4 needs EXPDEC_R<=1"),
         (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--variants", "knobs", "--variant-rounds", "0"], "--variant-rounds"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cpu", "--timeline", "2"], "--timeline runs the timeline build of the Rust kernels: it needs --backend cuda, not cpu"),
+        (vec!["bench", "decode", "--builtin", "--backend", "hip", "--timeline", "2"], "it needs --backend cuda, not hip"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cuda", "--timeline", "2", "--drop", "moe_down"], "--timeline replaces the rows with the laid-out step: it does not take --drop"),
+        (vec!["bench", "decode", "--builtin", "--backend", "cuda", "--timeline", "2", "--variants", "knobs"], "it does not take --variants"),
+        (vec!["bench", "decode", "--builtin", "--timeline", "two"], "invalid value 'two' for '--timeline"),
     ] {
         let (code, out, err) = strata(&args);
         assert_eq!(code, 2, "{args:?}:\n{out}\n{err}");
@@ -480,4 +486,51 @@ fn attention_bench_measures_every_depth_and_window() {
             assert!(r.us > 0.0 && (r.gbps - bytes / (r.us * 1e-6) / 1e9).abs() < 1e-6 * r.gbps, "{name}: {r:?}");
         }
     }
+}
+
+/// `--timeline` on a GPU (cuda, where its image chains launches): the timeline build decodes the
+/// same tokens as the plain kernels (its stamps change no value), and lays out every launch of
+/// the one-token step, graphs or not, one-chunk or split attention, each launch once in the
+/// step's order with its blocks, a run and non-negative early and spread parts; the CLI prints
+/// the summary, the kernels and the launches.
+#[test]
+fn gpu_timeline_lays_out_every_launch_of_the_step() {
+    let Some(plain) = common::open_gpu("cuda") else { return };
+    let traced = match strata::host::backends::cuda::open_traced(0, strata::ptx::IMAGES) {
+        Ok(g) => g,
+        Err(e) => {
+            assert!(!plain.chained() && e.to_string().contains("does not chain them"), "{e}");
+            return;
+        }
+    };
+    let model = tiny();
+    let ops = model.step_ops(Op::Pick(Pick::Greedy));
+    let first = bd::PATTERN[0];
+    let mut a = GpuExecutor::new(plain, model.clone(), 512, false).expect("the built-in model fits the GPU");
+    let mut b = GpuExecutor::new(traced, model.clone(), 512, false).expect("the built-in model fits the GPU");
+    assert_eq!(bd::greedy_tokens(&mut b, &ops, first, 24).unwrap(), bd::greedy_tokens(&mut a, &ops, first, 24).unwrap(), "the stamps change no value");
+    assert!(timeline::timeline(&mut a, &ops, first, 0, 1).unwrap_err().to_string().contains("not the timeline build"));
+    for (graphs, depth) in [(true, 0), (true, 300), (false, 0)] {
+        b.set_graphs(graphs);
+        let step = b.step_kernels(&ops, first, depth).unwrap();
+        let t = timeline::timeline(&mut b, &ops, first, depth, 3).unwrap();
+        let what = format!("graphs {graphs}, depth {depth}");
+        assert_eq!(t.launches.iter().map(|l| l.kernel.as_str()).collect::<Vec<_>>(), step, "{what}");
+        assert_eq!(t.families.iter().map(|f| f.launches).sum::<usize>(), step.len(), "{what}");
+        for l in &t.launches {
+            assert!(l.blocks > 0 && l.run_us > 0.0 && l.early_us >= 0.0 && l.spread_us >= 0.0, "{what}: {l:?}");
+        }
+        assert!(t.rounds == 3 && 0.0 < t.step_us.min && t.step_us.min <= t.step_us.median && t.step_us.median <= t.step_us.max, "{what}: {:?}", t.step_us);
+        assert!(t.timer_step_ns.is_some_and(|ns| ns > 0), "{what}: {:?}", t.timer_step_ns);
+    }
+    let (code, out, err) = strata(&["bench", "decode", "--builtin", "--backend", "cuda", "--timeline", "2", "--depths", "0", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let summary = out.lines().find(|l| l.contains("\"test\":\"timeline\"")).unwrap_or_else(|| panic!("no summary: {out}"));
+    let launches = figure(summary, "launches").expect("a launch count") as usize;
+    assert!(launches > 8 && figure(summary, "step_us").is_some_and(|us| us > 0.0), "{summary}");
+    assert_eq!(out.lines().filter(|l| l.contains("\"test\":\"timeline launch\"")).count(), launches, "{out}");
+    assert!(out.lines().filter(|l| l.contains("\"test\":\"timeline kernel\"")).all(|l| figure(l, "run_us").is_some_and(|us| us > 0.0)), "{out}");
+    let (code, out, err) = strata(&["bench", "decode", "--builtin", "--backend", "cuda", "--timeline", "1", "--depths", "0"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("depth 0: a step ") && out.contains("| gap us/launch |") && out.contains("launches in order (depth 0;"), "{out}");
 }

@@ -8,6 +8,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use strata::host::backends::launch::entry_param_widths;
+use strata::host::backends::trace::instrument;
 use strata_gpu_shared::launch::{cluster_blocks, image_bounds, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS};
 
 /// One function's numbers from a ptxas `-v` report.
@@ -172,6 +173,39 @@ fn rust_ptx_assembles_without_spills() {
         assert_no_contraction(&format!("Rust PTX {}", image.arch), image.ptx);
         check_and_print(&format!("Rust PTX {} (ptxas -arch={})", image.arch, image.arch), &ptxas_report(image.ptx, image.arch));
     }
+}
+
+/// Entries of the timeline build that ptxas spills (4 bytes stored and loaded, sm_90): 64-register gate/up
+/// entries whose allocation moves once their exit block holds the end stamp (the stamps keep no
+/// register alive across the kernel; a stamp of the timer alone there spills them too). The
+/// one-token steps of the bench models run neither.
+const TIMELINE_SPILLS: [&str; 2] = ["expdec_gu_iq2_xxs_r1_m4", "expdec_gu_iq2_xxs_r1_w16"];
+
+/// The timeline build (`strata bench decode --timeline`, made from the images that chain their
+/// launches) assembles with every entry stamped, and no entry spills but [`TIMELINE_SPILLS`].
+#[test]
+fn timeline_ptx_assembles_with_every_entry_stamped() {
+    if common::ptxas().is_none() {
+        return common::skip_or_fail(common::tools_required(), "ptxas", "not found (scripts/setup-toolchain.sh)").unwrap_or(());
+    }
+    let mut images = 0;
+    for image in strata::ptx::IMAGES.iter().filter(|i| i.chains_grids) {
+        images += 1;
+        let traced = instrument(image.ptx).unwrap_or_else(|e| panic!("{} PTX: {e}", image.arch));
+        assert_eq!(traced.entries.len(), image_bounds(image.arch).count(), "{}: the stamped entries are the image's", image.arch);
+        let stamped = |pat: &str| traced.ptx.matches(pat).count();
+        assert_eq!(stamped("st.global.u32 \t[%trace_d1+44]"), traced.entries.len(), "{}: a start stamp an entry", image.arch);
+        assert!(stamped("red.global.add.u32 \t[%trace_d1+40], 1;") >= traced.entries.len(), "{}: an end stamp an entry at least", image.arch);
+        assert_eq!(stamped("red.global.max.u64 \t[%trace_d1+24]"), image.ptx.matches("griddepcontrol.wait;").count(), "{}: a release stamp a wait", image.arch);
+        let usage = ptxas_report(&traced.ptx, image.arch);
+        println!("timeline PTX {} (ptxas -arch={}), entries that spill:", image.arch, image.arch);
+        for u in usage.iter().filter(|u| u.entry && u.spill_bytes != Some(0)) {
+            println!("  {:<32} {:>4} registers {:>4?} spill bytes", u.kernel, u.registers, u.spill_bytes);
+        }
+        let unexpected: Vec<String> = spilling(&usage).into_iter().filter(|s| !TIMELINE_SPILLS.iter().any(|k| s.starts_with(&format!("{k} ")))).collect();
+        assert!(unexpected.is_empty(), "timeline PTX {}: spills in {}", image.arch, unexpected.join(", "));
+    }
+    assert!(images > 0, "no image chains its launches");
 }
 
 #[test]

@@ -139,6 +139,15 @@ pub struct DecodeArgs {
     /// first variant's: put `knobs` first to compare against the knobs in force.
     #[arg(long, value_name = "VARIANTS", default_value = "")]
     pub variants: String,
+    /// GPU (cuda): instead of the rows, lay out the one-token step at each `--depths` launch by
+    /// launch, ROUNDS times (their medians): the kernels run in their timeline build, whose
+    /// blocks stamp the GPU's global timer when they start, when their wait for the previous
+    /// grid returns and when they end. A table gives each kernel's launches a step: the gap from
+    /// the previous launch's last block to their release (the chain's handoff), their run from
+    /// release to last block, and how early their blocks were resident; then every launch in
+    /// order (docs/bench-decode.md). 0: off.
+    #[arg(long, value_name = "ROUNDS", default_value_t = 0)]
+    pub timeline: usize,
     /// Rounds of `--variants` (at least 1): each runs every variant once, in turn, so that a
     /// drift of the GPU's speed during the run falls on all of them.
     #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
@@ -310,12 +319,18 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         .map(|v| variant(v, base))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow::anyhow!("--variants: {e}"))?;
+    if a.timeline > 0 {
+        super::timeline::check(a)?;
+    }
     let model = bench_model(a)?;
     let c = model.config.clone();
     if let Some(bad) = bd::PATTERN.iter().find(|&&id| id as usize >= c.n_vocab) {
         bail!("the prompt pattern's token {bad} is outside the vocabulary of {} tokens", c.n_vocab);
     }
     let n_ctx = bd::context_for(&depths, a.n, a.prefill, c.n_ctx_train)?;
+    if a.timeline > 0 {
+        return super::timeline::run(a, model, &depths, n_ctx);
+    }
     let drops = list(&a.drop, "--drop group", |g| Some(g.to_string()))?;
     let mut opened = super::decode::open(a.backend, a.device, model.clone(), n_ctx)?;
     match &mut opened {

@@ -1,4 +1,5 @@
-//! The CLI's subcommands, one per file. Each has clap `Args` and a `run` returning the exit code.
+//! The CLI's subcommands, one per file. Each has clap `Args` and a `run` returning the exit code;
+//! `timeline` is `strata bench decode --timeline`'s run and tables.
 pub mod bench;
 pub mod decode;
 pub mod dump;
@@ -7,3 +8,4 @@ pub mod info;
 pub mod knobs;
 pub mod parity;
 pub mod synth;
+pub mod timeline;

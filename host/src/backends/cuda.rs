@@ -1,7 +1,8 @@
 //! The `cuda` backend: the Rust kernels of `device/`, built to PTX by build.rs and embedded in
 //! the `strata` crate, which hands them in here.
 use crate::error::{Error, Result};
-use crate::backends::gpu::{open_device, GpuBackend};
+use crate::backends::gpu::{open_device, DeviceInfo, GpuBackend};
+use crate::backends::trace;
 
 /// Embedded PTX images, one per target architecture, newest last.
 #[derive(Clone, Copy, Debug)]
@@ -23,7 +24,31 @@ pub fn pick(images: &[PtxImage], cc: (i32, i32)) -> Option<PtxImage> {
 
 pub fn open(ordinal: usize, images: &[PtxImage]) -> Result<GpuBackend> {
     let (ctx, info) = open_device("cuda", ordinal)?;
-    let image = pick(images, info.compute_capability).ok_or_else(|| Error::NoGpu {
+    let image = runnable(images, &info)?;
+    GpuBackend::new("cuda", ctx, info, image.ptx.to_string(), image.arch.to_string(), image.chains_grids)
+}
+
+/// As [`open`], with the timeline build of the image ([`trace`]: every entry stamps its blocks'
+/// start, release and end). Refused where the device's image does not chain its launches: the
+/// timeline lays out the chain.
+pub fn open_traced(ordinal: usize, images: &[PtxImage]) -> Result<GpuBackend> {
+    let (ctx, info) = open_device("cuda", ordinal)?;
+    let image = runnable(images, &info)?;
+    if !image.chains_grids {
+        return Err(Error::Request(format!(
+            "the timeline lays out chained launches; {} runs the {} image, which does not chain them",
+            info.name, image.arch
+        )));
+    }
+    let traced = trace::instrument(image.ptx).map_err(|detail| Error::Setup { backend: "cuda", what: format!("the timeline build of the {} PTX", image.arch), detail })?;
+    let mut gpu = GpuBackend::new("cuda", ctx, info, traced.ptx, image.arch.to_string(), true)?;
+    gpu.set_trace_entries(traced.entries);
+    Ok(gpu)
+}
+
+/// The image [`pick`] gives for the device, or why none runs there.
+fn runnable(images: &[PtxImage], info: &DeviceInfo) -> Result<PtxImage> {
+    pick(images, info.compute_capability).ok_or_else(|| Error::NoGpu {
         backend: "cuda",
         reason: format!(
             "{} has compute capability {}.{}; the embedded PTX needs {}",
@@ -32,8 +57,7 @@ pub fn open(ordinal: usize, images: &[PtxImage]) -> Result<GpuBackend> {
             info.compute_capability.1,
             images.iter().map(|i| format!("{}.{}+ ({})", i.min_cc.0, i.min_cc.1, i.arch)).collect::<Vec<_>>().join(" or ")
         ),
-    })?;
-    GpuBackend::new("cuda", ctx, info, image.ptx.to_string(), image.arch.to_string(), image.chains_grids)
+    })
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    sys::{CUdevice_attribute, CUfunction_attribute}, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, PushKernelArg,
+    sys::{CUdevice_attribute, CUfunction_attribute}, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaViewMut, DeviceRepr, DriverError, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -15,6 +15,7 @@ use crate::backends::{
 };
 use crate::error::{Error, Result};
 use crate::backends::launch::{entry_param_widths, KernelArgs};
+use crate::backends::trace;
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::backends::knobs::{ExpertKnobs, Launch, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
@@ -232,7 +233,10 @@ pub struct GpuBackend {
     dropped: Vec<String>,
     /// While recording ([`Self::start_recording`]), every launched kernel's name, in order.
     recorded: Mutex<Option<Vec<&'static str>>>,
-    _module: Arc<CudaModule>,
+    /// The module's entries in order, where it is the timeline build ([`trace`]): a stamp's
+    /// entry index names one.
+    trace_entries: Option<Vec<String>>,
+    module: Arc<CudaModule>,
 }
 
 impl GpuBackend {
@@ -276,7 +280,7 @@ impl GpuBackend {
         // A stream of its own: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(|e| Error::Setup { backend: name, what: "creating a stream".into(), detail: e.to_string() })?;
         let chained = chains_grids && pdl_wanted().map_err(|detail| Error::Setup { backend: name, what: "STRATA_PDL".into(), detail })?;
-        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, chains_grids, chained, clusters, dropped: Vec::new(), recorded: Mutex::new(None), _module: module })
+        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, chains_grids, chained, clusters, dropped: Vec::new(), recorded: Mutex::new(None), trace_entries: None, module })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -324,6 +328,39 @@ impl GpuBackend {
     /// outputs keep what they held, so nothing computed meanwhile means anything.
     pub fn set_dropped(&mut self, prefixes: Vec<String>) {
         self.dropped = prefixes;
+    }
+
+    /// Marks the module as the timeline build whose entries, in module order, are `entries`
+    /// ([`crate::backends::cuda::open_traced`]).
+    pub(crate) fn set_trace_entries(&mut self, entries: Vec<String>) {
+        self.trace_entries = Some(entries);
+    }
+
+    /// The timeline build's entries in module order (a stamp's entry index names one); `None`
+    /// where the module is not the timeline build.
+    pub fn trace_entries(&self) -> Option<&[String]> {
+        self.trace_entries.as_deref()
+    }
+
+    /// The timeline table in device memory.
+    fn trace_table(&self) -> Result<CudaViewMut<'_, u8>> {
+        if self.trace_entries.is_none() {
+            return Err(Error::Request(format!("{}: the kernels are not the timeline build (strata bench decode --timeline opens it)", self.name)));
+        }
+        self.module.get_global(trace::SYMBOL, &self.stream).map_err(self.driver_err(trace::SYMBOL, "finding the timeline table"))
+    }
+
+    /// Sets the timeline table to its state before a step ([`trace::initial_table`]), after the
+    /// work queued so far.
+    pub fn trace_reset(&self) -> Result<()> {
+        let mut table = self.trace_table()?;
+        self.stream.memcpy_htod(&trace::initial_table(), &mut table).map_err(self.driver_err(trace::SYMBOL, "resetting the timeline table"))
+    }
+
+    /// The timeline table once the work queued so far is done.
+    pub fn trace_read(&self) -> Result<Vec<u8>> {
+        let table = self.trace_table()?;
+        self.stream.clone_dtoh(&table).map_err(self.driver_err(trace::SYMBOL, "reading the timeline table"))
     }
 
     /// Starts recording the name of every kernel launched (afresh, if it was on).

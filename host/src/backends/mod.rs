@@ -13,6 +13,7 @@
 //! | [`launch`] | one kernel launch: parameters, driver call, programmatic dependent launch |
 //! | [`knobs`] | the routed-expert kernel knobs and the launch plan they give |
 //! | [`mapped`] | pinned device-mapped host memory, `copy_from_mapped_multi` |
+//! | [`trace`] | the timeline build: every entry stamps its blocks' start, release and end |
 pub mod cpu;
 pub mod cuda;
 pub mod gpu;
@@ -20,6 +21,7 @@ pub mod hip;
 pub mod knobs;
 pub mod launch;
 pub mod mapped;
+pub mod trace;
 
 use crate::error::{Error, Result};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};

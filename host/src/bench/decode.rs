@@ -283,7 +283,7 @@ fn step(exec: &mut dyn Executor, ops: &[Op], tokens: &[u32], pos0: usize) -> Res
 /// `n` one-token steps from position `depth` as the decode loop runs them ([`chain`]: each
 /// continues the previous one on the device, one queued ahead): the seconds they took and the
 /// tokens fed (`first`, then each step's choice but the last).
-fn chained_steps(exec: &mut dyn Executor, ops: &[Op], first: u32, depth: usize, n: usize) -> Result<(f64, Vec<u32>)> {
+pub(crate) fn chained_steps(exec: &mut dyn Executor, ops: &[Op], first: u32, depth: usize, n: usize) -> Result<(f64, Vec<u32>)> {
     let mut fed = vec![first];
     let start = Instant::now();
     let (steps, _) = chain(exec, ops, first, depth, n, |id| {

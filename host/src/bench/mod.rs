@@ -1,4 +1,5 @@
-//! `strata bench`: the kernels against the device's copy bandwidth ([`kernels`]) and the decode
-//! loop's speed ([`decode`]).
+//! `strata bench`: the kernels against the device's copy bandwidth ([`kernels`]), the decode
+//! loop's speed ([`decode`]) and a step's launches laid out in time ([`timeline`]).
 pub mod decode;
 pub mod kernels;
+pub mod timeline;

@@ -1,0 +1,260 @@
+//! `strata bench decode --timeline`: a one-token step's launches laid out in time, from the
+//! timeline build's stamps ([`crate::backends::trace`]). Each round resets the table, runs two
+//! one-token steps as the decode loop chains them, and reads the second step's launches; the
+//! figures are medians over the rounds.
+//!
+//! For launch `i` of the step (in launch order), with the stamps' times:
+//!
+//! - `gap` = its first block's release from the grid wait - launch `i - 1`'s last block end: the
+//!   chain's handoff (the grid's completion, its memory flush, the release);
+//! - `run` = its last block end - its first release;
+//! - `early` = its first release - its first block start: how long its blocks were resident
+//!   before the release (the preamble the chain overlaps with the grid before);
+//! - `spread` = its last release - its first: blocks that started late (more blocks than fit).
+//!
+//! `gap + run` of every launch telescopes to the step's period (the previous step's last end to
+//! this step's last end), so the step splits exactly into handoffs and runs.
+use crate::backends::trace::{self, LaunchTrace};
+use crate::bench::decode::{chained_steps, Spread};
+use crate::error::{Error, Result};
+use crate::step::gpu::GpuExecutor;
+use crate::step::Op;
+
+/// One launch of a traced step, microseconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    pub kernel: String,
+    pub blocks: u32,
+    pub gap_us: f64,
+    pub run_us: f64,
+    pub early_us: f64,
+    pub spread_us: f64,
+}
+
+fn us(later: u64, earlier: u64) -> f64 {
+    (later as f64 - earlier as f64) / 1e3
+}
+
+/// The launches of the last whole step in `traced` (a table's launches in launch order; `entries`
+/// names their entry indices), where `step` is one step's kernel sequence. Refused where the
+/// trace does not hold the sequence (launches lost to a slot clash, or a step that launched
+/// otherwise).
+pub fn step_launches(traced: &[LaunchTrace], entries: &[String], step: &[&str]) -> Result<Vec<Launch>> {
+    let name = |l: &LaunchTrace| entries.get(l.entry as usize).map(String::as_str).unwrap_or("?");
+    let found = (0..=traced.len().saturating_sub(step.len()))
+        .rev()
+        .find(|&at| traced.len() >= step.len() && traced[at..at + step.len()].iter().zip(step).all(|(l, k)| name(l) == *k));
+    let Some(at) = found else {
+        let got: Vec<&str> = traced.iter().map(name).collect();
+        return Err(Error::Request(format!(
+            "timeline: the table's {} launches do not hold the step's {} ({}...); they are {}...",
+            traced.len(),
+            step.len(),
+            step.iter().take(4).copied().collect::<Vec<_>>().join(", "),
+            got.iter().take(8).copied().collect::<Vec<_>>().join(", ")
+        )));
+    };
+    Ok(traced[at..at + step.len()]
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            // The first launch of the first step in the table has no launch before it.
+            let before = if at + i > 0 { traced[at + i - 1].last_end } else { l.first_start };
+            Launch {
+                kernel: name(l).to_string(),
+                blocks: l.blocks,
+                gap_us: us(l.first_release, before),
+                run_us: us(l.last_end, l.first_release),
+                early_us: us(l.first_release, l.first_start),
+                spread_us: us(l.last_release, l.first_release),
+            }
+        })
+        .collect())
+}
+
+/// The smallest step of the timer between two distinct stamps of `traced`, nanoseconds.
+pub fn timer_step_ns(traced: &[LaunchTrace]) -> Option<u64> {
+    let mut t: Vec<u64> = traced.iter().flat_map(|l| [l.first_start, l.first_release, l.last_release, l.last_end]).collect();
+    t.sort_unstable();
+    t.dedup();
+    t.windows(2).map(|w| w[1] - w[0]).min()
+}
+
+/// A launch of the step over the rounds: medians.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchRow {
+    pub kernel: String,
+    pub blocks: u32,
+    pub gap_us: f64,
+    pub run_us: f64,
+    pub early_us: f64,
+    pub spread_us: f64,
+}
+
+/// A kernel's launches in the step together: sums of their medians, a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FamilyRow {
+    pub kernel: String,
+    pub launches: usize,
+    pub gap_us: f64,
+    pub run_us: f64,
+    pub early_us: f64,
+}
+
+/// A step laid out, medians over `rounds`.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    pub depth: usize,
+    pub rounds: usize,
+    /// The step's period (the sum of every launch's gap and run), over the rounds.
+    pub step_us: Spread,
+    pub launches: Vec<LaunchRow>,
+    /// Largest share of the step first.
+    pub families: Vec<FamilyRow>,
+    /// The smallest timer step seen, nanoseconds.
+    pub timer_step_ns: Option<u64>,
+}
+
+impl Timeline {
+    /// The launches' gaps and runs, summed: microseconds a step.
+    pub fn gaps_and_runs(&self) -> (f64, f64) {
+        (self.launches.iter().map(|l| l.gap_us).sum(), self.launches.iter().map(|l| l.run_us).sum())
+    }
+}
+
+/// The medians of `rounds` (each a step's launches, the same kernels in the same order).
+pub fn summarize(depth: usize, rounds: &[Vec<Launch>], timer_step_ns: Option<u64>) -> Timeline {
+    assert!(!rounds.is_empty(), "a timeline of no rounds");
+    let median = |f: &dyn Fn(&Launch) -> f64, i: usize| Spread::of(rounds.iter().map(|r| f(&r[i]))).median;
+    let launches: Vec<LaunchRow> = (0..rounds[0].len())
+        .map(|i| LaunchRow {
+            kernel: rounds[0][i].kernel.clone(),
+            blocks: rounds[0][i].blocks,
+            gap_us: median(&|l| l.gap_us, i),
+            run_us: median(&|l| l.run_us, i),
+            early_us: median(&|l| l.early_us, i),
+            spread_us: median(&|l| l.spread_us, i),
+        })
+        .collect();
+    let mut families: Vec<FamilyRow> = Vec::new();
+    for l in &launches {
+        match families.iter_mut().find(|f| f.kernel == l.kernel) {
+            Some(f) => {
+                f.launches += 1;
+                f.gap_us += l.gap_us;
+                f.run_us += l.run_us;
+                f.early_us += l.early_us;
+            }
+            None => families.push(FamilyRow { kernel: l.kernel.clone(), launches: 1, gap_us: l.gap_us, run_us: l.run_us, early_us: l.early_us }),
+        }
+    }
+    families.sort_by(|a, b| (b.gap_us + b.run_us).total_cmp(&(a.gap_us + a.run_us)));
+    let step_us = Spread::of(rounds.iter().map(|r| r.iter().map(|l| l.gap_us + l.run_us).sum()));
+    Timeline { depth, rounds: rounds.len(), step_us, launches, families, timer_step_ns }
+}
+
+/// Lays out the one-token step at `depth` on `exec` (opened with the timeline build), `rounds`
+/// times: each round two steps chained as the decode loop runs them, the second's launches kept.
+pub fn timeline(exec: &mut GpuExecutor, ops: &[Op], first: u32, depth: usize, rounds: usize) -> Result<Timeline> {
+    if rounds == 0 {
+        return Err(Error::Request("timeline: at least one round".into()));
+    }
+    let entries = exec
+        .backend()
+        .trace_entries()
+        .ok_or_else(|| Error::Request("timeline: the executor's kernels are not the timeline build".into()))?
+        .to_vec();
+    let step = exec.step_kernels(ops, first, depth)?;
+    if 2 * step.len() > trace::SLOTS {
+        return Err(Error::Request(format!("timeline: a step of {} launches; the table tells {} apart", step.len(), trace::SLOTS)));
+    }
+    let (mut laid, mut timer) = (Vec::with_capacity(rounds), None::<u64>);
+    for _ in 0..rounds {
+        exec.backend().trace_reset()?;
+        chained_steps(exec, ops, first, depth, 2)?;
+        let traced = trace::launches(&exec.backend().trace_read()?).map_err(|e| Error::Request(format!("timeline: {e}")))?;
+        timer = match (timer, timer_step_ns(&traced)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        laid.push(step_launches(&traced, &entries, &step)?);
+    }
+    Ok(summarize(depth, &laid, timer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn l(gridid: u64, entry: u32, blocks: u32, start: u64, release: u64, last_release: u64, end: u64) -> LaunchTrace {
+        LaunchTrace { gridid, entry, blocks, first_start: start, first_release: release, last_release, last_end: end }
+    }
+
+    fn names() -> Vec<String> {
+        ["norm", "proj", "attn"].map(String::from).to_vec()
+    }
+
+    #[test]
+    fn the_last_step_in_the_trace_splits_into_gaps_and_runs() {
+        // Two steps of norm, proj, attn (entries 0, 1, 2); times in ns.
+        let traced = [
+            l(1, 0, 8, 0, 1_000, 1_000, 2_000),
+            l(2, 1, 64, 1_500, 2_500, 3_000, 6_000),
+            l(3, 2, 16, 5_000, 7_000, 7_000, 9_000),
+            l(4, 0, 8, 8_500, 10_000, 10_000, 11_000),
+            l(5, 1, 64, 10_200, 11_400, 11_900, 15_000),
+            l(6, 2, 16, 14_000, 16_000, 16_500, 18_000),
+        ];
+        let got = step_launches(&traced, &names(), &["norm", "proj", "attn"]).unwrap();
+        let want = [
+            Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.0, early_us: 1.5, spread_us: 0.0 },
+            Launch { kernel: "proj".into(), blocks: 64, gap_us: 0.4, run_us: 3.6, early_us: 1.2, spread_us: 0.5 },
+            Launch { kernel: "attn".into(), blocks: 16, gap_us: 1.0, run_us: 2.0, early_us: 2.0, spread_us: 0.5 },
+        ];
+        assert_eq!(got.len(), 3);
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!((g.kernel.as_str(), g.blocks), (w.kernel.as_str(), w.blocks));
+            for (a, b) in [(g.gap_us, w.gap_us), (g.run_us, w.run_us), (g.early_us, w.early_us), (g.spread_us, w.spread_us)] {
+                assert!((a - b).abs() < 1e-9, "{g:?} against {w:?}");
+            }
+        }
+        // The gaps and runs telescope to the period: the first step's end to the second's.
+        let period: f64 = got.iter().map(|x| x.gap_us + x.run_us).sum();
+        assert!((period - 9.0).abs() < 1e-9);
+        assert_eq!(timer_step_ns(&traced), Some(200));
+        // A lone step's first launch has no launch before it: its gap is its early part.
+        let lone = step_launches(&traced[..3], &names(), &["norm", "proj", "attn"]).unwrap();
+        assert!((lone[0].gap_us - 1.0).abs() < 1e-9 && (lone[1].gap_us - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_trace_without_the_step_is_refused() {
+        let traced = [l(1, 0, 8, 0, 1, 1, 2), l(2, 2, 8, 2, 3, 3, 4)];
+        let err = step_launches(&traced, &names(), &["norm", "proj", "attn"]).unwrap_err().to_string();
+        assert!(err.contains("do not hold the step's 3") && err.contains("norm, attn"), "{err}");
+        assert!(step_launches(&[], &names(), &["norm"]).is_err());
+        // An entry index outside the module's entries names no kernel of the step.
+        assert!(step_launches(&[l(1, 9, 1, 0, 1, 1, 2)], &names(), &["norm"]).is_err());
+    }
+
+    #[test]
+    fn rounds_give_medians_and_families_sum_their_launches() {
+        let round = |scale: f64| {
+            vec![
+                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0 * scale, run_us: 1.0, early_us: 0.5, spread_us: 0.0 },
+                Launch { kernel: "proj".into(), blocks: 64, gap_us: 0.5, run_us: 4.0 * scale, early_us: 1.0, spread_us: 0.2 },
+                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.5, early_us: 0.5, spread_us: 0.0 },
+            ]
+        };
+        let t = summarize(0, &[round(1.0), round(3.0), round(2.0)], Some(32));
+        assert_eq!(t.rounds, 3);
+        assert_eq!(t.launches.iter().map(|l| l.kernel.as_str()).collect::<Vec<_>>(), ["norm", "proj", "norm"]);
+        assert_eq!((t.launches[0].gap_us, t.launches[1].run_us), (2.0, 8.0), "medians over the rounds");
+        // proj: 0.5 + 8 = 8.5 a step, ahead of norm's two launches: 2 + 1 + 1 + 1.5 = 5.5.
+        assert_eq!(t.families.iter().map(|f| (f.kernel.as_str(), f.launches)).collect::<Vec<_>>(), [("proj", 1), ("norm", 2)]);
+        assert_eq!((t.families[1].gap_us, t.families[1].run_us), (3.0, 2.5));
+        assert_eq!(t.gaps_and_runs(), (3.5, 10.5));
+        // The period of each round (5 scale + 4): 9, 19 and 14 us; the median 14.
+        assert_eq!((t.step_us.median, t.step_us.min, t.step_us.max), (14.0, 9.0, 19.0));
+    }
+}

@@ -1,0 +1,149 @@
+//! `strata bench decode --timeline ROUNDS`: the one-token step at each `--depths` laid out launch
+//! by launch, with the kernels' timeline build (measured by `strata_host::bench::timeline`).
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::bench::DecodeArgs;
+use super::decode::BackendName;
+use strata_host::bench::decode as bd;
+use strata_host::bench::timeline::{self, Timeline};
+use strata_host::model::Model;
+use strata_host::step::gpu::GpuExecutor;
+use strata_host::step::{Op, Pick};
+
+/// What `--timeline` cannot be combined with, checked before the model loads.
+pub(crate) fn check(a: &DecodeArgs) -> anyhow::Result<()> {
+    if let Some(b @ (BackendName::Cpu | BackendName::Hip)) = a.backend {
+        let b = if b == BackendName::Cpu { "cpu" } else { "hip" };
+        bail!("--timeline runs the timeline build of the Rust kernels: it needs --backend cuda, not {b}");
+    }
+    for (on, flag) in [(!a.drop.is_empty(), "--drop"), (!a.variants.is_empty(), "--variants"), (a.profile_step, "--profile-step")] {
+        if on {
+            bail!("--timeline replaces the rows with the laid-out step: it does not take {flag}");
+        }
+    }
+    Ok(())
+}
+
+/// Opens the timeline build on the GPU, lays out the step at every depth and prints the tables.
+pub(crate) fn run(a: &DecodeArgs, model: Arc<Model>, depths: &[usize], n_ctx: usize) -> anyhow::Result<()> {
+    let gpu = strata_host::backends::cuda::open_traced(a.device, crate::ptx::IMAGES)?;
+    let mut exec = GpuExecutor::new(gpu, model.clone(), n_ctx, true)?;
+    exec.set_graphs(!a.no_graph);
+    let header = [
+        format!("strata bench decode --timeline: {}: {}", model.weights.file.path.display(), model.describe()),
+        format!(
+            "backend: cuda on {} (device {}), the timeline build of the {} kernels (each block's first thread stamps %globaltimer at its start, its release from the grid wait and its end), launches {}, {}",
+            exec.backend().info().name,
+            a.device,
+            exec.backend().ptx_arch,
+            if exec.backend().chained() { "chained" } else { "unchained" },
+            if a.no_graph { "launched one by one" } else { "replayed from graphs" }
+        ),
+        format!("{} rounds of two one-token steps chained as the decode loop runs them; the second step's launches, medians over the rounds", a.timeline),
+    ];
+    for line in &header {
+        if a.json {
+            eprintln!("strata: {line}");
+        } else {
+            println!("{line}");
+        }
+    }
+    let ops = model.step_ops(Op::Pick(Pick::Greedy));
+    let first = bd::PATTERN[0];
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_style(ProgressStyle::with_template("{spinner} bench decode --timeline: {msg} ({elapsed})").expect("a valid template"));
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    spinner.set_message("warm-up");
+    bd::warm_up(&mut exec, &ops, first)?;
+    for &depth in depths {
+        spinner.set_message(format!("the step at depth {depth}, {} rounds", a.timeline));
+        let t = timeline::timeline(&mut exec, &ops, first, depth, a.timeline)?;
+        spinner.suspend(|| if a.json { print_json(&t) } else { print_tables(&t) });
+    }
+    spinner.finish_and_clear();
+    Ok(())
+}
+
+fn pct(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        100.0 * part / whole
+    } else {
+        0.0
+    }
+}
+
+fn print_tables(t: &Timeline) {
+    let (gaps, runs) = t.gaps_and_runs();
+    let step = gaps + runs;
+    println!();
+    println!(
+        "depth {}: a step {:.1} us (median of {} rounds, {:.1}..{:.1}); {} launches; their gaps {:.1} us ({:.1} %), their runs {:.1} us ({:.1} %); timer steps of {} seen",
+        t.depth,
+        t.step_us.median,
+        t.rounds,
+        t.step_us.min,
+        t.step_us.max,
+        t.launches.len(),
+        gaps,
+        pct(gaps, step),
+        runs,
+        pct(runs, step),
+        t.timer_step_ns.map_or("n/a".into(), |ns| format!("{ns} ns"))
+    );
+    println!("| {:<32} | {:>8} | {:>13} | {:>13} | {:>15} | {:>15} | {:>9} |", "kernel", "launches", "gap us/launch", "run us/launch", "early us/launch", "gap+run us/step", "% of step");
+    println!("|{:-<34}|{:->10}|{:->15}|{:->15}|{:->17}|{:->17}|{:->11}|", "", ":", ":", ":", ":", ":", ":");
+    for f in &t.families {
+        let n = f.launches as f64;
+        println!(
+            "| {:<32} | {:>8} | {:>13.2} | {:>13.2} | {:>15.2} | {:>15.1} | {:>9.1} |",
+            f.kernel,
+            f.launches,
+            f.gap_us / n,
+            f.run_us / n,
+            f.early_us / n,
+            f.gap_us + f.run_us,
+            pct(f.gap_us + f.run_us, step)
+        );
+    }
+    println!("launches in order (depth {}; end: microseconds from the previous step's last launch's end):", t.depth);
+    println!("| {:>4} | {:<32} | {:>6} | {:>8} | {:>7} | {:>7} | {:>9} | {:>8} |", "#", "kernel", "blocks", "early us", "gap us", "run us", "spread us", "end us");
+    println!("|{:->6}|{:-<34}|{:->8}|{:->10}|{:->9}|{:->9}|{:->11}|{:->10}|", ":", "", ":", ":", ":", ":", ":", ":");
+    let mut end = 0.0;
+    for (i, l) in t.launches.iter().enumerate() {
+        end += l.gap_us + l.run_us;
+        println!(
+            "| {:>4} | {:<32} | {:>6} | {:>8.2} | {:>7.2} | {:>7.2} | {:>9.2} | {:>8.1} |",
+            i, l.kernel, l.blocks, l.early_us, l.gap_us, l.run_us, l.spread_us, end
+        );
+    }
+}
+
+fn print_json(t: &Timeline) {
+    let (gaps, runs) = t.gaps_and_runs();
+    println!(
+        "{{\"test\":\"timeline\",\"depth\":{},\"rounds\":{},\"step_us\":{},\"step_us_min\":{},\"step_us_max\":{},\"launches\":{},\"gap_us\":{gaps},\"run_us\":{runs},\"timer_step_ns\":{}}}",
+        t.depth,
+        t.rounds,
+        t.step_us.median,
+        t.step_us.min,
+        t.step_us.max,
+        t.launches.len(),
+        t.timer_step_ns.map_or("null".into(), |ns| ns.to_string())
+    );
+    for f in &t.families {
+        println!(
+            "{{\"test\":\"timeline kernel\",\"depth\":{},\"kernel\":\"{}\",\"launches\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{}}}",
+            t.depth, f.kernel, f.launches, f.gap_us, f.run_us, f.early_us
+        );
+    }
+    for (i, l) in t.launches.iter().enumerate() {
+        println!(
+            "{{\"test\":\"timeline launch\",\"depth\":{},\"index\":{i},\"kernel\":\"{}\",\"blocks\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"spread_us\":{}}}",
+            t.depth, l.kernel, l.blocks, l.gap_us, l.run_us, l.early_us, l.spread_us
+        );
+    }
+}
