@@ -490,9 +490,9 @@ fn attention_bench_measures_every_depth_and_window() {
 
 /// `--timeline` on a GPU (cuda, where its image chains launches): the timeline build decodes the
 /// same tokens as the plain kernels (its stamps change no value), and lays out every launch of
-/// the one-token step, graphs or not, one-chunk or split attention, each launch once in the
-/// step's order with its blocks, a run and non-negative early and spread parts; the CLI prints
-/// the summary, the kernels and the launches.
+/// the one-token step (graphs or not, one-chunk or split attention) and of a full window, each
+/// launch once in the step's order with its blocks, a run and non-negative early and spread
+/// parts; the CLI prints the summary, the kernels and the launches.
 #[test]
 fn gpu_timeline_lays_out_every_launch_of_the_step() {
     let Some(plain) = common::open_gpu("cuda") else { return };
@@ -509,12 +509,17 @@ fn gpu_timeline_lays_out_every_launch_of_the_step() {
     let mut a = GpuExecutor::new(plain, model.clone(), 512, false).expect("the built-in model fits the GPU");
     let mut b = GpuExecutor::new(traced, model.clone(), 512, false).expect("the built-in model fits the GPU");
     assert_eq!(bd::greedy_tokens(&mut b, &ops, first, 24).unwrap(), bd::greedy_tokens(&mut a, &ops, first, 24).unwrap(), "the stamps change no value");
-    assert!(timeline::timeline(&mut a, &ops, first, 0, 1).unwrap_err().to_string().contains("not the timeline build"));
-    for (graphs, depth) in [(true, 0), (true, 300), (false, 0)] {
+    assert!(timeline::one_token(&mut a, &ops, first, 0, 1).unwrap_err().to_string().contains("not the timeline build"));
+    let seq = bd::random_tokens(first, 8, model.config.n_vocab, 1);
+    for (graphs, depth, window) in [(true, 0, 0), (true, 300, 0), (false, 0, 0), (true, 0, 4)] {
         b.set_graphs(graphs);
-        let step = b.step_kernels(&ops, first, depth).unwrap();
-        let t = timeline::timeline(&mut b, &ops, first, depth, 3).unwrap();
-        let what = format!("graphs {graphs}, depth {depth}");
+        let (step, t) = if window == 0 {
+            (b.step_kernels(&ops, &[first], depth + 1).unwrap(), timeline::one_token(&mut b, &ops, first, depth, 3).unwrap())
+        } else {
+            (b.step_kernels(&ops, &seq[window..], window).unwrap(), timeline::window(&mut b, &ops, &seq, 3).unwrap())
+        };
+        let what = format!("graphs {graphs}, depth {depth}, window {window}");
+        assert_eq!((t.window, t.tokens), (window > 0, window.max(1)), "{what}");
         assert_eq!(t.launches.iter().map(|l| l.kernel.as_str()).collect::<Vec<_>>(), step, "{what}");
         assert_eq!(t.families.iter().map(|f| f.launches).sum::<usize>(), step.len(), "{what}");
         for l in &t.launches {
@@ -523,14 +528,16 @@ fn gpu_timeline_lays_out_every_launch_of_the_step() {
         assert!(t.rounds == 3 && 0.0 < t.step_us.min && t.step_us.min <= t.step_us.median && t.step_us.median <= t.step_us.max, "{what}: {:?}", t.step_us);
         assert!(t.timer_step_ns.is_some_and(|ns| ns > 0), "{what}: {:?}", t.timer_step_ns);
     }
-    let (code, out, err) = strata(&["bench", "decode", "--builtin", "--backend", "cuda", "--timeline", "2", "--depths", "0", "--json"]);
+    assert!(timeline::window(&mut b, &ops, &seq[..7], 1).is_err(), "two windows of one size");
+    let (code, out, err) = strata(&["bench", "decode", "--builtin", "--backend", "cuda", "--timeline", "2", "--depths", "0", "--windows", "", "--json"]);
     assert_eq!(code, 0, "{out}\n{err}");
     let summary = out.lines().find(|l| l.contains("\"test\":\"timeline\"")).unwrap_or_else(|| panic!("no summary: {out}"));
     let launches = figure(summary, "launches").expect("a launch count") as usize;
     assert!(launches > 8 && figure(summary, "step_us").is_some_and(|us| us > 0.0), "{summary}");
     assert_eq!(out.lines().filter(|l| l.contains("\"test\":\"timeline launch\"")).count(), launches, "{out}");
     assert!(out.lines().filter(|l| l.contains("\"test\":\"timeline kernel\"")).all(|l| figure(l, "run_us").is_some_and(|us| us > 0.0)), "{out}");
-    let (code, out, err) = strata(&["bench", "decode", "--builtin", "--backend", "cuda", "--timeline", "1", "--depths", "0"]);
+    let (code, out, err) = strata(&["bench", "decode", "--builtin", "--backend", "cuda", "--timeline", "1", "--depths", "0", "-n", "16", "--windows", "2"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("depth 0: a step ") && out.contains("| gap us/launch |") && out.contains("launches in order (depth 0;"), "{out}");
+    assert!(out.contains("full windows of 2: a step ") && out.contains("launches in order (full windows of 2;"), "{out}");
 }

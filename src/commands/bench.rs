@@ -139,8 +139,9 @@ pub struct DecodeArgs {
     /// first variant's: put `knobs` first to compare against the knobs in force.
     #[arg(long, value_name = "VARIANTS", default_value = "")]
     pub variants: String,
-    /// GPU (cuda): instead of the rows, lay out the one-token step at each `--depths` launch by
-    /// launch, ROUNDS times (their medians): the kernels run in their timeline build, whose
+    /// GPU (cuda): instead of the rows, lay out the one-token step at each `--depths` and a full
+    /// window of each `--windows` (random tokens, `--window-seed`) launch by launch, ROUNDS times
+    /// (their medians): the kernels run in their timeline build, whose
     /// blocks stamp the GPU's global timer when they start, when their wait for the previous
     /// grid returns and when they end. A table gives each kernel's launches a step: the gap from
     /// the previous launch's last block to their release (the chain's handoff), their run from
@@ -329,7 +330,7 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     }
     let n_ctx = bd::context_for(&depths, a.n, a.prefill, c.n_ctx_train)?;
     if a.timeline > 0 {
-        return super::timeline::run(a, model, &depths, n_ctx);
+        return super::timeline::run(a, model, &depths, &windows, n_ctx);
     }
     let drops = list(&a.drop, "--drop group", |g| Some(g.to_string()))?;
     let mut opened = super::decode::open(a.backend, a.device, model.clone(), n_ctx)?;
@@ -428,7 +429,7 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     let mut costs = None;
     if let (Opened::Gpu(g), false) = (&mut opened, drops.is_empty()) {
         spinner.set_message("the kernels of a one-token step");
-        let kernels = g.step_kernels(&ops, first, 0)?;
+        let kernels = g.step_kernels(&ops, &[first], 0)?;
         let groups = drops.iter().map(|d| bd::DropGroup::parse(d, &kernels)).collect::<Result<Vec<_>, _>>()?;
         let with = match tg0.take() {
             Some(row) => row,

@@ -1,5 +1,6 @@
-//! `strata bench decode --timeline ROUNDS`: the one-token step at each `--depths` laid out launch
-//! by launch, with the kernels' timeline build (measured by `strata_host::bench::timeline`).
+//! `strata bench decode --timeline ROUNDS`: the one-token step at each `--depths` and a full window
+//! of each `--windows` laid out launch by launch, with the kernels' timeline build (measured by
+//! `strata_host::bench::timeline`).
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,8 +29,9 @@ pub(crate) fn check(a: &DecodeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Opens the timeline build on the GPU, lays out the step at every depth and prints the tables.
-pub(crate) fn run(a: &DecodeArgs, model: Arc<Model>, depths: &[usize], n_ctx: usize) -> anyhow::Result<()> {
+/// Opens the timeline build on the GPU, lays out the one-token step at every depth and a full
+/// window of every size, and prints the tables.
+pub(crate) fn run(a: &DecodeArgs, model: Arc<Model>, depths: &[usize], windows: &[usize], n_ctx: usize) -> anyhow::Result<()> {
     let gpu = strata_host::backends::cuda::open_traced(a.device, crate::ptx::IMAGES)?;
     let mut exec = GpuExecutor::new(gpu, model.clone(), n_ctx, true)?;
     exec.set_graphs(!a.no_graph);
@@ -43,7 +45,10 @@ pub(crate) fn run(a: &DecodeArgs, model: Arc<Model>, depths: &[usize], n_ctx: us
             if exec.backend().chained() { "chained" } else { "unchained" },
             if a.no_graph { "launched one by one" } else { "replayed from graphs" }
         ),
-        format!("{} rounds of two one-token steps chained as the decode loop runs them; the second step's launches, medians over the rounds", a.timeline),
+        format!(
+            "{} rounds of two steps, the second laid out (medians over the rounds): one-token steps chained as the decode loop runs them; full windows of random tokens (seed {}) one after the other",
+            a.timeline, a.window_seed
+        ),
     ];
     for line in &header {
         if a.json {
@@ -59,10 +64,15 @@ pub(crate) fn run(a: &DecodeArgs, model: Arc<Model>, depths: &[usize], n_ctx: us
     spinner.enable_steady_tick(Duration::from_millis(200));
     spinner.set_message("warm-up");
     bd::warm_up(&mut exec, &ops, first)?;
+    let show = |t: &Timeline| spinner.suspend(|| if a.json { print_json(t) } else { print_tables(t) });
     for &depth in depths {
-        spinner.set_message(format!("the step at depth {depth}, {} rounds", a.timeline));
-        let t = timeline::timeline(&mut exec, &ops, first, depth, a.timeline)?;
-        spinner.suspend(|| if a.json { print_json(&t) } else { print_tables(&t) });
+        spinner.set_message(format!("the one-token step at depth {depth}, {} rounds", a.timeline));
+        show(&timeline::one_token(&mut exec, &ops, first, depth, a.timeline)?);
+    }
+    for &t in windows {
+        spinner.set_message(format!("a full window of {t}, {} rounds", a.timeline));
+        let seq = bd::random_tokens(first, 2 * t, model.config.n_vocab, a.window_seed);
+        show(&timeline::window(&mut exec, &ops, &seq, a.timeline)?);
     }
     spinner.finish_and_clear();
     Ok(())
@@ -76,13 +86,22 @@ fn pct(part: f64, whole: f64) -> f64 {
     }
 }
 
+/// `depth D` for a one-token step, `full windows of T` for a window's.
+fn label(t: &Timeline) -> String {
+    if !t.window {
+        format!("depth {}", t.depth)
+    } else {
+        format!("full windows of {}", t.tokens)
+    }
+}
+
 fn print_tables(t: &Timeline) {
     let (gaps, runs) = t.gaps_and_runs();
     let step = gaps + runs;
     println!();
     println!(
-        "depth {}: a step {:.1} us (median of {} rounds, {:.1}..{:.1}); {} launches; their gaps {:.1} us ({:.1} %), their runs {:.1} us ({:.1} %); timer steps of {} seen",
-        t.depth,
+        "{}: a step {:.1} us (median of {} rounds, {:.1}..{:.1}); {} launches; their gaps {:.1} us ({:.1} %), their runs {:.1} us ({:.1} %); timer steps of {} seen",
+        label(t),
         t.step_us.median,
         t.rounds,
         t.step_us.min,
@@ -109,7 +128,7 @@ fn print_tables(t: &Timeline) {
             pct(f.gap_us + f.run_us, step)
         );
     }
-    println!("launches in order (depth {}; end: microseconds from the previous step's last launch's end):", t.depth);
+    println!("launches in order ({}; end: microseconds from the previous step's last launch's end):", label(t));
     println!("| {:>4} | {:<32} | {:>6} | {:>8} | {:>7} | {:>7} | {:>9} | {:>8} |", "#", "kernel", "blocks", "early us", "gap us", "run us", "spread us", "end us");
     println!("|{:->6}|{:-<34}|{:->8}|{:->10}|{:->9}|{:->9}|{:->11}|{:->10}|", ":", "", ":", ":", ":", ":", ":", ":");
     let mut end = 0.0;
@@ -125,7 +144,8 @@ fn print_tables(t: &Timeline) {
 fn print_json(t: &Timeline) {
     let (gaps, runs) = t.gaps_and_runs();
     println!(
-        "{{\"test\":\"timeline\",\"depth\":{},\"rounds\":{},\"step_us\":{},\"step_us_min\":{},\"step_us_max\":{},\"launches\":{},\"gap_us\":{gaps},\"run_us\":{runs},\"timer_step_ns\":{}}}",
+        "{{\"test\":\"timeline\",\"tokens\":{},\"depth\":{},\"rounds\":{},\"step_us\":{},\"step_us_min\":{},\"step_us_max\":{},\"launches\":{},\"gap_us\":{gaps},\"run_us\":{runs},\"timer_step_ns\":{}}}",
+        t.tokens,
         t.depth,
         t.rounds,
         t.step_us.median,
@@ -136,14 +156,14 @@ fn print_json(t: &Timeline) {
     );
     for f in &t.families {
         println!(
-            "{{\"test\":\"timeline kernel\",\"depth\":{},\"kernel\":\"{}\",\"launches\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{}}}",
-            t.depth, f.kernel, f.launches, f.gap_us, f.run_us, f.early_us
+            "{{\"test\":\"timeline kernel\",\"tokens\":{},\"depth\":{},\"kernel\":\"{}\",\"launches\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{}}}",
+            t.tokens, t.depth, f.kernel, f.launches, f.gap_us, f.run_us, f.early_us
         );
     }
     for (i, l) in t.launches.iter().enumerate() {
         println!(
-            "{{\"test\":\"timeline launch\",\"depth\":{},\"index\":{i},\"kernel\":\"{}\",\"blocks\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"spread_us\":{}}}",
-            t.depth, l.kernel, l.blocks, l.gap_us, l.run_us, l.early_us, l.spread_us
+            "{{\"test\":\"timeline launch\",\"tokens\":{},\"depth\":{},\"index\":{i},\"kernel\":\"{}\",\"blocks\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"spread_us\":{}}}",
+            t.tokens, t.depth, l.kernel, l.blocks, l.gap_us, l.run_us, l.early_us, l.spread_us
         );
     }
 }

@@ -274,7 +274,7 @@ fn check_runs(runs: usize) -> Result<()> {
 
 /// One generation step: `tokens` at `pos0..`, ending when the tokens it emits are back (the
 /// accepted drafts and the model's next token, as [`generate`] reads them).
-fn step(exec: &mut dyn Executor, ops: &[Op], tokens: &[u32], pos0: usize) -> Result<Vec<u32>> {
+pub(crate) fn step(exec: &mut dyn Executor, ops: &[Op], tokens: &[u32], pos0: usize) -> Result<Vec<u32>> {
     exec.set_tokens(tokens)?;
     exec.run(ops, Window { tokens: tokens.len(), pos0 })?;
     Ok(exec.emitted()?.ids)

@@ -1,7 +1,7 @@
-//! `strata bench decode --timeline`: a one-token step's launches laid out in time, from the
-//! timeline build's stamps ([`crate::backends::trace`]). Each round resets the table, runs two
-//! one-token steps as the decode loop chains them, and reads the second step's launches; the
-//! figures are medians over the rounds.
+//! `strata bench decode --timeline`: a step's launches laid out in time, from the timeline
+//! build's stamps ([`crate::backends::trace`]). Each round resets the table, runs two steps (two
+//! one-token steps chained as the decode loop runs them, or two full windows one after the
+//! other) and reads the second step's launches; the figures are medians over the rounds.
 //!
 //! For launch `i` of the step (in launch order), with the stamps' times:
 //!
@@ -15,7 +15,7 @@
 //! `gap + run` of every launch telescopes to the step's period (the previous step's last end to
 //! this step's last end), so the step splits exactly into handoffs and runs.
 use crate::backends::trace::{self, LaunchTrace};
-use crate::bench::decode::{chained_steps, Spread};
+use crate::bench::decode::{chained_steps, step, Spread};
 use crate::error::{Error, Result};
 use crate::step::gpu::GpuExecutor;
 use crate::step::Op;
@@ -104,6 +104,10 @@ pub struct FamilyRow {
 /// A step laid out, medians over `rounds`.
 #[derive(Clone, Debug)]
 pub struct Timeline {
+    /// A full window's step (else a one-token step chained from the one before), its tokens,
+    /// and the depth its round starts from (`--depths`; 0 for full windows).
+    pub window: bool,
+    pub tokens: usize,
     pub depth: usize,
     pub rounds: usize,
     /// The step's period (the sum of every launch's gap and run), over the rounds.
@@ -122,8 +126,9 @@ impl Timeline {
     }
 }
 
-/// The medians of `rounds` (each a step's launches, the same kernels in the same order).
-pub fn summarize(depth: usize, rounds: &[Vec<Launch>], timer_step_ns: Option<u64>) -> Timeline {
+/// The medians of `rounds` (each a step's launches, the same kernels in the same order) of a
+/// full window of `tokens` (`window`) or the one-token step at `depth`.
+pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch>], timer_step_ns: Option<u64>) -> Timeline {
     assert!(!rounds.is_empty(), "a timeline of no rounds");
     let median = |f: &dyn Fn(&Launch) -> f64, i: usize| Spread::of(rounds.iter().map(|r| f(&r[i]))).median;
     let launches: Vec<LaunchRow> = (0..rounds[0].len())
@@ -150,12 +155,34 @@ pub fn summarize(depth: usize, rounds: &[Vec<Launch>], timer_step_ns: Option<u64
     }
     families.sort_by(|a, b| (b.gap_us + b.run_us).total_cmp(&(a.gap_us + a.run_us)));
     let step_us = Spread::of(rounds.iter().map(|r| r.iter().map(|l| l.gap_us + l.run_us).sum()));
-    Timeline { depth, rounds: rounds.len(), step_us, launches, families, timer_step_ns }
+    Timeline { window, tokens, depth, rounds: rounds.len(), step_us, launches, families, timer_step_ns }
 }
 
 /// Lays out the one-token step at `depth` on `exec` (opened with the timeline build), `rounds`
 /// times: each round two steps chained as the decode loop runs them, the second's launches kept.
-pub fn timeline(exec: &mut GpuExecutor, ops: &[Op], first: u32, depth: usize, rounds: usize) -> Result<Timeline> {
+pub fn one_token(exec: &mut GpuExecutor, ops: &[Op], first: u32, depth: usize, rounds: usize) -> Result<Timeline> {
+    // (The kernels of the second step, at `depth + 1`: a step past a context bound launches others.)
+    let step = exec.step_kernels(ops, &[first], depth + 1)?;
+    let laid = lay_out(exec, &step, rounds, |e| chained_steps(e, ops, first, depth, 2).map(|_| ()))?;
+    Ok(summarize(false, 1, depth, &laid.0, laid.1))
+}
+
+/// Lays out a full window of `seq.len() / 2` tokens on `exec`, `rounds` times: each round the
+/// windows `seq[..t]` at position 0 and `seq[t..]` at `t`, one after the other as the full-window
+/// rows run them, the second's launches kept.
+pub fn window(exec: &mut GpuExecutor, ops: &[Op], seq: &[u32], rounds: usize) -> Result<Timeline> {
+    let t = seq.len() / 2;
+    if t == 0 || seq.len() != 2 * t {
+        return Err(Error::Request(format!("timeline: two windows of tokens, not {}", seq.len())));
+    }
+    let kernels = exec.step_kernels(ops, &seq[t..], t)?;
+    let laid = lay_out(exec, &kernels, rounds, |e| step(e, ops, &seq[..t], 0).and_then(|_| step(e, ops, &seq[t..], t)).map(|_| ()))?;
+    Ok(summarize(true, t, 0, &laid.0, laid.1))
+}
+
+/// `rounds` rounds of `two_steps` (which runs two steps, the second launching `kernels`), each
+/// laid out; and the smallest timer step seen.
+fn lay_out(exec: &mut GpuExecutor, kernels: &[&str], rounds: usize, mut two_steps: impl FnMut(&mut GpuExecutor) -> Result<()>) -> Result<(Vec<Vec<Launch>>, Option<u64>)> {
     if rounds == 0 {
         return Err(Error::Request("timeline: at least one round".into()));
     }
@@ -164,22 +191,21 @@ pub fn timeline(exec: &mut GpuExecutor, ops: &[Op], first: u32, depth: usize, ro
         .trace_entries()
         .ok_or_else(|| Error::Request("timeline: the executor's kernels are not the timeline build".into()))?
         .to_vec();
-    let step = exec.step_kernels(ops, first, depth)?;
-    if 2 * step.len() > trace::SLOTS {
-        return Err(Error::Request(format!("timeline: a step of {} launches; the table tells {} apart", step.len(), trace::SLOTS)));
+    if 2 * kernels.len() > trace::SLOTS {
+        return Err(Error::Request(format!("timeline: a step of {} launches; the table tells {} apart", kernels.len(), trace::SLOTS)));
     }
     let (mut laid, mut timer) = (Vec::with_capacity(rounds), None::<u64>);
     for _ in 0..rounds {
         exec.backend().trace_reset()?;
-        chained_steps(exec, ops, first, depth, 2)?;
+        two_steps(exec)?;
         let traced = trace::launches(&exec.backend().trace_read()?).map_err(|e| Error::Request(format!("timeline: {e}")))?;
         timer = match (timer, timer_step_ns(&traced)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        laid.push(step_launches(&traced, &entries, &step)?);
+        laid.push(step_launches(&traced, &entries, kernels)?);
     }
-    Ok(summarize(depth, &laid, timer))
+    Ok((laid, timer))
 }
 
 #[cfg(test)]
@@ -246,7 +272,7 @@ mod tests {
                 Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.5, early_us: 0.5, spread_us: 0.0 },
             ]
         };
-        let t = summarize(0, &[round(1.0), round(3.0), round(2.0)], Some(32));
+        let t = summarize(false, 1, 0, &[round(1.0), round(3.0), round(2.0)], Some(32));
         assert_eq!(t.rounds, 3);
         assert_eq!(t.launches.iter().map(|l| l.kernel.as_str()).collect::<Vec<_>>(), ["norm", "proj", "norm"]);
         assert_eq!((t.launches[0].gap_us, t.launches[1].run_us), (2.0, 8.0), "medians over the rounds");

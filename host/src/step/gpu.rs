@@ -304,12 +304,12 @@ impl GpuExecutor {
         }
     }
 
-    /// The kernels one one-token step of `ops` launches, in order: a step fed `first` at
-    /// `pos0`, launched eagerly (whatever the graph setting), and waited for.
-    pub fn step_kernels(&mut self, ops: &[Op], first: u32, pos0: usize) -> Result<Vec<&'static str>> {
+    /// The kernels one step of `ops` launches, in order: a window of `tokens` at `pos0`,
+    /// launched eagerly (whatever the graph setting), and waited for.
+    pub fn step_kernels(&mut self, ops: &[Op], tokens: &[u32], pos0: usize) -> Result<Vec<&'static str>> {
         let graphs = self.graphs.take();
         self.gpu.start_recording();
-        let ran = self.set_tokens(&[first]).and_then(|_| self.run(ops, Window { tokens: 1, pos0 })).and_then(|_| self.drain());
+        let ran = self.set_tokens(tokens).and_then(|_| self.run(ops, Window { tokens: tokens.len(), pos0 })).and_then(|_| self.drain());
         let names = self.gpu.stop_recording();
         self.graphs = graphs;
         ran.map(|_| names)
