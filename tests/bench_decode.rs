@@ -524,7 +524,11 @@ fn gpu_timeline_lays_out_every_launch_of_the_step() {
         assert_eq!(t.families.iter().map(|f| f.launches).sum::<usize>(), step.len(), "{what}");
         for l in &t.launches {
             assert!(l.blocks > 0 && l.run_us > 0.0 && l.early_us >= 0.0 && l.spread_us >= 0.0, "{what}: {l:?}");
+            // No block runs longer than its launch: the mean block run is within the launch's.
+            assert!(l.block_us.is_none_or(|b| b > 0.0 && b <= l.run_us + 1e-9), "{what}: {l:?}");
         }
+        // Every kernel waits for the grid once: its blocks' releases and ends pair up.
+        assert!(2 * t.launches.iter().filter(|l| l.block_us.is_some()).count() > t.launches.len(), "{what}: {:?}", t.launches);
         assert!(t.rounds == 3 && 0.0 < t.step_us.min && t.step_us.min <= t.step_us.median && t.step_us.median <= t.step_us.max, "{what}: {:?}", t.step_us);
         assert!(t.timer_step_ns.is_some_and(|ns| ns > 0), "{what}: {:?}", t.timer_step_ns);
     }

@@ -113,30 +113,39 @@ fn print_tables(t: &Timeline) {
         pct(runs, step),
         t.timer_step_ns.map_or("n/a".into(), |ns| format!("{ns} ns"))
     );
-    println!("| {:<32} | {:>8} | {:>13} | {:>13} | {:>15} | {:>15} | {:>9} |", "kernel", "launches", "gap us/launch", "run us/launch", "early us/launch", "gap+run us/step", "% of step");
-    println!("|{:-<34}|{:->10}|{:->15}|{:->15}|{:->17}|{:->17}|{:->11}|", "", ":", ":", ":", ":", ":", ":");
+    println!(
+        "| {:<32} | {:>8} | {:>13} | {:>13} | {:>15} | {:>15} | {:>15} | {:>9} |",
+        "kernel", "launches", "gap us/launch", "run us/launch", "block us/launch", "early us/launch", "gap+run us/step", "% of step"
+    );
+    println!("|{:-<34}|{:->10}|{:->15}|{:->15}|{:->17}|{:->17}|{:->17}|{:->11}|", "", ":", ":", ":", ":", ":", ":", ":");
     for f in &t.families {
         let n = f.launches as f64;
+        let block = if f.block_launches > 0 { format!("{:.2}", f.block_us / f.block_launches as f64) } else { "-".into() };
         println!(
-            "| {:<32} | {:>8} | {:>13.2} | {:>13.2} | {:>15.2} | {:>15.1} | {:>9.1} |",
+            "| {:<32} | {:>8} | {:>13.2} | {:>13.2} | {:>15} | {:>15.2} | {:>15.1} | {:>9.1} |",
             f.kernel,
             f.launches,
             f.gap_us / n,
             f.run_us / n,
+            block,
             f.early_us / n,
             f.gap_us + f.run_us,
             pct(f.gap_us + f.run_us, step)
         );
     }
     println!("launches in order ({}; end: microseconds from the previous step's last launch's end):", label(t));
-    println!("| {:>4} | {:<32} | {:>6} | {:>8} | {:>7} | {:>7} | {:>9} | {:>8} |", "#", "kernel", "blocks", "early us", "gap us", "run us", "spread us", "end us");
-    println!("|{:->6}|{:-<34}|{:->8}|{:->10}|{:->9}|{:->9}|{:->11}|{:->10}|", ":", "", ":", ":", ":", ":", ":", ":");
+    println!(
+        "| {:>4} | {:<32} | {:>6} | {:>8} | {:>7} | {:>7} | {:>8} | {:>9} | {:>8} |",
+        "#", "kernel", "blocks", "early us", "gap us", "run us", "block us", "spread us", "end us"
+    );
+    println!("|{:->6}|{:-<34}|{:->8}|{:->10}|{:->9}|{:->9}|{:->10}|{:->11}|{:->10}|", ":", "", ":", ":", ":", ":", ":", ":", ":");
     let mut end = 0.0;
     for (i, l) in t.launches.iter().enumerate() {
         end += l.gap_us + l.run_us;
+        let block = l.block_us.map_or("-".into(), |b| format!("{b:.2}"));
         println!(
-            "| {:>4} | {:<32} | {:>6} | {:>8.2} | {:>7.2} | {:>7.2} | {:>9.2} | {:>8.1} |",
-            i, l.kernel, l.blocks, l.early_us, l.gap_us, l.run_us, l.spread_us, end
+            "| {:>4} | {:<32} | {:>6} | {:>8.2} | {:>7.2} | {:>7.2} | {:>8} | {:>9.2} | {:>8.1} |",
+            i, l.kernel, l.blocks, l.early_us, l.gap_us, l.run_us, block, l.spread_us, end
         );
     }
 }
@@ -156,14 +165,22 @@ fn print_json(t: &Timeline) {
     );
     for f in &t.families {
         println!(
-            "{{\"test\":\"timeline kernel\",\"tokens\":{},\"depth\":{},\"kernel\":\"{}\",\"launches\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{}}}",
-            t.tokens, t.depth, f.kernel, f.launches, f.gap_us, f.run_us, f.early_us
+            "{{\"test\":\"timeline kernel\",\"tokens\":{},\"depth\":{},\"kernel\":\"{}\",\"launches\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"block_us\":{},\"block_launches\":{}}}",
+            t.tokens, t.depth, f.kernel, f.launches, f.gap_us, f.run_us, f.early_us, f.block_us, f.block_launches
         );
     }
     for (i, l) in t.launches.iter().enumerate() {
         println!(
-            "{{\"test\":\"timeline launch\",\"tokens\":{},\"depth\":{},\"index\":{i},\"kernel\":\"{}\",\"blocks\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"spread_us\":{}}}",
-            t.tokens, t.depth, l.kernel, l.blocks, l.gap_us, l.run_us, l.early_us, l.spread_us
+            "{{\"test\":\"timeline launch\",\"tokens\":{},\"depth\":{},\"index\":{i},\"kernel\":\"{}\",\"blocks\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"spread_us\":{},\"block_us\":{}}}",
+            t.tokens,
+            t.depth,
+            l.kernel,
+            l.blocks,
+            l.gap_us,
+            l.run_us,
+            l.early_us,
+            l.spread_us,
+            l.block_us.map_or("null".into(), |b| b.to_string())
         );
     }
 }

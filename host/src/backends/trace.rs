@@ -23,15 +23,17 @@ pub const SYMBOL: &str = "strata_trace";
 pub const SLOTS: usize = 2048;
 /// Records a launch: block `b` stamps record `b % LANES`.
 pub const LANES: usize = 32;
-/// Bytes of a record: its own 64-byte line.
-pub const RECORD: usize = 64;
+/// Bytes of a record: its own 128-byte line.
+pub const RECORD: usize = 128;
 /// Bytes of the table.
 pub const TABLE_BYTES: usize = SLOTS * LANES * RECORD;
 // (A record's offset is computed in 32 bits.)
 const _: () = assert!(TABLE_BYTES <= u32::MAX as usize);
 
 // A record's fields (byte offsets): the launch's `%gridid` and entry index (stored by every
-// block's first stamp), then the reductions over the blocks that stamp the record.
+// block's first stamp), then the reductions over the blocks that stamp the record. The sums of
+// the release and end times wrap (mod 2^64); their difference is still the exact sum of the
+// blocks' runs.
 const GRIDID: usize = 0;
 const FIRST_START: usize = 8;
 const FIRST_RELEASE: usize = 16;
@@ -39,6 +41,9 @@ const LAST_RELEASE: usize = 24;
 const LAST_END: usize = 32;
 const BLOCKS: usize = 40;
 const ENTRY: usize = 44;
+const SUM_RELEASE: usize = 48;
+const SUM_END: usize = 56;
+const RELEASES: usize = 64;
 
 /// The instrumented PTX and its entries in module order (a record's entry index names one).
 #[derive(Debug)]
@@ -52,7 +57,8 @@ pub struct Instrumented {
 enum Point {
     /// Before the entry's first instruction: the launch's gridid, its entry index, the block's start.
     Start(usize),
-    /// After each `griddepcontrol.wait`: the previous grid has completed.
+    /// After each `griddepcontrol.wait` (and the `launch_dependents` right after it, which the
+    /// stamp would otherwise delay): the previous grid has completed.
     Release,
     /// Before each `ret`.
     End,
@@ -69,7 +75,7 @@ fn stamp(point: Point, label: usize) -> String {
     line("mov.u32 \t%trace_r0, %tid.x;");
     line("setp.ne.u32 \t%trace_p0, %trace_r0, 0;");
     line(&format!("@%trace_p0 bra \t$L__trace_{label};"));
-    // The record's offset in 32 bits (the table is 4 MiB), then its address.
+    // The record's offset in 32 bits (the table is 8 MiB), then its address.
     line("mov.u64 \t%trace_d0, %gridid;");
     line("cvt.u32.u64 \t%trace_r0, %trace_d0;");
     line(&format!("and.b32 \t%trace_r0, %trace_r0, {};", SLOTS - 1));
@@ -89,9 +95,12 @@ fn stamp(point: Point, label: usize) -> String {
         Point::Release => {
             line(&format!("red.global.min.u64 \t[%trace_d1+{FIRST_RELEASE}], %trace_d2;"));
             line(&format!("red.global.max.u64 \t[%trace_d1+{LAST_RELEASE}], %trace_d2;"));
+            line(&format!("red.global.add.u64 \t[%trace_d1+{SUM_RELEASE}], %trace_d2;"));
+            line(&format!("red.global.add.u32 \t[%trace_d1+{RELEASES}], 1;"));
         }
         Point::End => {
             line(&format!("red.global.max.u64 \t[%trace_d1+{LAST_END}], %trace_d2;"));
+            line(&format!("red.global.add.u64 \t[%trace_d1+{SUM_END}], %trace_d2;"));
             line(&format!("red.global.add.u32 \t[%trace_d1+{BLOCKS}], 1;"));
         }
     }
@@ -123,13 +132,25 @@ pub fn instrument(ptx: &str) -> Result<Instrumented, String> {
     let mut entry: Option<usize> = None;
     let (mut in_body, mut started, mut rets) = (false, false, 0usize);
     let mut labels = 0usize;
-    let mut declared = false;
+    let (mut declared, mut release_due) = (false, false);
     let close = |name: Option<&String>, rets: usize| match (name, rets) {
         (Some(n), 0) => Err(format!("entry `{n}` has no `ret;` to stamp")),
         _ => Ok(()),
     };
     for line in ptx.lines() {
         let t = line.trim();
+        if release_due {
+            release_due = false;
+            if t == "griddepcontrol.launch_dependents;" {
+                out.push_str(line);
+                out.push('\n');
+                out.push_str(&stamp(Point::Release, labels));
+                labels += 1;
+                continue;
+            }
+            out.push_str(&stamp(Point::Release, labels));
+            labels += 1;
+        }
         if let Some(rest) = t.strip_prefix(".visible .entry ") {
             if entry.is_some() && !in_body {
                 return Err(format!("entry `{}` has no body", entries.last().map_or("", |e| e.as_str())));
@@ -163,10 +184,7 @@ pub fn instrument(ptx: &str) -> Result<Instrumented, String> {
         }
         out.push_str(line);
         out.push('\n');
-        if in_body && t == "griddepcontrol.wait;" {
-            out.push_str(&stamp(Point::Release, labels));
-            labels += 1;
-        }
+        release_due = in_body && t == "griddepcontrol.wait;";
         if !declared && t.starts_with(".address_size") {
             let _ = writeln!(out, ".visible .global .align 8 .b8 {SYMBOL}[{TABLE_BYTES}];");
             declared = true;
@@ -205,6 +223,19 @@ pub struct LaunchTrace {
     pub first_release: u64,
     pub last_release: u64,
     pub last_end: u64,
+    /// Releases stamped (a block's, once it waited), and the sums (mod 2^64) of the release and
+    /// end times.
+    pub releases: u32,
+    pub sum_release: u64,
+    pub sum_end: u64,
+}
+
+impl LaunchTrace {
+    /// The mean of the blocks' runs, release to end, nanoseconds: where every block that ended
+    /// was released once (else the sums do not pair up).
+    pub fn mean_block_run_ns(&self) -> Option<f64> {
+        (self.blocks > 0 && self.releases == self.blocks).then(|| self.sum_end.wrapping_sub(self.sum_release) as f64 / self.blocks as f64)
+    }
 }
 
 fn u64_at(r: &[u8], at: usize) -> u64 {
@@ -234,6 +265,9 @@ pub fn launches(table: &[u8]) -> Result<Vec<LaunchTrace>, String> {
                 first_release: u64_at(r, FIRST_RELEASE),
                 last_release: u64_at(r, LAST_RELEASE),
                 last_end: u64_at(r, LAST_END),
+                releases: u32_at(r, RELEASES),
+                sum_release: u64_at(r, SUM_RELEASE),
+                sum_end: u64_at(r, SUM_END),
             };
             if !(this.first_start <= this.first_release && this.first_release <= this.last_release && this.last_release <= this.last_end) {
                 return Err(format!("slot {slot}: stamps out of order ({this:?})"));
@@ -252,6 +286,9 @@ pub fn launches(table: &[u8]) -> Result<Vec<LaunchTrace>, String> {
                     first_release: l.first_release.min(this.first_release),
                     last_release: l.last_release.max(this.last_release),
                     last_end: l.last_end.max(this.last_end),
+                    releases: l.releases + this.releases,
+                    sum_release: l.sum_release.wrapping_add(this.sum_release),
+                    sum_end: l.sum_end.wrapping_add(this.sum_end),
                     ..l
                 },
             });
@@ -331,9 +368,14 @@ $L__BB0_2:
         assert!(second.find("+44], 1;").expect("start") < second.find("mov.u32 \t%r1").expect("first instruction"));
         // Release: after the wait only; end: before each of the entry's returns.
         assert_eq!(count(&first, "red.global.max.u64 \t[%trace_d1+24]"), 1);
-        assert!(first.find("griddepcontrol.wait;").unwrap() < first.find("[%trace_d1+16]").unwrap());
+        assert!(first.find("griddepcontrol.launch_dependents;").unwrap() < first.find("[%trace_d1+16]").unwrap());
+        let alone = instrument(&MODULE.replace("griddepcontrol.launch_dependents;\n", "")).expect("instruments");
+        let wait = &alone.ptx[alone.ptx.find("griddepcontrol.wait;\n").expect("wait kept")..];
+        assert!(wait.lines().nth(1).expect("a line after").contains("%tid.x"), "a wait alone: the release stamp right after it");
         assert_eq!(count(&second, "[%trace_d1+16]"), 0);
         assert_eq!(count(&first, "red.global.add.u32 \t[%trace_d1+40], 1;"), 2);
+        assert_eq!((count(&first, "red.global.add.u64 \t[%trace_d1+48]"), count(&first, "red.global.add.u32 \t[%trace_d1+64], 1;")), (1, 1));
+        assert_eq!(count(&first, "red.global.add.u64 \t[%trace_d1+56]"), 2);
         assert_eq!(count(&second, "red.global.add.u32 \t[%trace_d1+40], 1;"), 1);
         for body in [&first, &second] {
             for (at, _) in body.match_indices("\tret;") {
@@ -383,21 +425,39 @@ $L__BB0_2:
         r[FIRST_RELEASE..FIRST_RELEASE + 8].copy_from_slice(&l.first_release.to_le_bytes());
         r[LAST_RELEASE..LAST_RELEASE + 8].copy_from_slice(&l.last_release.to_le_bytes());
         r[LAST_END..LAST_END + 8].copy_from_slice(&l.last_end.to_le_bytes());
+        r[RELEASES..RELEASES + 4].copy_from_slice(&l.releases.to_le_bytes());
+        r[SUM_RELEASE..SUM_RELEASE + 8].copy_from_slice(&l.sum_release.to_le_bytes());
+        r[SUM_END..SUM_END + 8].copy_from_slice(&l.sum_end.to_le_bytes());
     }
 
     #[test]
     fn a_launch_is_its_records_reduced_in_gridid_order() {
         let mut t = initial_table();
         assert!(launches(&t).unwrap().is_empty(), "an untouched table holds no launch");
-        let l = |gridid, entry, blocks, s, r0, r1, e| LaunchTrace { gridid, entry, blocks, first_start: s, first_release: r0, last_release: r1, last_end: e };
-        // Launch 4097 (slot 1) in two lanes; launch 2050 (slot 2) in one; 2047 (the last slot):
-        // gridid order is not slot order.
-        put(&mut t, 1, 0, l(4097, 3, 5, 100, 150, 160, 300));
-        put(&mut t, 1, 31, l(4097, 3, 4, 90, 155, 170, 280));
-        put(&mut t, 2, 7, l(2050, 1, 1, 10, 20, 20, 30));
+        let l = |gridid, entry, blocks, s, r0, r1, e| LaunchTrace {
+            gridid,
+            entry,
+            blocks,
+            first_start: s,
+            first_release: r0,
+            last_release: r1,
+            last_end: e,
+            releases: 0,
+            sum_release: 0,
+            sum_end: 0,
+        };
+        // Launch 4097 (slot 1) in two lanes, the first's sums wrapped past 2^64 (its blocks ran
+        // 700 ns together, the other lane's 500); launch 2050 (slot 2) in one; 2047 (the last
+        // slot), never released: gridid order is not slot order.
+        let wrapped = u64::MAX - 99;
+        put(&mut t, 1, 0, LaunchTrace { releases: 5, sum_release: wrapped, sum_end: wrapped.wrapping_add(700), ..l(4097, 3, 5, 100, 150, 160, 300) });
+        put(&mut t, 1, 31, LaunchTrace { releases: 4, sum_release: 1_000, sum_end: 1_500, ..l(4097, 3, 4, 90, 155, 170, 280) });
+        put(&mut t, 2, 7, LaunchTrace { releases: 1, sum_release: 20, sum_end: 30, ..l(2050, 1, 1, 10, 20, 20, 30) });
         put(&mut t, SLOTS - 1, 0, l(2047, 0, 2, 1, 2, 3, 4));
         let got = launches(&t).unwrap();
-        assert_eq!(got, [l(2047, 0, 2, 1, 2, 3, 4), l(2050, 1, 1, 10, 20, 20, 30), l(4097, 3, 9, 90, 150, 170, 300)]);
+        let merged = LaunchTrace { releases: 9, sum_release: wrapped.wrapping_add(1_000), sum_end: wrapped.wrapping_add(2_200), ..l(4097, 3, 9, 90, 150, 170, 300) };
+        assert_eq!(got, [l(2047, 0, 2, 1, 2, 3, 4), LaunchTrace { releases: 1, sum_release: 20, sum_end: 30, ..l(2050, 1, 1, 10, 20, 20, 30) }, merged]);
+        assert_eq!(got.iter().map(LaunchTrace::mean_block_run_ns).collect::<Vec<_>>(), [None, Some(10.0), Some(1_200.0 / 9.0)]);
         // Two launches in one slot, or a block that ended before its release, are refused.
         let mut clash = t.clone();
         put(&mut clash, 1, 5, l(4097 + SLOTS as u64, 3, 1, 95, 150, 150, 200));

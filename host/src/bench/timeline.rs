@@ -10,7 +10,10 @@
 //! - `run` = its last block end - its first release;
 //! - `early` = its first release - its first block start: how long its blocks were resident
 //!   before the release (the preamble the chain overlaps with the grid before);
-//! - `spread` = its last release - its first: blocks that started late (more blocks than fit).
+//! - `spread` = its last release - its first: blocks that started late (more blocks than fit);
+//! - `block` = the mean of its blocks' runs, release to end: near `run` where every block takes
+//!   the launch's time (a chain of latencies in each), well below it where late or slow blocks
+//!   make the launch's time (waves, a tail).
 //!
 //! `gap + run` of every launch telescopes to the step's period (the previous step's last end to
 //! this step's last end), so the step splits exactly into handoffs and runs.
@@ -29,6 +32,8 @@ pub struct Launch {
     pub run_us: f64,
     pub early_us: f64,
     pub spread_us: f64,
+    /// The mean block run; `None` where the blocks' releases and ends do not pair up.
+    pub block_us: Option<f64>,
 }
 
 fn us(later: u64, earlier: u64) -> f64 {
@@ -67,6 +72,7 @@ pub fn step_launches(traced: &[LaunchTrace], entries: &[String], step: &[&str]) 
                 run_us: us(l.last_end, l.first_release),
                 early_us: us(l.first_release, l.first_start),
                 spread_us: us(l.last_release, l.first_release),
+                block_us: l.mean_block_run_ns().map(|ns| ns / 1e3),
             }
         })
         .collect())
@@ -80,7 +86,7 @@ pub fn timer_step_ns(traced: &[LaunchTrace]) -> Option<u64> {
     t.windows(2).map(|w| w[1] - w[0]).min()
 }
 
-/// A launch of the step over the rounds: medians.
+/// A launch of the step over the rounds: medians (`block_us` over the rounds that had it).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaunchRow {
     pub kernel: String,
@@ -89,9 +95,11 @@ pub struct LaunchRow {
     pub run_us: f64,
     pub early_us: f64,
     pub spread_us: f64,
+    pub block_us: Option<f64>,
 }
 
-/// A kernel's launches in the step together: sums of their medians, a step.
+/// A kernel's launches in the step together: sums of their medians, a step (`block_us`: the
+/// sum over the launches that have it, and how many do).
 #[derive(Clone, Debug, PartialEq)]
 pub struct FamilyRow {
     pub kernel: String,
@@ -99,6 +107,8 @@ pub struct FamilyRow {
     pub gap_us: f64,
     pub run_us: f64,
     pub early_us: f64,
+    pub block_us: f64,
+    pub block_launches: usize,
 }
 
 /// A step laid out, medians over `rounds`.
@@ -139,6 +149,10 @@ pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch
             run_us: median(&|l| l.run_us, i),
             early_us: median(&|l| l.early_us, i),
             spread_us: median(&|l| l.spread_us, i),
+            block_us: {
+                let had: Vec<f64> = rounds.iter().filter_map(|r| r[i].block_us).collect();
+                (!had.is_empty()).then(|| Spread::of(had).median)
+            },
         })
         .collect();
     let mut families: Vec<FamilyRow> = Vec::new();
@@ -149,8 +163,18 @@ pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch
                 f.gap_us += l.gap_us;
                 f.run_us += l.run_us;
                 f.early_us += l.early_us;
+                f.block_us += l.block_us.unwrap_or(0.0);
+                f.block_launches += usize::from(l.block_us.is_some());
             }
-            None => families.push(FamilyRow { kernel: l.kernel.clone(), launches: 1, gap_us: l.gap_us, run_us: l.run_us, early_us: l.early_us }),
+            None => families.push(FamilyRow {
+                kernel: l.kernel.clone(),
+                launches: 1,
+                gap_us: l.gap_us,
+                run_us: l.run_us,
+                early_us: l.early_us,
+                block_us: l.block_us.unwrap_or(0.0),
+                block_launches: usize::from(l.block_us.is_some()),
+            }),
         }
     }
     families.sort_by(|a, b| (b.gap_us + b.run_us).total_cmp(&(a.gap_us + a.run_us)));
@@ -212,8 +236,10 @@ fn lay_out(exec: &mut GpuExecutor, kernels: &[&str], rounds: usize, mut two_step
 mod tests {
     use super::*;
 
+    /// A launch whose blocks ran from `release` to `end` on average (every block released once).
     fn l(gridid: u64, entry: u32, blocks: u32, start: u64, release: u64, last_release: u64, end: u64) -> LaunchTrace {
-        LaunchTrace { gridid, entry, blocks, first_start: start, first_release: release, last_release, last_end: end }
+        let (sum_release, sum_end) = (blocks as u64 * release, blocks as u64 * end);
+        LaunchTrace { gridid, entry, blocks, first_start: start, first_release: release, last_release, last_end: end, releases: blocks, sum_release, sum_end }
     }
 
     fn names() -> Vec<String> {
@@ -229,13 +255,13 @@ mod tests {
             l(3, 2, 16, 5_000, 7_000, 7_000, 9_000),
             l(4, 0, 8, 8_500, 10_000, 10_000, 11_000),
             l(5, 1, 64, 10_200, 11_400, 11_900, 15_000),
-            l(6, 2, 16, 14_000, 16_000, 16_500, 18_000),
+            LaunchTrace { releases: 15, ..l(6, 2, 16, 14_000, 16_000, 16_500, 18_000) },
         ];
         let got = step_launches(&traced, &names(), &["norm", "proj", "attn"]).unwrap();
         let want = [
-            Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.0, early_us: 1.5, spread_us: 0.0 },
-            Launch { kernel: "proj".into(), blocks: 64, gap_us: 0.4, run_us: 3.6, early_us: 1.2, spread_us: 0.5 },
-            Launch { kernel: "attn".into(), blocks: 16, gap_us: 1.0, run_us: 2.0, early_us: 2.0, spread_us: 0.5 },
+            Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.0, early_us: 1.5, spread_us: 0.0, block_us: Some(1.0) },
+            Launch { kernel: "proj".into(), blocks: 64, gap_us: 0.4, run_us: 3.6, early_us: 1.2, spread_us: 0.5, block_us: Some(3.6) },
+            Launch { kernel: "attn".into(), blocks: 16, gap_us: 1.0, run_us: 2.0, early_us: 2.0, spread_us: 0.5, block_us: None },
         ];
         assert_eq!(got.len(), 3);
         for (g, w) in got.iter().zip(&want) {
@@ -243,6 +269,7 @@ mod tests {
             for (a, b) in [(g.gap_us, w.gap_us), (g.run_us, w.run_us), (g.early_us, w.early_us), (g.spread_us, w.spread_us)] {
                 assert!((a - b).abs() < 1e-9, "{g:?} against {w:?}");
             }
+            assert_eq!(g.block_us.map(|b| (b * 1e6).round()), w.block_us.map(|b| (b * 1e6).round()), "{g:?} against {w:?}");
         }
         // The gaps and runs telescope to the period: the first step's end to the second's.
         let period: f64 = got.iter().map(|x| x.gap_us + x.run_us).sum();
@@ -267,9 +294,9 @@ mod tests {
     fn rounds_give_medians_and_families_sum_their_launches() {
         let round = |scale: f64| {
             vec![
-                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0 * scale, run_us: 1.0, early_us: 0.5, spread_us: 0.0 },
-                Launch { kernel: "proj".into(), blocks: 64, gap_us: 0.5, run_us: 4.0 * scale, early_us: 1.0, spread_us: 0.2 },
-                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.5, early_us: 0.5, spread_us: 0.0 },
+                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0 * scale, run_us: 1.0, early_us: 0.5, spread_us: 0.0, block_us: Some(0.5 * scale) },
+                Launch { kernel: "proj".into(), blocks: 64, gap_us: 0.5, run_us: 4.0 * scale, early_us: 1.0, spread_us: 0.2, block_us: (scale > 1.0).then_some(scale) },
+                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.5, early_us: 0.5, spread_us: 0.0, block_us: None },
             ]
         };
         let t = summarize(false, 1, 0, &[round(1.0), round(3.0), round(2.0)], Some(32));
@@ -279,6 +306,10 @@ mod tests {
         // proj: 0.5 + 8 = 8.5 a step, ahead of norm's two launches: 2 + 1 + 1 + 1.5 = 5.5.
         assert_eq!(t.families.iter().map(|f| (f.kernel.as_str(), f.launches)).collect::<Vec<_>>(), [("proj", 1), ("norm", 2)]);
         assert_eq!((t.families[1].gap_us, t.families[1].run_us), (3.0, 2.5));
+        // The mean block runs: medians over the rounds that had one (proj: 3 and 2 of its
+        // rounds 3 and 2), none for a launch that never had one; a family sums those it has.
+        assert_eq!(t.launches.iter().map(|l| l.block_us).collect::<Vec<_>>(), [Some(1.0), Some(2.5), None]);
+        assert_eq!((t.families[1].block_us, t.families[1].block_launches), (1.0, 1));
         assert_eq!(t.gaps_and_runs(), (3.5, 10.5));
         // The period of each round (5 scale + 4): 9, 19 and 14 us; the median 14.
         assert_eq!((t.step_us.median, t.step_us.min, t.step_us.max), (14.0, 9.0, 19.0));
