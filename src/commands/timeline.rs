@@ -133,6 +133,7 @@ fn print_tables(t: &Timeline) {
             pct(f.gap_us + f.run_us, step)
         );
     }
+    print_marks(t);
     println!("launches in order ({}; end: microseconds from the previous step's last launch's end):", label(t));
     println!(
         "| {:>4} | {:<32} | {:>6} | {:>8} | {:>7} | {:>7} | {:>8} | {:>9} | {:>8} |",
@@ -150,6 +151,38 @@ fn print_tables(t: &Timeline) {
     }
 }
 
+/// The kernels with marks (`trace_mark!`): each mark's mean time from a block's release, then
+/// the mean block run, over the kernel's launches that have them.
+fn print_marks(t: &Timeline) {
+    let marked: Vec<_> = t.families.iter().filter(|f| !f.marks.is_empty()).collect();
+    if marked.is_empty() {
+        return;
+    }
+    println!("inside the kernels (microseconds from a block's release to each of its kernel's marks, then to its end; means over the blocks, a launch):");
+    println!("| {:<32} | {:>8} | {:>18} | {:>18} | {:>18} | {:>18} | {:>8} |", "kernel", "launches", "mark 1", "mark 2", "mark 3", "mark 4", "end");
+    println!("|{:-<34}|{:->10}|{:->20}|{:->20}|{:->20}|{:->20}|{:->10}|", "", ":", ":", ":", ":", ":", ":");
+    for f in marked {
+        let mean = |sum: f64, n: usize| if n > 0 { format!("{:.2}", sum / n as f64) } else { "-".into() };
+        let mut cells: Vec<String> = f.marks.iter().map(|(name, sum, n)| format!("{name} {}", mean(*sum, *n))).collect();
+        cells.resize(strata_host::backends::trace::MARKS, String::new());
+        println!(
+            "| {:<32} | {:>8} | {:>18} | {:>18} | {:>18} | {:>18} | {:>8} |",
+            f.kernel,
+            f.launches,
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            mean(f.block_us, f.block_launches)
+        );
+    }
+}
+
+/// `null` for `None`.
+fn json_opt(v: Option<f64>) -> String {
+    v.map_or("null".into(), |v| v.to_string())
+}
+
 fn print_json(t: &Timeline) {
     let (gaps, runs) = t.gaps_and_runs();
     println!(
@@ -165,13 +198,22 @@ fn print_json(t: &Timeline) {
     );
     for f in &t.families {
         println!(
-            "{{\"test\":\"timeline kernel\",\"tokens\":{},\"depth\":{},\"kernel\":\"{}\",\"launches\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"block_us\":{},\"block_launches\":{}}}",
-            t.tokens, t.depth, f.kernel, f.launches, f.gap_us, f.run_us, f.early_us, f.block_us, f.block_launches
+            "{{\"test\":\"timeline kernel\",\"tokens\":{},\"depth\":{},\"kernel\":\"{}\",\"launches\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"block_us\":{},\"block_launches\":{},\"marks\":[{}]}}",
+            t.tokens,
+            t.depth,
+            f.kernel,
+            f.launches,
+            f.gap_us,
+            f.run_us,
+            f.early_us,
+            f.block_us,
+            f.block_launches,
+            f.marks.iter().map(|(name, us, n)| format!("{{\"name\":\"{name}\",\"us\":{us},\"launches\":{n}}}")).collect::<Vec<_>>().join(",")
         );
     }
     for (i, l) in t.launches.iter().enumerate() {
         println!(
-            "{{\"test\":\"timeline launch\",\"tokens\":{},\"depth\":{},\"index\":{i},\"kernel\":\"{}\",\"blocks\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"spread_us\":{},\"block_us\":{}}}",
+            "{{\"test\":\"timeline launch\",\"tokens\":{},\"depth\":{},\"index\":{i},\"kernel\":\"{}\",\"blocks\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"spread_us\":{},\"block_us\":{},\"marks\":{{{}}}}}",
             t.tokens,
             t.depth,
             l.kernel,
@@ -180,7 +222,8 @@ fn print_json(t: &Timeline) {
             l.run_us,
             l.early_us,
             l.spread_us,
-            l.block_us.map_or("null".into(), |b| b.to_string())
+            json_opt(l.block_us),
+            l.marks.iter().map(|(name, us)| format!("\"{name}\":{}", json_opt(*us))).collect::<Vec<_>>().join(",")
         );
     }
 }

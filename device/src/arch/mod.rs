@@ -11,6 +11,7 @@
 //! | [`mem`] | read-only global loads (2, 4, 16 bytes), stores, typed dynamic shared memory |
 //! | [`convert`] | fp16 <-> f32, f32 -> i32 round-to-nearest-even, `sqrt_rn`, `fma_rn` |
 //! | [`cluster`] | sm_90 thread-block clusters: `rank`, `sync`, stores to a neighbour block's shared memory |
+//! | [`trace`] | `trace_mark!`: a named point of a kernel, stamped in the timeline build only |
 
 #[cfg(target_feature = "sm_90")]
 pub mod cluster;
@@ -19,6 +20,7 @@ pub mod index;
 pub mod int;
 pub mod mem;
 pub mod sync;
+pub mod trace;
 pub mod warp;
 
 pub use sync::trap;

@@ -235,6 +235,7 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32>(
     let mut c = first;
     while c * (ATTN_CHUNK as u32) < len {
         sync::sync_threads(); // the queries are in; the previous chunk's readers are done
+        crate::trace_mark!(1, "queries");
         let dest = Dest { part, n_chunks, out, xq };
         if W == 1 {
             band.chunk_one_head(smem, k_cache, v_cache, len, c, scale, dest);
@@ -445,6 +446,7 @@ impl Band {
             }
         }
         sync::sync_threads(); // the scores are in
+        crate::trace_mark!(2, "scored");
         // Each head's maximum: warp w folds keys 32 w .. 32 w + 31 (maxima are exact in any order).
         let (lane, w) = (index::lane(), index::warp_in_block());
         for h in 0..heads {

@@ -265,6 +265,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     // order, so the part is also `block_idx() % 2`).
     let (b, part) = (index::block_idx() / C::BLOCKS, C::part());
     let Some((expert, start, count)) = group_of(table, n, b / blocks_per_group) else { return }; // whole block (a pair's both)
+    crate::trace_mark!(1, "expert");
     let chunk0 = b % blocks_per_group * per_block;
     let mine = per_block.min(chunks - chunk0);
     // This block's rows of its `mine` chunks: all of them, or its part's half.
@@ -336,6 +337,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
             mem::cp_async_wait_all(); // the rows, before the barrier that shows them to the block
         }
         sync::sync_lds();
+        crate::trace_mark!(2, "staged");
         if block_copy && pass == 0 {
             mem::prefetch_l2_block::<THREADS>(down, down_share); // once the block's own rows are in
         }
@@ -374,7 +376,9 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
             });
             j0 += R as u32;
         }
+        crate::trace_mark!(3, "decoded");
         C::sync();
+        crate::trace_mark!(4, "paired");
         // One warp per (entry, chunk) of part 0 quantizes that chunk's 32 SwiGLU outputs.
         let mut i = if part == 0 { warp } else { m * mine };
         while i < m * mine {

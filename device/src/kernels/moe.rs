@@ -189,6 +189,7 @@ unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: 
     if row0 >= n_embd {
         return; // whole warp
     }
+    crate::trace_mark!(1, "expert");
     let rows = (n_embd - row0).min(MOE_DOWN_ROWS);
     let row_bytes = F::row_bytes(ff_groups);
     // Rows past the end read the last row, unused: one code path.
@@ -199,6 +200,7 @@ unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: 
     if count == 1 {
         let e = entry(0);
         let acc = rows_partials::<F, ROWS>(wrow, ff_groups, hq.add(e * ff_groups as usize * q8_1::BYTES));
+        crate::trace_mark!(2, "summed");
         warp::store_row_sums(&acc, rows, false, |j| out(e, j));
         return;
     }

@@ -235,7 +235,7 @@ pub struct GpuBackend {
     recorded: Mutex<Option<Vec<&'static str>>>,
     /// The module's entries in order, where it is the timeline build ([`trace`]): a stamp's
     /// entry index names one.
-    trace_entries: Option<Vec<String>>,
+    trace_entries: Option<Vec<trace::Entry>>,
     module: Arc<CudaModule>,
 }
 
@@ -332,13 +332,13 @@ impl GpuBackend {
 
     /// Marks the module as the timeline build whose entries, in module order, are `entries`
     /// ([`crate::backends::cuda::open_traced`]).
-    pub(crate) fn set_trace_entries(&mut self, entries: Vec<String>) {
+    pub(crate) fn set_trace_entries(&mut self, entries: Vec<trace::Entry>) {
         self.trace_entries = Some(entries);
     }
 
     /// The timeline build's entries in module order (a stamp's entry index names one); `None`
     /// where the module is not the timeline build.
-    pub fn trace_entries(&self) -> Option<&[String]> {
+    pub fn trace_entries(&self) -> Option<&[trace::Entry]> {
         self.trace_entries.as_deref()
     }
 

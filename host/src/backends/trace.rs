@@ -44,12 +44,29 @@ const ENTRY: usize = 44;
 const SUM_RELEASE: usize = 48;
 const SUM_END: usize = 56;
 const RELEASES: usize = 64;
+// Mark `n` (1..=MARKS) of the kernel (`trace_mark!`): the sum of its blocks' times there, and
+// how many passed it.
+const MARK_SUM: usize = 72;
+const MARK_COUNT: usize = 104;
+const _: () = assert!(MARK_SUM + 8 * MARKS <= MARK_COUNT && MARK_COUNT + 4 * MARKS <= RECORD);
+
+/// Marks a kernel may have (`trace_mark!` in `device/src/arch/trace.rs`, 1 to this).
+pub const MARKS: usize = 4;
+/// The comment a `trace_mark!` leaves in the PTX, before its number and name.
+const MARK: &str = "// strata-trace-mark ";
 
 /// The instrumented PTX and its entries in module order (a record's entry index names one).
 #[derive(Debug)]
 pub struct Instrumented {
     pub ptx: String,
-    pub entries: Vec<String>,
+    pub entries: Vec<Entry>,
+}
+
+/// An entry of the instrumented module: its name and its marks' (`marks[n - 1]` for mark `n`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub name: String,
+    pub marks: [Option<String>; MARKS],
 }
 
 /// Where in an entry a stamp goes.
@@ -62,6 +79,8 @@ enum Point {
     Release,
     /// Before each `ret`.
     End,
+    /// At a `trace_mark!` of the kernel: mark `n`.
+    Mark(usize),
 }
 
 /// The PTX of one stamp: thread 0 of the block only; `label` unique in the module.
@@ -98,6 +117,10 @@ fn stamp(point: Point, label: usize) -> String {
             line(&format!("red.global.add.u64 \t[%trace_d1+{SUM_RELEASE}], %trace_d2;"));
             line(&format!("red.global.add.u32 \t[%trace_d1+{RELEASES}], 1;"));
         }
+        Point::Mark(n) => {
+            line(&format!("red.global.add.u64 \t[%trace_d1+{}], %trace_d2;", MARK_SUM + 8 * (n - 1)));
+            line(&format!("red.global.add.u32 \t[%trace_d1+{}], 1;", MARK_COUNT + 4 * (n - 1)));
+        }
         Point::End => {
             line(&format!("red.global.max.u64 \t[%trace_d1+{LAST_END}], %trace_d2;"));
             line(&format!("red.global.add.u64 \t[%trace_d1+{SUM_END}], %trace_d2;"));
@@ -117,16 +140,26 @@ fn other_return(t: &str) -> bool {
     t != "ret;" && (instr == "ret;" || instr.starts_with("ret.") || instr.starts_with("ret "))
 }
 
-/// `ptx` (an image as build.rs leaves it) with every entry stamping the table [`SYMBOL`]. Refused
-/// where the text is not as LLVM writes it: no `.address_size` line, an entry without a body or
-/// without a `ret`, a predicated or `.uni` return (whose stamp would need the predicate), or a
-/// symbol of the table's name already there.
+/// Mark `n` and its name from a mark's comment (`t` trimmed, after [`MARK`]).
+fn parse_mark(rest: &str) -> Option<(usize, &str)> {
+    let (n, name) = rest.split_once(' ')?;
+    let n: usize = n.parse().ok().filter(|n| (1..=MARKS).contains(n))?;
+    let name = name.trim();
+    (!name.is_empty()).then_some((n, name))
+}
+
+/// `ptx` (an image as build.rs leaves it) with every entry stamping the table [`SYMBOL`], and
+/// each `trace_mark!` of an entry a stamp of its own. Refused where the text is not as LLVM
+/// writes it: no `.address_size` line, an entry without a body or without a `ret`, a predicated
+/// or `.uni` return (whose stamp would need the predicate); a symbol of the table's name
+/// already there; a mark outside an entry, numbered outside 1..=`MARKS`, without a name, or
+/// named two ways in one entry.
 pub fn instrument(ptx: &str) -> Result<Instrumented, String> {
     if ptx.contains(SYMBOL) {
         return Err(format!("the PTX already has a symbol `{SYMBOL}`"));
     }
     let mut out = String::with_capacity(ptx.len() + ptx.len() / 8);
-    let mut entries: Vec<String> = Vec::new();
+    let mut entries: Vec<Entry> = Vec::new();
     // The entry whose header or body the pass is in; whether its body has begun, its start
     // stamped, and how many `ret`s it had.
     let mut entry: Option<usize> = None;
@@ -153,9 +186,9 @@ pub fn instrument(ptx: &str) -> Result<Instrumented, String> {
         }
         if let Some(rest) = t.strip_prefix(".visible .entry ") {
             if entry.is_some() && !in_body {
-                return Err(format!("entry `{}` has no body", entries.last().map_or("", |e| e.as_str())));
+                return Err(format!("entry `{}` has no body", entries.last().map_or("", |e| e.name.as_str())));
             }
-            entries.push(rest.split('(').next().unwrap_or("").trim().to_string());
+            entries.push(Entry { name: rest.split('(').next().unwrap_or("").trim().to_string(), marks: Default::default() });
             entry = Some(entries.len() - 1);
             (in_body, started, rets) = (false, false, 0);
         }
@@ -172,18 +205,29 @@ pub fn instrument(ptx: &str) -> Result<Instrumented, String> {
         }
         if in_body {
             if line == "}" {
-                close(entry.map(|e| &entries[e]), rets)?;
+                close(entry.map(|e| &entries[e].name), rets)?;
                 (entry, in_body) = (None, false);
             } else if t == "ret;" {
                 out.push_str(&stamp(Point::End, labels));
                 labels += 1;
                 rets += 1;
             } else if other_return(t) {
-                return Err(format!("entry `{}` returns with `{t}`, which the timeline does not stamp", entries[entry.unwrap_or(0)]));
+                return Err(format!("entry `{}` returns with `{t}`, which the timeline does not stamp", entries[entry.unwrap_or(0)].name));
             }
         }
         out.push_str(line);
         out.push('\n');
+        if let Some(rest) = t.strip_prefix(MARK) {
+            let (Some(e), true) = (entry, in_body) else { return Err(format!("`{t}` outside an entry's body")) };
+            let entry = &mut entries[e];
+            let (n, name) = parse_mark(rest).ok_or_else(|| format!("entry `{}`: `{t}` is not a mark 1..={MARKS} with a name", entry.name))?;
+            match &entry.marks[n - 1] {
+                Some(had) if had != name => return Err(format!("entry `{}`: mark {n} is named `{had}` and `{name}`", entry.name)),
+                _ => entry.marks[n - 1] = Some(name.to_string()),
+            }
+            out.push_str(&stamp(Point::Mark(n), labels));
+            labels += 1;
+        }
         release_due = in_body && t == "griddepcontrol.wait;";
         if !declared && t.starts_with(".address_size") {
             let _ = writeln!(out, ".visible .global .align 8 .b8 {SYMBOL}[{TABLE_BYTES}];");
@@ -191,7 +235,7 @@ pub fn instrument(ptx: &str) -> Result<Instrumented, String> {
         }
     }
     if entry.is_some() {
-        return Err(format!("entry `{}` has no end", entries.last().map_or("", |e| e.as_str())));
+        return Err(format!("entry `{}` has no end", entries.last().map_or("", |e| e.name.as_str())));
     }
     if !declared {
         return Err("the PTX has no `.address_size` line to declare the table after".into());
@@ -228,6 +272,9 @@ pub struct LaunchTrace {
     pub releases: u32,
     pub sum_release: u64,
     pub sum_end: u64,
+    /// Per mark (`n - 1`): the sum (mod 2^64) of the times blocks passed it, and how many did.
+    pub mark_sums: [u64; MARKS],
+    pub mark_counts: [u32; MARKS],
 }
 
 impl LaunchTrace {
@@ -235,6 +282,13 @@ impl LaunchTrace {
     /// was released once (else the sums do not pair up).
     pub fn mean_block_run_ns(&self) -> Option<f64> {
         (self.blocks > 0 && self.releases == self.blocks).then(|| self.sum_end.wrapping_sub(self.sum_release) as f64 / self.blocks as f64)
+    }
+
+    /// The mean over the blocks of the time from their release to mark `n`, nanoseconds: where
+    /// every released block passed the mark once (else the sums do not pair up).
+    pub fn mean_mark_ns(&self, n: usize) -> Option<f64> {
+        let (sum, count) = (self.mark_sums[n - 1], self.mark_counts[n - 1]);
+        (self.releases > 0 && count == self.releases).then(|| sum.wrapping_sub(self.sum_release) as f64 / count as f64)
     }
 }
 
@@ -268,6 +322,8 @@ pub fn launches(table: &[u8]) -> Result<Vec<LaunchTrace>, String> {
                 releases: u32_at(r, RELEASES),
                 sum_release: u64_at(r, SUM_RELEASE),
                 sum_end: u64_at(r, SUM_END),
+                mark_sums: core::array::from_fn(|m| u64_at(r, MARK_SUM + 8 * m)),
+                mark_counts: core::array::from_fn(|m| u32_at(r, MARK_COUNT + 4 * m)),
             };
             if !(this.first_start <= this.first_release && this.first_release <= this.last_release && this.last_release <= this.last_end) {
                 return Err(format!("slot {slot}: stamps out of order ({this:?})"));
@@ -289,6 +345,8 @@ pub fn launches(table: &[u8]) -> Result<Vec<LaunchTrace>, String> {
                     releases: l.releases + this.releases,
                     sum_release: l.sum_release.wrapping_add(this.sum_release),
                     sum_end: l.sum_end.wrapping_add(this.sum_end),
+                    mark_sums: core::array::from_fn(|m| l.mark_sums[m].wrapping_add(this.mark_sums[m])),
+                    mark_counts: core::array::from_fn(|m| l.mark_counts[m] + this.mark_counts[m]),
                     ..l
                 },
             });
@@ -328,8 +386,14 @@ mod tests {
 griddepcontrol.launch_dependents;
 \t// end inline asm
 \t@%p1 bra \t$L__BB0_2;
+\t// begin inline asm
+\t// strata-trace-mark 2 staged
+\t// end inline asm
 \tret;
 $L__BB0_2:
+\t// begin inline asm
+\t// strata-trace-mark 2 staged
+\t// end inline asm
 \t{ // callseq 0, 0
 \tcall.uni helper, ();
 \t} // callseq 0
@@ -354,7 +418,7 @@ $L__BB0_2:
     #[test]
     fn every_entry_stamps_its_start_each_release_and_each_return() {
         let i = instrument(MODULE).expect("instruments");
-        assert_eq!(i.entries, ["first", "second"]);
+        assert_eq!(i.entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["first", "second"]);
         let body = |name: &str| {
             let at = i.ptx.find(&format!(".visible .entry {name}(")).expect("entry kept");
             let rest = &i.ptx[at..];
@@ -393,13 +457,18 @@ $L__BB0_2:
         assert!(i.ptx.contains(&format!(".address_size 64\n.visible .global .align 8 .b8 {SYMBOL}[")));
         // Every label a stamp branches to is defined once.
         let stamps = count(&i.ptx, "@%trace_p0 bra");
-        assert_eq!(stamps, 2 + 1 + 3);
+        assert_eq!(stamps, 2 + 1 + 3 + 2, "starts, the release, the ends, the marks");
         for l in 0..stamps {
             assert_eq!(count(&i.ptx, &format!("$L__trace_{l}:\n")), 1, "label {l}");
         }
+        // A mark: a stamp after each of its comments, named for its entry.
+        assert_eq!(count(&first, "red.global.add.u64 \t[%trace_d1+80]"), 2);
+        assert_eq!(count(&first, "red.global.add.u32 \t[%trace_d1+108], 1;"), 2);
+        assert!(first.find("strata-trace-mark 2 staged").unwrap() < first.find("[%trace_d1+80]").unwrap());
+        assert_eq!(i.entries.iter().map(|e| e.marks.clone()).collect::<Vec<_>>(), [[None, Some("staged".to_string()), None, None], Default::default()]);
         // Nothing of the original text is lost.
-        let kept: Vec<&str> = i.ptx.lines().filter(|l| !l.contains("trace")).collect();
-        assert_eq!(kept, MODULE.lines().collect::<Vec<_>>());
+        let kept = |t: &str| t.lines().filter(|l| !l.contains("%trace_") && !l.contains("$L__trace_") && !l.contains(SYMBOL)).map(String::from).collect::<Vec<_>>();
+        assert_eq!(kept(&i.ptx), kept(MODULE));
     }
 
     #[test]
@@ -413,6 +482,12 @@ $L__BB0_2:
         assert!(instrument(&MODULE.replace("first_param_0", "strata_trace")).unwrap_err().contains("already"));
         let unended = &MODULE[..MODULE.rfind("\n}\n").unwrap()];
         assert!(instrument(unended).unwrap_err().contains("no end"));
+        for (mark, says) in [("5 late", "is not a mark 1..=4"), ("0 early", "is not a mark"), ("2", "is not a mark"), ("2 other", "mark 2 is named `other` and `staged`")] {
+            let bad = MODULE.replacen("strata-trace-mark 2 staged", &format!("strata-trace-mark {mark}"), 1);
+            assert!(instrument(&bad).unwrap_err().contains(says), "{mark}");
+        }
+        let outside = MODULE.replace(".func helper()\n{\n", ".func helper()\n{\n\t// strata-trace-mark 1 helper\n");
+        assert!(instrument(&outside).unwrap_err().contains("outside an entry"));
     }
 
     /// Writes a record as the stamps would.
@@ -428,6 +503,10 @@ $L__BB0_2:
         r[RELEASES..RELEASES + 4].copy_from_slice(&l.releases.to_le_bytes());
         r[SUM_RELEASE..SUM_RELEASE + 8].copy_from_slice(&l.sum_release.to_le_bytes());
         r[SUM_END..SUM_END + 8].copy_from_slice(&l.sum_end.to_le_bytes());
+        for m in 0..MARKS {
+            r[MARK_SUM + 8 * m..][..8].copy_from_slice(&l.mark_sums[m].to_le_bytes());
+            r[MARK_COUNT + 4 * m..][..4].copy_from_slice(&l.mark_counts[m].to_le_bytes());
+        }
     }
 
     #[test]
@@ -445,19 +524,33 @@ $L__BB0_2:
             releases: 0,
             sum_release: 0,
             sum_end: 0,
+            mark_sums: [0; MARKS],
+            mark_counts: [0; MARKS],
         };
         // Launch 4097 (slot 1) in two lanes, the first's sums wrapped past 2^64 (its blocks ran
         // 700 ns together, the other lane's 500); launch 2050 (slot 2) in one; 2047 (the last
         // slot), never released: gridid order is not slot order.
         let wrapped = u64::MAX - 99;
-        put(&mut t, 1, 0, LaunchTrace { releases: 5, sum_release: wrapped, sum_end: wrapped.wrapping_add(700), ..l(4097, 3, 5, 100, 150, 160, 300) });
-        put(&mut t, 1, 31, LaunchTrace { releases: 4, sum_release: 1_000, sum_end: 1_500, ..l(4097, 3, 4, 90, 155, 170, 280) });
+        // Mark 1: every block of launch 4097 passed it, 40 ns after its release on average;
+        // mark 3: one block of the four in lane 31 did not.
+        let (s0, c0) = ([wrapped.wrapping_add(200), 0, wrapped.wrapping_add(300), 0], [5, 0, 5, 0]);
+        let (s31, c31) = ([1_160, 0, 1_100, 0], [4, 0, 3, 0]);
+        put(&mut t, 1, 0, LaunchTrace { releases: 5, sum_release: wrapped, sum_end: wrapped.wrapping_add(700), mark_sums: s0, mark_counts: c0, ..l(4097, 3, 5, 100, 150, 160, 300) });
+        put(&mut t, 1, 31, LaunchTrace { releases: 4, sum_release: 1_000, sum_end: 1_500, mark_sums: s31, mark_counts: c31, ..l(4097, 3, 4, 90, 155, 170, 280) });
         put(&mut t, 2, 7, LaunchTrace { releases: 1, sum_release: 20, sum_end: 30, ..l(2050, 1, 1, 10, 20, 20, 30) });
         put(&mut t, SLOTS - 1, 0, l(2047, 0, 2, 1, 2, 3, 4));
         let got = launches(&t).unwrap();
-        let merged = LaunchTrace { releases: 9, sum_release: wrapped.wrapping_add(1_000), sum_end: wrapped.wrapping_add(2_200), ..l(4097, 3, 9, 90, 150, 170, 300) };
+        let merged = LaunchTrace {
+            releases: 9,
+            sum_release: wrapped.wrapping_add(1_000),
+            sum_end: wrapped.wrapping_add(2_200),
+            mark_sums: [wrapped.wrapping_add(1_360), 0, wrapped.wrapping_add(1_400), 0],
+            mark_counts: [9, 0, 8, 0],
+            ..l(4097, 3, 9, 90, 150, 170, 300)
+        };
         assert_eq!(got, [l(2047, 0, 2, 1, 2, 3, 4), LaunchTrace { releases: 1, sum_release: 20, sum_end: 30, ..l(2050, 1, 1, 10, 20, 20, 30) }, merged]);
         assert_eq!(got.iter().map(LaunchTrace::mean_block_run_ns).collect::<Vec<_>>(), [None, Some(10.0), Some(1_200.0 / 9.0)]);
+        assert_eq!((1..=MARKS).map(|n| got[2].mean_mark_ns(n)).collect::<Vec<_>>(), [Some(40.0), None, None, None]);
         // Two launches in one slot, or a block that ended before its release, are refused.
         let mut clash = t.clone();
         put(&mut clash, 1, 5, l(4097 + SLOTS as u64, 3, 1, 95, 150, 150, 200));

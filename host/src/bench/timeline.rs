@@ -13,11 +13,13 @@
 //! - `spread` = its last release - its first: blocks that started late (more blocks than fit);
 //! - `block` = the mean of its blocks' runs, release to end: near `run` where every block takes
 //!   the launch's time (a chain of latencies in each), well below it where late or slow blocks
-//!   make the launch's time (waves, a tail).
+//!   make the launch's time (waves, a tail);
+//! - each mark of the kernel (`trace_mark!`): the mean over its blocks of the time from their
+//!   release to the mark, so that a block's run splits into the phases between its marks.
 //!
 //! `gap + run` of every launch telescopes to the step's period (the previous step's last end to
 //! this step's last end), so the step splits exactly into handoffs and runs.
-use crate::backends::trace::{self, LaunchTrace};
+use crate::backends::trace::{self, Entry, LaunchTrace};
 use crate::bench::decode::{chained_steps, step, Spread};
 use crate::error::{Error, Result};
 use crate::step::gpu::GpuExecutor;
@@ -34,6 +36,9 @@ pub struct Launch {
     pub spread_us: f64,
     /// The mean block run; `None` where the blocks' releases and ends do not pair up.
     pub block_us: Option<f64>,
+    /// The kernel's marks in order: each its name and the mean time from a block's release to
+    /// it (`None` where not every released block passed it once).
+    pub marks: Vec<(String, Option<f64>)>,
 }
 
 fn us(later: u64, earlier: u64) -> f64 {
@@ -41,11 +46,11 @@ fn us(later: u64, earlier: u64) -> f64 {
 }
 
 /// The launches of the last whole step in `traced` (a table's launches in launch order; `entries`
-/// names their entry indices), where `step` is one step's kernel sequence. Refused where the
-/// trace does not hold the sequence (launches lost to a slot clash, or a step that launched
-/// otherwise).
-pub fn step_launches(traced: &[LaunchTrace], entries: &[String], step: &[&str]) -> Result<Vec<Launch>> {
-    let name = |l: &LaunchTrace| entries.get(l.entry as usize).map(String::as_str).unwrap_or("?");
+/// names their entry indices and marks), where `step` is one step's kernel sequence. Refused
+/// where the trace does not hold the sequence (launches lost to a slot clash, or a step that
+/// launched otherwise).
+pub fn step_launches(traced: &[LaunchTrace], entries: &[Entry], step: &[&str]) -> Result<Vec<Launch>> {
+    let name = |l: &LaunchTrace| entries.get(l.entry as usize).map_or("?", |e| e.name.as_str());
     let found = (0..=traced.len().saturating_sub(step.len()))
         .rev()
         .find(|&at| traced.len() >= step.len() && traced[at..at + step.len()].iter().zip(step).all(|(l, k)| name(l) == *k));
@@ -73,6 +78,9 @@ pub fn step_launches(traced: &[LaunchTrace], entries: &[String], step: &[&str]) 
                 early_us: us(l.first_release, l.first_start),
                 spread_us: us(l.last_release, l.first_release),
                 block_us: l.mean_block_run_ns().map(|ns| ns / 1e3),
+                marks: entries.get(l.entry as usize).map_or(Vec::new(), |e| {
+                    (1..=trace::MARKS).filter_map(|n| Some((e.marks[n - 1].clone()?, l.mean_mark_ns(n).map(|ns| ns / 1e3)))).collect()
+                }),
             }
         })
         .collect())
@@ -96,10 +104,11 @@ pub struct LaunchRow {
     pub early_us: f64,
     pub spread_us: f64,
     pub block_us: Option<f64>,
+    pub marks: Vec<(String, Option<f64>)>,
 }
 
-/// A kernel's launches in the step together: sums of their medians, a step (`block_us`: the
-/// sum over the launches that have it, and how many do).
+/// A kernel's launches in the step together: sums of their medians, a step (`block_us` and each
+/// mark's: the sum over the launches that have it, and how many do).
 #[derive(Clone, Debug, PartialEq)]
 pub struct FamilyRow {
     pub kernel: String,
@@ -109,6 +118,8 @@ pub struct FamilyRow {
     pub early_us: f64,
     pub block_us: f64,
     pub block_launches: usize,
+    /// The kernel's marks: name, sum, launches.
+    pub marks: Vec<(String, f64, usize)>,
 }
 
 /// A step laid out, medians over `rounds`.
@@ -136,6 +147,12 @@ impl Timeline {
     }
 }
 
+/// The median of the values present, if any.
+fn median_of_some(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let had: Vec<f64> = values.flatten().collect();
+    (!had.is_empty()).then(|| Spread::of(had).median)
+}
+
 /// The medians of `rounds` (each a step's launches, the same kernels in the same order) of a
 /// full window of `tokens` (`window`) or the one-token step at `depth`.
 pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch>], timer_step_ns: Option<u64>) -> Timeline {
@@ -149,10 +166,8 @@ pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch
             run_us: median(&|l| l.run_us, i),
             early_us: median(&|l| l.early_us, i),
             spread_us: median(&|l| l.spread_us, i),
-            block_us: {
-                let had: Vec<f64> = rounds.iter().filter_map(|r| r[i].block_us).collect();
-                (!had.is_empty()).then(|| Spread::of(had).median)
-            },
+            block_us: median_of_some(rounds.iter().map(|r| r[i].block_us)),
+            marks: (0..rounds[0][i].marks.len()).map(|m| (rounds[0][i].marks[m].0.clone(), median_of_some(rounds.iter().map(|r| r[i].marks[m].1)))).collect(),
         })
         .collect();
     let mut families: Vec<FamilyRow> = Vec::new();
@@ -165,6 +180,10 @@ pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch
                 f.early_us += l.early_us;
                 f.block_us += l.block_us.unwrap_or(0.0);
                 f.block_launches += usize::from(l.block_us.is_some());
+                for ((_, sum, n), (_, v)) in f.marks.iter_mut().zip(&l.marks) {
+                    *sum += v.unwrap_or(0.0);
+                    *n += usize::from(v.is_some());
+                }
             }
             None => families.push(FamilyRow {
                 kernel: l.kernel.clone(),
@@ -174,6 +193,7 @@ pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch
                 early_us: l.early_us,
                 block_us: l.block_us.unwrap_or(0.0),
                 block_launches: usize::from(l.block_us.is_some()),
+                marks: l.marks.iter().map(|(name, v)| (name.clone(), v.unwrap_or(0.0), usize::from(v.is_some()))).collect(),
             }),
         }
     }
@@ -239,11 +259,27 @@ mod tests {
     /// A launch whose blocks ran from `release` to `end` on average (every block released once).
     fn l(gridid: u64, entry: u32, blocks: u32, start: u64, release: u64, last_release: u64, end: u64) -> LaunchTrace {
         let (sum_release, sum_end) = (blocks as u64 * release, blocks as u64 * end);
-        LaunchTrace { gridid, entry, blocks, first_start: start, first_release: release, last_release, last_end: end, releases: blocks, sum_release, sum_end }
+        LaunchTrace {
+            gridid,
+            entry,
+            blocks,
+            first_start: start,
+            first_release: release,
+            last_release,
+            last_end: end,
+            releases: blocks,
+            sum_release,
+            sum_end,
+            mark_sums: [0; trace::MARKS],
+            mark_counts: [0; trace::MARKS],
+        }
     }
 
-    fn names() -> Vec<String> {
-        ["norm", "proj", "attn"].map(String::from).to_vec()
+    /// Entries norm, proj (marks 1 `loaded` and 3 `summed`) and attn.
+    fn names() -> Vec<Entry> {
+        let e = |name: &str| Entry { name: name.into(), marks: Default::default() };
+        let proj = Entry { marks: [Some("loaded".into()), None, Some("summed".into()), None], ..e("proj") };
+        vec![e("norm"), proj, e("attn")]
     }
 
     #[test]
@@ -254,14 +290,25 @@ mod tests {
             l(2, 1, 64, 1_500, 2_500, 3_000, 6_000),
             l(3, 2, 16, 5_000, 7_000, 7_000, 9_000),
             l(4, 0, 8, 8_500, 10_000, 10_000, 11_000),
-            l(5, 1, 64, 10_200, 11_400, 11_900, 15_000),
+            // proj's blocks reached `loaded` 0.5 us after their release on average; one of them
+            // never reached `summed`.
+            LaunchTrace { mark_sums: [64 * 11_900, 0, 63 * 14_000, 0], mark_counts: [64, 0, 63, 0], ..l(5, 1, 64, 10_200, 11_400, 11_900, 15_000) },
             LaunchTrace { releases: 15, ..l(6, 2, 16, 14_000, 16_000, 16_500, 18_000) },
         ];
         let got = step_launches(&traced, &names(), &["norm", "proj", "attn"]).unwrap();
         let want = [
-            Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.0, early_us: 1.5, spread_us: 0.0, block_us: Some(1.0) },
-            Launch { kernel: "proj".into(), blocks: 64, gap_us: 0.4, run_us: 3.6, early_us: 1.2, spread_us: 0.5, block_us: Some(3.6) },
-            Launch { kernel: "attn".into(), blocks: 16, gap_us: 1.0, run_us: 2.0, early_us: 2.0, spread_us: 0.5, block_us: None },
+            Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.0, early_us: 1.5, spread_us: 0.0, block_us: Some(1.0), marks: vec![] },
+            Launch {
+                kernel: "proj".into(),
+                blocks: 64,
+                gap_us: 0.4,
+                run_us: 3.6,
+                early_us: 1.2,
+                spread_us: 0.5,
+                block_us: Some(3.6),
+                marks: vec![("loaded".into(), Some(0.5)), ("summed".into(), None)],
+            },
+            Launch { kernel: "attn".into(), blocks: 16, gap_us: 1.0, run_us: 2.0, early_us: 2.0, spread_us: 0.5, block_us: None, marks: vec![] },
         ];
         assert_eq!(got.len(), 3);
         for (g, w) in got.iter().zip(&want) {
@@ -270,6 +317,8 @@ mod tests {
                 assert!((a - b).abs() < 1e-9, "{g:?} against {w:?}");
             }
             assert_eq!(g.block_us.map(|b| (b * 1e6).round()), w.block_us.map(|b| (b * 1e6).round()), "{g:?} against {w:?}");
+            let marks = |l: &Launch| l.marks.iter().map(|(n, v)| (n.clone(), v.map(|v| (v * 1e6).round()))).collect::<Vec<_>>();
+            assert_eq!(marks(g), marks(w), "{g:?} against {w:?}");
         }
         // The gaps and runs telescope to the period: the first step's end to the second's.
         let period: f64 = got.iter().map(|x| x.gap_us + x.run_us).sum();
@@ -294,9 +343,18 @@ mod tests {
     fn rounds_give_medians_and_families_sum_their_launches() {
         let round = |scale: f64| {
             vec![
-                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0 * scale, run_us: 1.0, early_us: 0.5, spread_us: 0.0, block_us: Some(0.5 * scale) },
-                Launch { kernel: "proj".into(), blocks: 64, gap_us: 0.5, run_us: 4.0 * scale, early_us: 1.0, spread_us: 0.2, block_us: (scale > 1.0).then_some(scale) },
-                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.5, early_us: 0.5, spread_us: 0.0, block_us: None },
+                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0 * scale, run_us: 1.0, early_us: 0.5, spread_us: 0.0, block_us: Some(0.5 * scale), marks: vec![] },
+                Launch {
+                    kernel: "proj".into(),
+                    blocks: 64,
+                    gap_us: 0.5,
+                    run_us: 4.0 * scale,
+                    early_us: 1.0,
+                    spread_us: 0.2,
+                    block_us: (scale > 1.0).then_some(scale),
+                    marks: vec![("loaded".into(), Some(scale)), ("summed".into(), (scale < 3.0).then_some(1.0))],
+                },
+                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.5, early_us: 0.5, spread_us: 0.0, block_us: None, marks: vec![] },
             ]
         };
         let t = summarize(false, 1, 0, &[round(1.0), round(3.0), round(2.0)], Some(32));
@@ -310,6 +368,10 @@ mod tests {
         // rounds 3 and 2), none for a launch that never had one; a family sums those it has.
         assert_eq!(t.launches.iter().map(|l| l.block_us).collect::<Vec<_>>(), [Some(1.0), Some(2.5), None]);
         assert_eq!((t.families[1].block_us, t.families[1].block_launches), (1.0, 1));
+        // A mark's median likewise; the family sums it over the launches that have it.
+        assert_eq!(t.launches[1].marks, [("loaded".to_string(), Some(2.0)), ("summed".to_string(), Some(1.0))]);
+        assert_eq!(t.families[0].marks, [("loaded".to_string(), 2.0, 1), ("summed".to_string(), 1.0, 1)]);
+        assert!(t.families[1].marks.is_empty());
         assert_eq!(t.gaps_and_runs(), (3.5, 10.5));
         // The period of each round (5 scale + 4): 9, 19 and 14 us; the median 14.
         assert_eq!((t.step_us.median, t.step_us.min, t.step_us.max), (14.0, 9.0, 19.0));
