@@ -25,7 +25,8 @@ use crate::error::{Error, Result};
 use crate::step::gpu::GpuExecutor;
 use crate::step::Op;
 
-/// One launch of a traced step, microseconds.
+/// One launch of a traced step, microseconds (in a [`Timeline`], medians over the rounds: the
+/// mean block run and each mark's over the rounds that had it).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Launch {
     pub kernel: String,
@@ -94,19 +95,6 @@ pub fn timer_step_ns(traced: &[LaunchTrace]) -> Option<u64> {
     t.windows(2).map(|w| w[1] - w[0]).min()
 }
 
-/// A launch of the step over the rounds: medians (`block_us` over the rounds that had it).
-#[derive(Clone, Debug, PartialEq)]
-pub struct LaunchRow {
-    pub kernel: String,
-    pub blocks: u32,
-    pub gap_us: f64,
-    pub run_us: f64,
-    pub early_us: f64,
-    pub spread_us: f64,
-    pub block_us: Option<f64>,
-    pub marks: Vec<(String, Option<f64>)>,
-}
-
 /// A kernel's launches in the step together: sums of their medians, a step (`block_us` and each
 /// mark's: the sum over the launches that have it, and how many do).
 #[derive(Clone, Debug, PartialEq)]
@@ -133,7 +121,7 @@ pub struct Timeline {
     pub rounds: usize,
     /// The step's period (the sum of every launch's gap and run), over the rounds.
     pub step_us: Spread,
-    pub launches: Vec<LaunchRow>,
+    pub launches: Vec<Launch>,
     /// Largest share of the step first.
     pub families: Vec<FamilyRow>,
     /// The smallest timer step seen, nanoseconds.
@@ -158,8 +146,8 @@ fn median_of_some(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch>], timer_step_ns: Option<u64>) -> Timeline {
     assert!(!rounds.is_empty(), "a timeline of no rounds");
     let median = |f: &dyn Fn(&Launch) -> f64, i: usize| Spread::of(rounds.iter().map(|r| f(&r[i]))).median;
-    let launches: Vec<LaunchRow> = (0..rounds[0].len())
-        .map(|i| LaunchRow {
+    let launches: Vec<Launch> = (0..rounds[0].len())
+        .map(|i| Launch {
             kernel: rounds[0][i].kernel.clone(),
             blocks: rounds[0][i].blocks,
             gap_us: median(&|l| l.gap_us, i),
@@ -243,6 +231,16 @@ fn lay_out(exec: &mut GpuExecutor, kernels: &[&str], rounds: usize, mut two_step
         exec.backend().trace_reset()?;
         two_steps(exec)?;
         let traced = trace::launches(&exec.backend().trace_read()?).map_err(|e| Error::Request(format!("timeline: {e}")))?;
+        // Two steps' launches in slots of their own: fewer, and launches of both steps stamped
+        // the same slots (a %gridid that does not number each launch), their times mixed.
+        if traced.len() < 2 * kernels.len() {
+            return Err(Error::Request(format!(
+                "timeline: the table holds {} launches after two steps of {}: %gridid does not number each launch here{}",
+                traced.len(),
+                kernels.len(),
+                if exec.graphs_on() { " (graph replays may reuse it: try --no-graph)" } else { "" }
+            )));
+        }
         timer = match (timer, timer_step_ns(&traced)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
