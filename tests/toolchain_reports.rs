@@ -207,7 +207,7 @@ fn timeline_ptx_assembles_with_every_entry_stamped() {
         assert!(stamped("red.global.add.u32 \t[%trace_d1+40], 1;") >= traced.entries.len(), "{}: an end stamp an entry at least", image.arch);
         assert_eq!(stamped("red.global.max.u64 \t[%trace_d1+24]"), image.ptx.matches("griddepcontrol.wait;").count(), "{}: a release stamp a wait", image.arch);
         // The kernels' marks: each alone in its inline asm (no instruction in the default image),
-        // and the step's expert and attention kernels have theirs.
+        // and the step's marked kernels have theirs.
         let lines: Vec<&str> = image.ptx.lines().map(str::trim).collect();
         for (i, _) in lines.iter().enumerate().filter(|(_, l)| l.contains("strata-trace-mark")) {
             assert_eq!((lines[i - 1], lines[i + 1]), ("// begin inline asm", "// end inline asm"), "{}: a mark's asm holds only its comment", image.arch);
@@ -219,6 +219,8 @@ fn timeline_ptx_assembles_with_every_entry_stamped() {
         assert_eq!(marks("expdec_gu_iq3_st_r1_p2"), ["expert", "staged", "decoded", "paired"], "{}", image.arch);
         assert_eq!(marks("moe_down_iq4_nlt"), ["expert", "summed"], "{}", image.arch);
         assert_eq!(marks("attn_chunk_two_128"), ["queries", "scored"], "{}", image.arch);
+        assert_eq!(marks("rms_norm_q8_1"), ["staged", "scaled"], "{}", image.arch);
+        assert_eq!(marks("router_topk"), ["maxed", "keyed", "ranked"], "{}", image.arch);
         let usage = ptxas_report(&traced.ptx, image.arch);
         println!("timeline PTX {} (ptxas -arch={}), entries that spill:", image.arch, image.arch);
         for u in usage.iter().filter(|u| u.entry && u.spill_bytes != Some(0)) {

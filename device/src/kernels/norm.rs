@@ -171,11 +171,13 @@ pub unsafe extern "ptx-kernel" fn rms_norm_q8_1(x: *const f32, w: *const f32, ou
         c0 += threads * NQ_AHEAD;
     }
     sync::sync_threads();
+    crate::trace_mark!(1, "staged");
     if g >= groups {
         return; // the whole warp, after the block's only barrier
     }
     let xs = |j: u32| f32::from_bits(smem.ld_u32(j));
     let scale = warp_rms_scale_of::<{ NORM_AHEAD as usize }>(xs, n, eps);
+    crate::trace_mark!(2, "scaled");
     let v = (xs(j) * scale) * wj;
     mem::st_f32(out.add(at + j as usize), v);
     quantize_group(v, xq.add((at / GROUP + g as usize) * q8_1::BYTES));

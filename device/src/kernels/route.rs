@@ -82,6 +82,7 @@ pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n
         smem.st_u32(ROUTER_MAX_WORD + w, m.to_bits());
     }
     sync::sync_threads();
+    crate::trace_mark!(1, "maxed");
     let mut m = f32::NEG_INFINITY;
     unroll!(x in [0, 1, 2, 3] {
         m = m.max(f32::from_bits(smem.ld_u32(ROUTER_MAX_WORD + x as u32)));
@@ -96,6 +97,7 @@ pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n
         smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j) + 1, (key[j] >> 32) as u32);
     });
     sync::sync_threads();
+    crate::trace_mark!(2, "keyed");
     let slots = n_expert.saturating_sub(tid).div_ceil(ROUTER_THREADS);
     let turns = n_expert.div_ceil(8);
     let rank = match slots {
@@ -112,6 +114,7 @@ pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n
         }
     });
     sync::sync_threads();
+    crate::trace_mark!(3, "ranked");
     if w != 0 {
         return;
     }
