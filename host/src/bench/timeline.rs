@@ -52,9 +52,7 @@ fn us(later: u64, earlier: u64) -> f64 {
 /// launched otherwise).
 pub fn step_launches(traced: &[LaunchTrace], entries: &[Entry], step: &[&str]) -> Result<Vec<Launch>> {
     let name = |l: &LaunchTrace| entries.get(l.entry as usize).map_or("?", |e| e.name.as_str());
-    let found = (0..=traced.len().saturating_sub(step.len()))
-        .rev()
-        .find(|&at| traced.len() >= step.len() && traced[at..at + step.len()].iter().zip(step).all(|(l, k)| name(l) == *k));
+    let found = if step.is_empty() { None } else { traced.windows(step.len()).rposition(|w| w.iter().zip(step).all(|(l, k)| name(l) == *k)) };
     let Some(at) = found else {
         let got: Vec<&str> = traced.iter().map(name).collect();
         return Err(Error::Request(format!(
@@ -110,6 +108,36 @@ pub struct FamilyRow {
     pub marks: Vec<(String, f64, usize)>,
 }
 
+impl FamilyRow {
+    /// The row of `l`'s kernel before any launch is added.
+    fn of(l: &Launch) -> FamilyRow {
+        FamilyRow {
+            kernel: l.kernel.clone(),
+            launches: 0,
+            gap_us: 0.0,
+            run_us: 0.0,
+            early_us: 0.0,
+            block_us: 0.0,
+            block_launches: 0,
+            marks: l.marks.iter().map(|(name, _)| (name.clone(), 0.0, 0)).collect(),
+        }
+    }
+
+    /// Adds launch `l` of the kernel.
+    fn add(&mut self, l: &Launch) {
+        self.launches += 1;
+        self.gap_us += l.gap_us;
+        self.run_us += l.run_us;
+        self.early_us += l.early_us;
+        self.block_us += l.block_us.unwrap_or(0.0);
+        self.block_launches += usize::from(l.block_us.is_some());
+        for ((_, sum, n), (_, v)) in self.marks.iter_mut().zip(&l.marks) {
+            *sum += v.unwrap_or(0.0);
+            *n += usize::from(v.is_some());
+        }
+    }
+}
+
 /// A step laid out, medians over `rounds`.
 #[derive(Clone, Debug)]
 pub struct Timeline {
@@ -160,30 +188,14 @@ pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch
         .collect();
     let mut families: Vec<FamilyRow> = Vec::new();
     for l in &launches {
-        match families.iter_mut().find(|f| f.kernel == l.kernel) {
-            Some(f) => {
-                f.launches += 1;
-                f.gap_us += l.gap_us;
-                f.run_us += l.run_us;
-                f.early_us += l.early_us;
-                f.block_us += l.block_us.unwrap_or(0.0);
-                f.block_launches += usize::from(l.block_us.is_some());
-                for ((_, sum, n), (_, v)) in f.marks.iter_mut().zip(&l.marks) {
-                    *sum += v.unwrap_or(0.0);
-                    *n += usize::from(v.is_some());
-                }
+        let at = match families.iter().position(|f| f.kernel == l.kernel) {
+            Some(at) => at,
+            None => {
+                families.push(FamilyRow::of(l));
+                families.len() - 1
             }
-            None => families.push(FamilyRow {
-                kernel: l.kernel.clone(),
-                launches: 1,
-                gap_us: l.gap_us,
-                run_us: l.run_us,
-                early_us: l.early_us,
-                block_us: l.block_us.unwrap_or(0.0),
-                block_launches: usize::from(l.block_us.is_some()),
-                marks: l.marks.iter().map(|(name, v)| (name.clone(), v.unwrap_or(0.0), usize::from(v.is_some()))).collect(),
-            }),
-        }
+        };
+        families[at].add(l);
     }
     families.sort_by(|a, b| (b.gap_us + b.run_us).total_cmp(&(a.gap_us + a.run_us)));
     let step_us = Spread::of(rounds.iter().map(|r| r.iter().map(|l| l.gap_us + l.run_us).sum()));
