@@ -4,13 +4,13 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use strata::commands::{bench, decode, dump, info, knobs, parity, synth};
-use strata::host::backends::knobs::ExpertKnobs;
+use strata::host::backends::knobs::KernelKnobs;
 
 #[derive(Parser)]
 #[command(name = "strata", version, about = "Decode engine for quantized MoE GGUF models, with Rust GPU kernels proven bit for bit \
 against a hand-written HIP port and a CPU replica.")]
 struct Cli {
-    /// Set a routed-expert kernel knob (repeatable; same as STRATA_<NAME>): `strata knobs` lists them.
+    /// Set a kernel knob (routed experts, attention; repeatable; same as STRATA_<NAME>): `strata knobs` lists them.
     #[arg(long = "knob", value_name = "NAME=VALUE", global = true)]
     knobs: Vec<String>,
     #[command(subcommand)]
@@ -36,20 +36,20 @@ enum Command {
     Bench(bench::Args),
     /// Write a random-weight qwen3moe model of any shape and formats as a GGUF file.
     Synth(synth::Args),
-    /// List the routed-expert kernel knobs (`--knob NAME=VALUE`), their values and defaults.
+    /// List the kernel knobs (routed experts, attention) (`--knob NAME=VALUE`), their values and defaults.
     Knobs(knobs::Args),
 }
 
-/// The expert knobs: the environment's, then `--knob`s; fixed for the process before any
+/// The kernel knobs: the environment's, then `--knob`s; fixed for the process before any
 /// backend opens.
 fn init_knobs(sets: &[String]) -> anyhow::Result<()> {
-    let mut knobs = ExpertKnobs::from_env().map_err(anyhow::Error::msg)?;
+    let mut knobs = KernelKnobs::from_env().map_err(anyhow::Error::msg)?;
     for set in sets {
         let (name, value) = set.split_once('=').ok_or_else(|| anyhow::anyhow!("--knob {set:?}: expected NAME=VALUE"))?;
         knobs.set(name, value).map_err(|e| anyhow::anyhow!("--knob {set:?}: {e}"))?;
     }
     knobs.check().map_err(|e| anyhow::anyhow!("--knob: {e}"))?;
-    ExpertKnobs::init_process(knobs);
+    KernelKnobs::init_process(knobs);
     Ok(())
 }
 

@@ -85,7 +85,7 @@ fn expert_knobs_are_explained_and_bad_ones_refused() {
     assert!(help.lines().count() < 30 && !help.contains("EXPDEC_R"), "the top-level help lists knobs:\n{help}");
     let refused: [(&[&str], &[(&str, &str)], &str); 6] = [
         (&["--knob", "EXPDEC_R=3", "info"], &[], "STRATA_EXPDEC_R=\"3\": expected 1|2"),
-        (&["--knob", "EXPDEC_Q=1", "info"], &[], "unknown expert knob"),
+        (&["--knob", "EXPDEC_Q=1", "info"], &[], "unknown kernel knob"),
         (&["--knob", "EXPDEC_R", "info"], &[], "expected NAME=VALUE"),
         (&["info"], &[("STRATA_EXPDEC_DRB", "48")], "STRATA_EXPDEC_DRB=\"48\": expected 0|16|32|64|128|256"),
         (&["--knob", "EXPDEC_DMINB=4", "--knob", "EXPDEC_DR=4", "info"], &[], "EXPDEC_DMINB=4 needs EXPDEC_DR<=2"),

@@ -12,9 +12,11 @@ use strata::host::ops::attention::{
     attention_case, attn_part_len, parity_cases, prep_case, rope_table, window_case, AttentionOps, AttnCase, AttnShape, QkvStrides,
     BOUNDARY_WINDOWS,
 };
+use strata::host::backends::gpu::GpuBackend;
+use strata::host::backends::knobs::KernelKnobs;
 use strata::host::parity::Outcome;
 use strata::host::Error;
-use strata_gpu_shared::launch::attention::{attn_band_fits, attn_max_band};
+use strata_gpu_shared::launch::attention::{attn_band_fits, attn_chunk_has_lean, attn_max_band};
 
 fn check(o: Outcome) {
     eprintln!("  {} {}: {} passed {} nmse {:?}", o.kernel, o.shape, o.backends.join("="), o.passed(), o.nmse);
@@ -187,16 +189,33 @@ fn gpu_against_cpu(name: &str) {
 
 crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
 
+/// `run` on `gpu` with `ATTN_MINB` 2 (`attn_chunk_128`) and, for a band of `band` heads of `hd`
+/// values that has the lean twin, 4 (`attn_chunk_128_m4`) where the backend has it (cuda on
+/// sm_90); on a backend without it, the knob's 4 is refused by name. The knob is restored.
+fn blocks_a_sm(gpu: &mut GpuBackend, band: usize, hd: usize, run: &mut dyn FnMut(&GpuBackend) -> Result<(), Error>) {
+    let knobs = gpu.kernel_knobs();
+    let lean = attn_chunk_has_lean(band, hd);
+    for minb in if lean { [2, 4].as_slice() } else { [2].as_slice() } {
+        gpu.set_kernel_knobs(KernelKnobs { attn_minb: *minb, ..knobs });
+        match run(gpu) {
+            Ok(()) => assert!(*minb == 2 || gpu.lean_attention(), "ATTN_MINB={minb} ran without the lean entry"),
+            Err(e) => assert!(*minb == 4 && !gpu.lean_attention() && e.to_string().contains("ATTN_MINB=4"), "ATTN_MINB={minb}, band {band}: {e}"),
+        }
+    }
+    gpu.set_kernel_knobs(knobs);
+}
+
 /// The attention grid is sized for a context bound (the step's graphs are captured per bound)
 /// and each block computes a band of a KV group's query heads; every bound and every band gives
 /// the replica's bits: one block walking all 37 chunks of a token, blocks walking several, and
 /// one block a chunk; one head a block up to the widest band, for groups of 8, 6 and 16 heads
 /// of 64, 128 and 256 values, 4 of 192 and 3 of 96 (head sizes whose lane count the scoring
-/// checks at run time; 96 leaves a partial thread set).
+/// checks at run time; 96 leaves a partial thread set). The bands with the lean twin run on it
+/// too ([`blocks_a_sm`]).
 #[test]
 fn every_grid_gives_the_same_bits() {
     for name in ["cuda", "hip"] {
-        let Some(gpu) = common::open_gpu(name) else { continue };
+        let Some(mut gpu) = common::open_gpu(name) else { continue };
         let seed = common::seed("every_grid_gives_the_same_bits");
         let mut rng = SmallRng::seed_from_u64(seed);
         for heads in [(32, 4, 128), (12, 2, 64), (16, 1, 256), (8, 2, 192), (12, 4, 96)] {
@@ -210,13 +229,17 @@ fn every_grid_gives_the_same_bits() {
             assert!(bands.len() > 1, "{heads:?} offers one band only");
             for bound in [1, 256, 3000, 9000, c.pos0 + s.tokens, s.n_ctx] {
                 for &band in &bands {
-                    let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
-                    let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
-                    gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, bound >= c.pos0 + s.tokens, c.scale, Some(band), &mut part, &mut out, None).unwrap();
-                    let mut got = vec![0f32; s.q_len()];
-                    gpu.download("attention", &out, &mut got).unwrap();
-                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&want), "{name}, seed {seed}, heads {heads:?}: context bound {bound} of {}, band {band}", c.pos0 + s.tokens);
+                    blocks_a_sm(&mut gpu, band, s.hd, &mut |gpu| {
+                        let mut part = gpu.upload("attention", &vec![0f32; attn_part_len(s)]).unwrap();
+                        let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
+                        gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, bound >= c.pos0 + s.tokens, c.scale, Some(band), &mut part, &mut out, None)?;
+                        let mut got = vec![0f32; s.q_len()];
+                        gpu.download("attention", &out, &mut got).unwrap();
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        let minb = gpu.kernel_knobs().attn_minb;
+                        assert_eq!(bits(&got), bits(&want), "{name}, seed {seed}, heads {heads:?}: context bound {bound} of {}, band {band}, ATTN_MINB={minb}", c.pos0 + s.tokens);
+                        Ok(())
+                    });
                 }
             }
         }
@@ -311,12 +334,13 @@ fn launchers_check_device_buffers() {
 /// did not run), without the promise it writes parts; the outputs are the merge's bits either
 /// way, and the q8_1 blocks either kernel writes with `xq` are `quantize_q8_1`'s (the
 /// replica's) of those outputs, every byte written (two runs, the blocks poisoned 0x00 and
-/// 0xff). Windows of 1..8 tokens ending anywhere up to position 256, every band of the heads.
+/// 0xff). Windows of 1..8 tokens ending anywhere up to position 256, every band of the heads,
+/// on the lean twin too ([`blocks_a_sm`]).
 #[test]
 fn one_chunk_contexts_finish_in_the_chunk_kernel() {
     use strata_gpu_shared::formats::q8_1;
     for name in ["cuda", "hip"] {
-        let Some(gpu) = common::open_gpu(name) else { continue };
+        let Some(mut gpu) = common::open_gpu(name) else { continue };
         let seed = common::seed("one_chunk_contexts_finish_in_the_chunk_kernel");
         let mut rng = SmallRng::seed_from_u64(seed);
         for case in 0..12 {
@@ -329,30 +353,34 @@ fn one_chunk_contexts_finish_in_the_chunk_kernel() {
             let dpos = gpu.upload("attention", &[c.pos0 as u32]).unwrap();
             let bound = c.pos0 + s.tokens;
             let blocks = q8_1::bytes_of(s.q_len());
-            let run = |holds: bool, band: usize, poison: u8| -> (Vec<u32>, Vec<u8>, bool) {
+            let run = |gpu: &GpuBackend, holds: bool, band: usize, poison: u8| -> Result<(Vec<u32>, Vec<u8>, bool), Error> {
                 let mut part = gpu.upload("attention", &vec![f32::NAN; attn_part_len(s)]).unwrap();
                 let mut out = gpu.upload("attention", &vec![f32::NAN; s.q_len()]).unwrap();
                 let mut xq = gpu.upload("attention", &vec![poison; blocks]).unwrap();
-                gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, holds, c.scale, Some(band), &mut part, &mut out, Some(&mut xq)).unwrap();
+                gpu.attention_queue(&dq, &dkc, &dvc, s, &dpos, bound, holds, c.scale, Some(band), &mut part, &mut out, Some(&mut xq))?;
                 let (mut got, mut got_q) = (vec![0f32; s.q_len()], vec![0u8; blocks]);
                 gpu.download("attention", &out, &mut got).unwrap();
                 gpu.download("attention", &xq, &mut got_q).unwrap();
                 let mut got_part = vec![0f32; attn_part_len(s)];
                 gpu.download("attention", &part, &mut got_part).unwrap();
                 let parts_written = got_part.iter().any(|v| v.to_bits() != f32::NAN.to_bits());
-                (got.iter().map(|v| v.to_bits()).collect(), got_q, parts_written)
+                Ok((got.iter().map(|v| v.to_bits()).collect(), got_q, parts_written))
             };
-            let (merged, _, _) = run(false, 1, 0);
+            let (merged, _, _) = run(&gpu, false, 1, 0).unwrap();
             let mut want_q = vec![0u8; blocks];
             strata_gpu_shared::replica::quantize_q8_1::quantize(&merged.iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>(), &mut want_q);
             for band in (1..=attn_max_band(s.hd)).filter(|&b| attn_band_fits(s.n_q, s.n_kv, s.hd, b)) {
-                for (holds, poison) in [(true, 0x00), (true, 0xff), (false, 0x00), (false, 0xff)] {
-                    let (got, got_q, parts_written) = run(holds, band, poison);
-                    let what = format!("{name}, seed {seed}, case {case}: {tokens} tokens at {pos0}, heads {heads:?}, band {band}, bound holds {holds}, poison {poison:#x}");
-                    assert_eq!(parts_written, !holds, "{what}: parts written (the merge's input) or not");
-                    assert_eq!(got, merged, "{what}: outputs differ from the merged ones");
-                    assert_eq!(got_q, want_q, "{what}: q8_1 blocks differ from quantize_q8_1 of the outputs (or were not all written)");
-                }
+                blocks_a_sm(&mut gpu, band, s.hd, &mut |gpu| {
+                    for (holds, poison) in [(true, 0x00), (true, 0xff), (false, 0x00), (false, 0xff)] {
+                        let (got, got_q, parts_written) = run(gpu, holds, band, poison)?;
+                        let minb = gpu.kernel_knobs().attn_minb;
+                        let what = format!("{name}, seed {seed}, case {case}: {tokens} tokens at {pos0}, heads {heads:?}, band {band}, ATTN_MINB={minb}, bound holds {holds}, poison {poison:#x}");
+                        assert_eq!(parts_written, !holds, "{what}: parts written (the merge's input) or not");
+                        assert_eq!(got, merged, "{what}: outputs differ from the merged ones");
+                        assert_eq!(got_q, want_q, "{what}: q8_1 blocks differ from quantize_q8_1 of the outputs (or were not all written)");
+                    }
+                    Ok(())
+                });
             }
         }
     }

@@ -221,7 +221,7 @@ fn moe_window_invariance() {
 /// row, so 18 row slots per block).
 #[test]
 fn expert_knobs_every_value() {
-    use strata::host::backends::knobs::ExpertKnobs;
+    use strata::host::backends::knobs::KernelKnobs;
     use strata_gpu_shared::launch::{
         EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R, EXPDEC_R, EXPDEC_RB,
     };
@@ -232,7 +232,7 @@ fn expert_knobs_every_value() {
         assert_eq!(g.clusters(), name == "cuda" && g.info().compute_capability.0 >= 9, "{name}: cluster entries");
         let seed = common::seed("expert_knobs_every_value");
         let mut rng = SmallRng::seed_from_u64(seed);
-        let plain = ExpertKnobs { expdec: false, down: false, d20: false, warp_rows: false, ..ExpertKnobs::default() };
+        let plain = KernelKnobs { expdec: false, down: false, d20: false, warp_rows: false, ..KernelKnobs::default() };
         let mut sets = vec![plain];
         for r in EXPDEC_R {
             for minb in EXPDEC_MINB {
@@ -240,21 +240,21 @@ fn expert_knobs_every_value() {
                     if minb == 4 && r > EXPDEC_MINB4_MAX_R {
                         continue; // not compiled (spills)
                     }
-                    sets.push(ExpertKnobs { expdec: true, r, minb, rb, warps: 8, minblk: rng.random_range(1..=2000), ..plain });
+                    sets.push(KernelKnobs { expdec: true, r, minb, rb, warps: 8, minblk: rng.random_range(1..=2000), ..plain });
                 }
             }
         }
         for rb in [0].into_iter().chain(EXPDEC_RB) {
-            sets.push(ExpertKnobs { expdec: true, r: 1, rb, warps: 16, minblk: rng.random_range(1..=2000), ..plain });
+            sets.push(KernelKnobs { expdec: true, r: 1, rb, warps: 16, minblk: rng.random_range(1..=2000), ..plain });
         }
         // The pair entries (cuda on sm_90 and later; the plan refuses them elsewhere).
-        sets.push(ExpertKnobs { expdec: true, r: 1, warps: 0, pairs: 2, ..plain });
+        sets.push(KernelKnobs { expdec: true, r: 1, warps: 0, pairs: 2, ..plain });
         // Rows copied warp by warp where a format has the entry (IQ3_ST's `_m2w`), the 8-warp
         // blocks at every rows-per-block (4 to 16 rows a warp through two slots); pair blocks
         // keep their own copy.
-        sets.push(ExpertKnobs { expdec: true, r: 1, warps: 0, pairs: 2, warp_rows: true, ..plain });
+        sets.push(KernelKnobs { expdec: true, r: 1, warps: 0, pairs: 2, warp_rows: true, ..plain });
         for rb in [0].into_iter().chain(EXPDEC_RB) {
-            sets.push(ExpertKnobs { expdec: true, r: 1, minb: 2, rb, warps: 8, warp_rows: true, minblk: rng.random_range(1..=2000), ..plain });
+            sets.push(KernelKnobs { expdec: true, r: 1, minb: 2, rb, warps: 8, warp_rows: true, minblk: rng.random_range(1..=2000), ..plain });
         }
         for dr in EXPDEC_DR {
             for dminb in EXPDEC_MINB {
@@ -262,7 +262,7 @@ fn expert_knobs_every_value() {
                     if dminb == 4 && dr > EXPDEC_MINB4_MAX_DR {
                         continue; // not compiled (spills)
                     }
-                    sets.push(ExpertKnobs { down: true, d20: true, dr, dminb, drb, minblk: rng.random_range(1..=4000), ..plain });
+                    sets.push(KernelKnobs { down: true, d20: true, dr, dminb, drb, minblk: rng.random_range(1..=4000), ..plain });
                 }
             }
         }
@@ -284,7 +284,7 @@ fn expert_knobs_every_value() {
                         assert!(knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms, clusters).is_err(), "{}", knobs.describe());
                         continue;
                     }
-                    g.set_expert_knobs(knobs);
+                    g.set_kernel_knobs(knobs);
                     let plan = knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms, clusters).unwrap();
                     assert_eq!(plan.gu.kernel.ends_with("_w16"), knobs.expdec && knobs.warps == 16, "{}", plan.gu.kernel);
                     assert_eq!(plan.gu.kernel.ends_with("_p2"), pairs, "{}", plan.gu.kernel);

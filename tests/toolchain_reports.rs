@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use strata::host::backends::launch::entry_param_widths;
 use strata::host::backends::trace::instrument;
-use strata_gpu_shared::launch::{cluster_blocks, image_bounds, BOUNDS, CLUSTER_ARCHS, CLUSTER_BOUNDS};
+use strata_gpu_shared::launch::{cluster_blocks, image_bounds, BOUNDS, SM90_ARCHS, SM90_BOUNDS};
 
 /// One function's numbers from a ptxas `-v` report.
 #[derive(Debug, Default)]
@@ -128,7 +128,7 @@ ptxas info    : Compile time = 30.980 ms
 
 /// The entries whose spec has fused multiply-adds (the attention chunks' dot products and value
 /// sums: `strata_gpu_shared::replica::attention`). Only they may hold `fma.rn.f32`.
-const FMA_ENTRIES: [&str; 5] = ["attn_chunk", "attn_chunk_128", "attn_chunk_two", "attn_chunk_two_128", "attn_chunk_one"];
+const FMA_ENTRIES: [&str; 6] = ["attn_chunk", "attn_chunk_128", "attn_chunk_128_m4", "attn_chunk_two", "attn_chunk_two_128", "attn_chunk_one"];
 
 /// No implicit contraction (it would change the bits): every float add/mul carries an explicit
 /// `.rn` so ptxas cannot fuse them, and an explicit `fma.rn.f32` appears only in the entries of
@@ -160,7 +160,7 @@ fn rust_ptx_assembles_without_spills() {
     }
     for image in strata::ptx::IMAGES {
         // Every entry of the image carries its launch bounds from the tables, a cluster entry
-        // its cluster too; an image without clusters has none of the cluster entries.
+        // its cluster too; an image other than sm_90's has none of its own entries.
         for b in image_bounds(image.arch) {
             let header = image.ptx.split(&format!(".entry {}(", b.kernel)).nth(1).unwrap_or_else(|| panic!("{} missing from the {} PTX", b.kernel, image.arch));
             let head = &header[..header.find('{').unwrap()];
@@ -170,9 +170,9 @@ fn rust_ptx_assembles_without_spills() {
             }
             assert!(want.iter().all(|w| head.contains(w.as_str())), "{} in {} PTX lacks {want:?}", b.kernel, image.arch);
         }
-        if !CLUSTER_ARCHS.contains(&image.arch) {
-            for b in CLUSTER_BOUNDS {
-                assert!(!image.ptx.contains(&format!(".entry {}(", b.kernel)), "{} is in the {} PTX, which has no clusters", b.kernel, image.arch);
+        if !SM90_ARCHS.contains(&image.arch) {
+            for b in SM90_BOUNDS {
+                assert!(!image.ptx.contains(&format!(".entry {}(", b.kernel)), "{} is in the {} PTX, which is not sm_90's", b.kernel, image.arch);
             }
         }
         assert_no_contraction(&format!("Rust PTX {}", image.arch), image.ptx);
@@ -263,7 +263,7 @@ fn hip_entries_take_the_rust_entries_parameters() {
             compared += 1;
         }
     }
-    // Every kernel of the table but the cluster entries (sm_90 Rust only) has both.
+    // Every kernel of the table but the sm_90 image's own (SM90_BOUNDS) has both.
     assert_eq!(compared, BOUNDS.len(), "kernels of the table in both images");
     // And the backends find every entry's widths in each image they load.
     for image in strata::ptx::IMAGES {

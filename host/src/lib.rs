@@ -3,7 +3,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`backends`] | the [`Backend`] trait and the backends (`cpu`, `cuda`, `hip`), their launches and the expert knobs |
+//! | [`backends`] | the [`Backend`] trait and the backends (`cpu`, `cuda`, `hip`), their launches and the kernel knobs |
 //! | [`model`] | a GGUF file as a model: config, weights, the step's op list per architecture |
 //! | [`step`] | the decode step: the op list, and the executors that run it (`cpu`, `gpu`) |
 //! | [`ops`] | the step's kernel families beyond the [`Backend`] trait, on each backend |

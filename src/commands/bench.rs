@@ -20,7 +20,7 @@ use strata_host::generate::Draft;
 use strata_host::model::Model;
 use strata_host::step::{Op, Pick, MAX_WINDOW};
 use strata_host::backends::gpu::GpuBackend;
-use strata_host::backends::knobs::ExpertKnobs;
+use strata_host::backends::knobs::KernelKnobs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -131,7 +131,7 @@ pub struct DecodeArgs {
     #[arg(long, value_name = "GROUPS", default_value = "")]
     pub drop: String,
     /// GPU: also run the one-token rows (every `--depths`) and the full windows (`--windows`)
-    /// with other routed-expert kernel knobs, in one process on the loaded model: variants
+    /// with other kernel knobs, in one process on the loaded model: variants
     /// comma-separated, each `knobs` (the knobs in force), `plain` (the default kernels) or
     /// `KNOB=VALUE[+KNOB=VALUE...]` over the knobs in force (`strata knobs` lists them). Every
     /// variant runs in turn, `--variant-rounds` times, a row each (`tg128 [EXPDEC_WARP_ROWS=0 #2]`),
@@ -314,7 +314,7 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     if let Some(t) = windows.iter().find(|&&t| t > a.n) {
         bail!("--windows {t}: more tokens than the {} of -n", a.n);
     }
-    let base = ExpertKnobs::process().map_err(|e| anyhow::anyhow!(e))?;
+    let base = KernelKnobs::process().map_err(|e| anyhow::anyhow!(e))?;
     let variants = list(&a.variants, "--variants item", |v| Some(v.to_string()))?
         .iter()
         .map(|v| variant(v, base))
@@ -338,7 +338,7 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         Opened::Gpu(g) => g.set_graphs(!a.no_graph),
         Opened::Cpu(_) if a.profile_step => bail!("--profile-step brackets a step for a GPU profiler: it needs --backend cuda or hip"),
         Opened::Cpu(_) if !drops.is_empty() => bail!("--drop leaves kernel launches out of the step: it needs --backend cuda or hip"),
-        Opened::Cpu(_) if !variants.is_empty() => bail!("--variants sets the GPU's routed-expert kernel knobs: it needs --backend cuda or hip"),
+        Opened::Cpu(_) if !variants.is_empty() => bail!("--variants sets the GPU's kernel knobs: it needs --backend cuda or hip"),
         Opened::Cpu(_) => {}
     }
     let (gpu, copy) = match &opened {
@@ -472,12 +472,12 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     // after round; then the knobs in force again.
     let mut variant_rows = Vec::new();
     if let (Opened::Gpu(g), false) = (&mut opened, variants.is_empty()) {
-        let in_force = g.expert_knobs();
+        let in_force = g.kernel_knobs();
         for round in 1..=a.variant_rounds {
             for (label, knobs) in &variants {
                 spinner.set_message(format!("variant {label}, round {round} of {}", a.variant_rounds));
                 // New knobs drop the captured graphs: an untimed step captures the next.
-                g.set_expert_knobs(*knobs);
+                g.set_kernel_knobs(*knobs);
                 bd::tg(g.as_mut(), &ops, first, 0, 1, 1)?;
                 let tag = |row: Row| Row { variant: Some((label.clone(), round)), ..row };
                 for &d in &depths {
@@ -492,7 +492,7 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        g.set_expert_knobs(in_force);
+        g.set_kernel_knobs(in_force);
         spinner.set_message("warm-up");
         bd::warm_up(g.as_mut(), &ops, first)?;
     }
@@ -736,7 +736,7 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
     })?;
     let tokens = list(&a.tokens, "token count (1..8)", |t| t.parse().ok().filter(|t| (1..=8).contains(t)))?;
     let routings = list(&a.routing, "routing (uniform, shared)", |r| [kernels::Routing::Uniform, kernels::Routing::Shared].into_iter().find(|x| x.name() == r))?;
-    let base = ExpertKnobs::process().map_err(anyhow::Error::msg)?;
+    let base = KernelKnobs::process().map_err(anyhow::Error::msg)?;
     let variants: Vec<_> =
         a.variants.split(',').map(str::trim).filter(|v| !v.is_empty()).map(|v| variant(v, base)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
     let mut found = Available::open(a.run.device);
@@ -795,7 +795,7 @@ fn experts(a: &ExpertsArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// A `--variants` item: its label and knobs.
-fn variant(v: &str, base: ExpertKnobs) -> Result<(String, ExpertKnobs), String> {
+fn variant(v: &str, base: KernelKnobs) -> Result<(String, KernelKnobs), String> {
     let mut k = base;
     match v {
         "plain" => {

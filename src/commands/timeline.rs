@@ -46,7 +46,7 @@ pub(crate) fn run(a: &DecodeArgs, model: Arc<Model>, depths: &[usize], windows: 
             if a.no_graph { "launched one by one" } else { "replayed from graphs" }
         ),
         format!(
-            "{} rounds of two steps, the second laid out (medians over the rounds): one-token steps chained as the decode loop runs them; full windows of random tokens (seed {}) one after the other",
+            "{} rounds of a step, then the next laid out in a table reset between them (medians over the rounds; the first launch's gap is its own wait, the step before having ended): the one-token step at the next position; the second of two full windows of random tokens (seed {})",
             a.timeline, a.window_seed
         ),
     ];

@@ -13,6 +13,15 @@ pub fn opaque(x: u32) -> u32 {
     r
 }
 
+/// 0, computed from `x` so that the optimizer cannot tell. An expression with it added depends
+/// on `x`: in a loop over `x` it is computed where it is used, each turn, instead of being
+/// hoisted out of the loop and held in registers across it (the lean attention entry fits its
+/// 64 registers without spills that way).
+#[inline(always)]
+pub fn zero_in(x: u32) -> u32 {
+    opaque(x) ^ x
+}
+
 /// `c + sum of the four signed byte products of a and b` (`dp4a.s32.s32`).
 #[inline(always)]
 pub fn dp4a(a: u32, b: u32, c: i32) -> i32 {

@@ -190,7 +190,7 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
 /// (only with `out`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32>(
+unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32, const LEAN: bool>(
     q: *const f32,
     k_cache: *const u16,
     v_cache: *const u16,
@@ -217,7 +217,7 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32>(
     if index::block_idx() >= tokens * (n_q / heads) * split {
         return; // the whole block
     }
-    let (band, first) = Band::of_block(n_q, n_kv, hd, split, heads);
+    let (band, first) = Band::of_block(n_q, n_kv, hd, split, heads, LEAN);
     let (t, h0) = (band.t, band.h0);
     let (len, n_chunks) = (context_len(mem::ld_nc_u32(pos as *const u8), t, n_ctx), n_ctx.div_ceil(ATTN_CHUNK as u32));
     if !out.is_null() && len > ATTN_CHUNK as u32 {
@@ -250,15 +250,19 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32>(
 /// was compiled for (0: any). The narrow ones run less code: one head a block needs fewer
 /// registers and so runs more blocks per SM, and bands of two, compiled without the wider
 /// bands' bodies, wait less on instruction fetch at short contexts, where a block's chunk is a
-/// few stages; so does an entry for one head size, without the other sizes' bodies.
+/// few stages; so does an entry for one head size, without the other sizes' bodies. The lean
+/// entry (`LEAN`: the sm_90 image's `attn_chunk_128_m4`) is `attn_chunk_128` for 4 blocks a SM
+/// (64 registers, where it takes 128 for 2): the same loops, with the addresses that do not
+/// change from chunk to chunk computed in each ([`Band::fresh`]).
 macro_rules! attn_chunk_entries {
-    ($($name:ident => $w:literal, $hw:literal, $hd:literal),* $(,)?) => {$(
+    ($($(#[$attr:meta])* $name:ident => $w:literal, $hw:literal, $hd:literal, $lean:literal),* $(,)?) => {$(
         /// `attn_chunk_band` for bands of at most `W` heads, a scoring thread taking at most
         /// `HW` of them, heads of `HD` values where `HD` is not 0 (launch bounds by name in
         /// gpu-shared).
         ///
         /// # Safety
         /// As `attn_chunk_band`, with `heads <= W`.
+        $(#[$attr])*
         #[no_mangle]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -280,17 +284,19 @@ macro_rules! attn_chunk_entries {
         ) {
             ask_l2_one_chunk(k_cache, v_cache, tokens, n_q, n_kv, if $hd != 0 { $hd } else { hd }, pos, n_ctx, split, heads);
             crate::arch::sync::chain_grids();
-            attn_chunk_band::<$w, $hw, $hd>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq)
+            attn_chunk_band::<$w, $hw, $hd, $lean>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq)
         }
     )*};
 }
 
 attn_chunk_entries! {
-    attn_chunk => 8, 4, 0,
-    attn_chunk_128 => 8, 4, 128,
-    attn_chunk_two => 2, 1, 0,
-    attn_chunk_two_128 => 2, 1, 128,
-    attn_chunk_one => 1, 1, 0,
+    attn_chunk => 8, 4, 0, false,
+    attn_chunk_128 => 8, 4, 128, false,
+    #[cfg(target_feature = "sm_90")]
+    attn_chunk_128_m4 => 8, 4, 128, true,
+    attn_chunk_two => 2, 1, 0, false,
+    attn_chunk_two_128 => 2, 1, 128, false,
+    attn_chunk_one => 1, 1, 0, false,
 }
 
 /// Shared words of the `attn_chunk` entries: the band's queries from `Q_WORD`, value `d = p + 32
@@ -320,6 +326,9 @@ struct Band {
     n_q: u32,
     n_kv: u32,
     hd: u32,
+    /// The lean entry's code (`LEAN`): addresses that do not change from chunk to chunk are
+    /// computed again in each, not held in registers across the chunk's loops ([`Band::fresh`]).
+    lean: bool,
 }
 
 /// Before an `attn_chunk` entry's grid wait, where the launch's contexts are one chunk (`split`
@@ -342,7 +351,7 @@ unsafe fn ask_l2_one_chunk(k_cache: *const u16, v_cache: *const u16, tokens: u32
     if !cfg!(target_feature = "sm_90") || split != 1 || index::block_idx() >= tokens * (n_q / heads) {
         return;
     }
-    let (band, _) = Band::of_block(n_q, n_kv, hd, split, heads);
+    let (band, _) = Band::of_block(n_q, n_kv, hd, split, heads, false);
     let len = context_len(mem::ld_cg_u32(pos as *const u8), band.t, n_ctx);
     band.rows(k_cache, v_cache, len, 0); // asks L2 for them
 }
@@ -410,11 +419,24 @@ impl Band {
     /// This block's band and first chunk in the grid of `attn_chunk_band` (a block within the
     /// grid's `tokens * (n_q / heads) * split` that work).
     #[inline(always)]
-    fn of_block(n_q: u32, n_kv: u32, hd: u32, split: u32, heads: u32) -> (Band, u32) {
+    fn of_block(n_q: u32, n_kv: u32, hd: u32, split: u32, heads: u32, lean: bool) -> (Band, u32) {
         let bands = n_q / heads;
         let (tb, first) = (index::block_idx() / split, index::block_idx() % split);
         let (t, h0) = (tb / bands, tb % bands * heads);
-        (Band { t, h0, heads, g: (h0 / (n_q / n_kv)) as usize, n_q, n_kv, hd }, first)
+        (Band { t, h0, heads, g: (h0 / (n_q / n_kv)) as usize, n_q, n_kv, hd, lean }, first)
+    }
+
+    /// 0, which in the lean entry the optimizer cannot see is the same for every chunk `c`: an
+    /// address with it added is computed in chunk `c`'s code, not once before the chunks and
+    /// kept. (Hoisted, the KV group's row offset, the L2 requests' first row and the outputs'
+    /// addresses made `attn_chunk_128` spill 80 bytes at 80 registers, 3 blocks a SM.)
+    #[inline(always)]
+    fn fresh(&self, c: u32) -> u32 {
+        if self.lean {
+            int::zero_in(c)
+        } else {
+            0
+        }
     }
 
     /// One chunk `c` of the token's `len` keys, each head's max, softmax sum and weighted values
@@ -507,10 +529,11 @@ impl Band {
         let n = (len - start).min(ATTN_CHUNK as u32);
         let hd = self.hd as usize;
         let stride = self.n_kv as usize * hd;
-        let keys = k_cache.add(start as usize * stride + self.g * hd);
-        let values = v_cache.add(start as usize * stride + self.g * hd);
+        let g = self.g + self.fresh(c) as usize;
+        let keys = k_cache.add(start as usize * stride + g * hd);
+        let values = v_cache.add(start as usize * stride + g * hd);
         let row_lines = (hd * 2).div_ceil(128);
-        let mut i = index::thread_idx() as usize;
+        let mut i = (index::thread_idx() + self.fresh(c)) as usize;
         while i < n as usize * row_lines {
             let at = (i / row_lines) * stride * 2 + (i % row_lines) * 128;
             mem::prefetch_l2((keys as *const u8).wrapping_add(at));
@@ -525,7 +548,7 @@ impl Band {
     /// converged, for one head) or the part slot (`d = 0` writes `m` and `l`).
     #[inline(always)]
     unsafe fn finish(&self, smem: Smem, h: u32, d: u32, (l, o): (f32, f32), c: u32, dest: Dest) {
-        let head = self.t * self.n_q + self.h0 + h;
+        let head = self.t * self.n_q + self.h0 + h + self.fresh(c);
         if !dest.out.is_null() {
             store_output(dest.out, dest.xq, (head * self.hd + d) as usize, one_part(head_max(smem, h), l, o));
         } else {

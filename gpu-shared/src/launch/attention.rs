@@ -38,15 +38,33 @@ const _: () = assert!(ATTN_MAX_HD <= ATTN_THREADS as usize && ATTN_CHUNK == ATTN
 /// bands of two: a smaller body than the widest bands') or `attn_chunk` (up to
 /// [`ATTN_MAX_BAND`]); the bands above one have `_128` twins compiled for heads of 128 values,
 /// the qwen3moe files' (without the other sizes' scoring and value bodies: about half the
-/// code).
-pub const fn attn_chunk_kernel(band: usize, hd: usize) -> &'static str {
-    match (band, hd) {
-        (1, _) => "attn_chunk_one",
-        (2, 128) => "attn_chunk_two_128",
-        (2, _) => "attn_chunk_two",
-        (_, 128) => "attn_chunk_128",
+/// code). `lean`: `attn_chunk_128`'s lean twin `attn_chunk_128_m4` where the band has it
+/// ([`attn_chunk_has_lean`]; the sm_90 image only: [`LEAN_BOUNDS`]).
+pub const fn attn_chunk_kernel(band: usize, hd: usize, lean: bool) -> &'static str {
+    match (band, hd, lean) {
+        (1, _, _) => "attn_chunk_one",
+        (2, 128, _) => "attn_chunk_two_128",
+        (2, _, _) => "attn_chunk_two",
+        (_, 128, true) => "attn_chunk_128_m4",
+        (_, 128, false) => "attn_chunk_128",
         _ => "attn_chunk",
     }
+}
+
+/// Whether a band of `band` heads of `hd` values has a lean twin (`attn_chunk_128`'s bands: above
+/// two heads, 128 values).
+pub const fn attn_chunk_has_lean(band: usize, hd: usize) -> bool {
+    band > 2 && hd == 128
+}
+
+/// The lean rule: whether an `attn_chunk` launch of `tokens` tokens in bands of `band` of `n_q`
+/// heads at `split` ([`attn_split`]) has more than two blocks a SM of `sm_count` working at the
+/// shortest context its graph serves (more than `split / 2` chunks, so at least `split / 2 + 1`
+/// blocks a band work; one at split 1). There the lean twin's four blocks a SM run more of them
+/// at once; where two a SM hold the work, the twin's code at 64 registers is slower (measured on
+/// the H100, docs/kernels/attention.md).
+pub const fn attn_lean_wanted(tokens: usize, n_q: usize, band: usize, split: usize, sm_count: usize) -> bool {
+    tokens * (n_q / band) * (split / 2 + 1) > 2 * sm_count
 }
 
 /// The most query heads one `attn_chunk` block computes (a band of one KV group's heads, which
@@ -157,6 +175,15 @@ const fn staged_chunk(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS }
 }
 
+/// The lean twin of `attn_chunk_128`, for 4 blocks a SM (64 registers without spills, where the
+/// entry takes 128 for 2; 45.25 KiB of shared memory a block, so 4 fit sm_90's 228 KiB a SM and
+/// not sm_80's 164): the same loops, instruction for instruction, with twice the warps a SM to
+/// wait on the staged loads and the barriers behind. Only the sm_90 image has it (joined into
+/// [`super::SM90_BOUNDS`]); the HIP source has no twin of it (AMD's register file and LDS
+/// differ: a twin there would be measured first). A twin for 3 blocks a SM (80 registers) was
+/// slower than this one wherever either beat `attn_chunk_128` (docs/kernels/attention.md).
+pub const LEAN_BOUNDS: [Bounds; 1] = [Bounds { kernel: "attn_chunk_128_m4", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS }];
+
 /// This family's kernels (joined into [`super::BOUNDS`]).
 pub const BOUNDS: [Bounds; 7] = [
     Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 8, smem_bytes: 0 },
@@ -228,16 +255,38 @@ mod tests {
     }
 
     #[test]
+    fn the_lean_rule_wants_more_than_two_working_blocks_a_sm() {
+        // 30b-a3b heads on 132 SMs (264 blocks at two a SM), one token in bands of 8 (4 bands):
+        // split 256 (contexts of 129..256 chunks, tg128 from depth 32768) works 516 blocks at
+        // least, split 128 (16384) 260, split 64 (8192) 132; eight tokens at split 64, 1,056.
+        assert!(attn_lean_wanted(1, 32, 8, 256, 132));
+        assert!(!attn_lean_wanted(1, 32, 8, 128, 132) && !attn_lean_wanted(1, 32, 8, 64, 132));
+        assert!(attn_lean_wanted(8, 32, 8, 64, 132) && attn_lean_wanted(3, 32, 8, 64, 132) && !attn_lean_wanted(2, 32, 8, 64, 132));
+        // One chunk (split 1) works one block a band.
+        assert!(!attn_lean_wanted(8, 32, 4, 1, 132) && attn_lean_wanted(8, 32, 4, 1, 15));
+    }
+
+    #[test]
     fn heads_of_128_values_take_the_entries_compiled_for_them() {
         // Bands above one of 128-value heads on the `_128` entries; other sizes, and one head a
         // block, on the entries that take any size; every name is a kernel with bounds.
+        // Lean, the bands above two of them take the twin (4 blocks a SM, in the sm_90 table);
+        // the others keep their entry.
         for band in 1..=ATTN_MAX_BAND {
             for hd in [32, 64, 96, 128, 192, 256] {
-                let kernel = attn_chunk_kernel(band, hd);
+                let kernel = attn_chunk_kernel(band, hd, false);
                 assert_eq!(kernel.ends_with("_128"), band > 1 && hd == 128, "band {band}, hd {hd}: {kernel}");
                 assert_eq!(kernel.starts_with("attn_chunk_two"), band == 2, "band {band}, hd {hd}: {kernel}");
                 assert_eq!(kernel == "attn_chunk_one", band == 1, "band {band}, hd {hd}: {kernel}");
                 assert!(BOUNDS.iter().any(|b| b.kernel == kernel), "{kernel} has no bounds");
+                let twin = attn_chunk_kernel(band, hd, true);
+                if attn_chunk_has_lean(band, hd) {
+                    let b = LEAN_BOUNDS.iter().find(|b| b.kernel == twin).unwrap_or_else(|| panic!("{twin} is not a lean entry"));
+                    assert_eq!((twin.strip_suffix("_m4"), b.min_blocks), (Some(kernel), 4), "band {band}, hd {hd}");
+                    assert_eq!((b.threads, b.smem_bytes), (ATTN_THREADS, 4 * ATTN_CHUNK_SMEM_WORDS));
+                } else {
+                    assert_eq!(twin, kernel, "band {band}, hd {hd}");
+                }
             }
         }
     }

@@ -393,15 +393,19 @@ pub const CLUSTER_BOUNDS: [Bounds; 6] = [
     expdec("expdec_gu_iq3_st_r1_p2", 4),
 ];
 
-/// The images (`strata::ptx::IMAGES` architectures) that have the [`CLUSTER_BOUNDS`] entries.
-pub const CLUSTER_ARCHS: [&str; 1] = ["sm_90"];
+/// The entries only the sm_90 image has: the [`CLUSTER_BOUNDS`] ones and the lean attention
+/// chunk entries ([`attention::LEAN_BOUNDS`]).
+pub const SM90_BOUNDS: [Bounds; CLUSTER_BOUNDS.len() + attention::LEAN_BOUNDS.len()] = join(CLUSTER_BOUNDS, attention::LEAN_BOUNDS);
+
+/// The images (`strata::ptx::IMAGES` architectures) that have the [`SM90_BOUNDS`] entries.
+pub const SM90_ARCHS: [&str; 1] = ["sm_90"];
 
 /// The entries of the image built for `arch` (`sm_90`, ...): every [`BOUNDS`] kernel, and the
-/// [`CLUSTER_BOUNDS`] ones where `arch` is one of [`CLUSTER_ARCHS`]. What build.rs writes bounds
-/// for, what the cuda backend loads, and what the toolchain report checks.
+/// [`SM90_BOUNDS`] ones where `arch` is one of [`SM90_ARCHS`]. What build.rs writes bounds for,
+/// what the cuda backend loads, and what the toolchain report checks.
 pub fn image_bounds(arch: &str) -> impl Iterator<Item = &'static Bounds> + Clone {
-    let clusters: &'static [Bounds] = if CLUSTER_ARCHS.contains(&arch) { &CLUSTER_BOUNDS } else { &[] };
-    BOUNDS.iter().chain(clusters)
+    let sm90: &'static [Bounds] = if SM90_ARCHS.contains(&arch) { &SM90_BOUNDS } else { &[] };
+    BOUNDS.iter().chain(sm90)
 }
 
 /// Blocks of a cluster of `kernel`: [`EXPDEC_PAIR`] for a [`CLUSTER_BOUNDS`] entry, else 1.

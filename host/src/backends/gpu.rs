@@ -17,9 +17,9 @@ use crate::error::{Error, Result};
 use crate::backends::launch::{entry_param_widths, KernelArgs};
 use crate::backends::trace;
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
-use crate::backends::knobs::{ExpertKnobs, Launch, EXPDEC_SMEM_MAX};
+use crate::backends::knobs::{KernelKnobs, Launch, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, CLUSTER_ARCHS, HEAD_CHUNK, MATVEC_WARPS, mmvq_launch, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, SM90_ARCHS, HEAD_CHUNK, MATVEC_WARPS, mmvq_launch, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -221,14 +221,15 @@ pub struct GpuBackend {
     pub ptx_arch: String,
     /// Launch grids go through `grid_pad` for these wave slots when set.
     pad: Option<WaveSlots>,
-    /// Which expert kernels run.
-    experts: ExpertKnobs,
+    /// Which expert and attention kernels run.
+    knobs: KernelKnobs,
     /// Every kernel waits for the previous grid first, so launches may be chained.
     chains_grids: bool,
     /// Launches are chained by programmatic dependent launch ([`crate::backends::launch`]).
     chained: bool,
-    /// The module has the thread-block cluster entries (`launch::CLUSTER_BOUNDS`).
-    clusters: bool,
+    /// The module has the sm_90 image's own entries (`launch::SM90_BOUNDS`): the thread-block
+    /// cluster entries and the lean attention entries.
+    sm90_entries: bool,
     /// Kernel-name prefixes whose launches are left out ([`Self::set_dropped`]).
     dropped: Vec<String>,
     /// While recording ([`Self::start_recording`]), every launched kernel's name, in order.
@@ -252,8 +253,8 @@ impl GpuBackend {
             detail: e.to_string(),
         })?;
         let mut functions = HashMap::new();
-        // The cluster entries exist in the CLUSTER_ARCHS images only.
-        let clusters = CLUSTER_ARCHS.contains(&ptx_arch.as_str());
+        // The cluster and lean attention entries exist in the SM90_ARCHS images only.
+        let sm90_entries = SM90_ARCHS.contains(&ptx_arch.as_str());
         for b in image_bounds(&ptx_arch) {
             let f = module.load_function(b.kernel).map_err(|e| Error::Setup {
                 backend: name,
@@ -276,11 +277,11 @@ impl GpuBackend {
         }
         let arch = format!("sm_{}{}", info.compute_capability.0, info.compute_capability.1);
         let pad = grid_pad_wanted(&arch).then(|| info.wave_slots());
-        let experts = ExpertKnobs::process().map_err(|detail| Error::Setup { backend: name, what: "expert knobs".into(), detail })?;
+        let knobs = KernelKnobs::process().map_err(|detail| Error::Setup { backend: name, what: "kernel knobs".into(), detail })?;
         // A stream of its own: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(|e| Error::Setup { backend: name, what: "creating a stream".into(), detail: e.to_string() })?;
         let chained = chains_grids && pdl_wanted().map_err(|detail| Error::Setup { backend: name, what: "STRATA_PDL".into(), detail })?;
-        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, experts, chains_grids, chained, clusters, dropped: Vec::new(), recorded: Mutex::new(None), trace_entries: None, module })
+        Ok(GpuBackend { name, stream, functions, info, ptx_arch, pad, knobs, chains_grids, chained, sm90_entries, dropped: Vec::new(), recorded: Mutex::new(None), trace_entries: None, module })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -293,13 +294,13 @@ impl GpuBackend {
         self.pad = on.then(|| self.info.wave_slots());
     }
 
-    /// Chooses the expert kernels (tests and benches compare the variants).
-    pub fn set_expert_knobs(&mut self, knobs: ExpertKnobs) {
-        self.experts = knobs;
+    /// Chooses the expert and attention kernels (tests and benches compare the variants).
+    pub fn set_kernel_knobs(&mut self, knobs: KernelKnobs) {
+        self.knobs = knobs;
     }
 
-    pub fn expert_knobs(&self) -> ExpertKnobs {
-        self.experts
+    pub fn kernel_knobs(&self) -> KernelKnobs {
+        self.knobs
     }
 
     pub fn grid_pad_on(&self) -> bool {
@@ -308,7 +309,12 @@ impl GpuBackend {
 
     /// Whether the module has the thread-block cluster entries (the pair gate/up kernels).
     pub fn clusters(&self) -> bool {
-        self.clusters
+        self.sm90_entries
+    }
+
+    /// Whether the module has the lean twins of `attn_chunk_128` (`ATTN_MINB` 3 and 4).
+    pub fn lean_attention(&self) -> bool {
+        self.sm90_entries
     }
 
     /// Whether launches are chained by programmatic dependent launch.
@@ -623,7 +629,7 @@ impl GpuBackend {
         let (embd_groups, ff_groups, n_embd, n_ff) = ((l.n_embd / 32) as u32, (l.n_ff / 32) as u32, l.n_embd as u32, l.n_ff as u32);
         let gu_bytes = (l.n_ff * g.row_bytes(l.n_embd)) as u64;
         let down_bytes = (l.n_embd * d.row_bytes(l.n_ff)) as u64;
-        let plan = self.experts.plan(l.formats, l.n_embd, l.n_ff, n as usize, self.info.sms(), self.clusters).map_err(|e| Error::Request(format!("{}: expert knobs: {e}", self.name)))?;
+        let plan = self.knobs.plan(l.formats, l.n_embd, l.n_ff, n as usize, self.info.sms(), self.sm90_entries).map_err(|e| Error::Request(format!("{}: kernel knobs: {e}", self.name)))?;
         let pad = |kernel: &str, blocks: u32| self.padded_grid(kernel, blocks);
         // SAFETY (all four): the parameters are each kernel's, in order, over buffers sized by
         // `check_moe` (or the bench's own equivalent shapes), with the shared memory the plan
@@ -676,7 +682,7 @@ impl GpuBackend {
                 let b = bounds(l.kernel).expect("a planned kernel is in BOUNDS");
                 eprintln!(
                     "strata: {}: first launch of {}: {} threads, min {} blocks/SM, {} rows/block, {} blocks, {} bytes shared; knobs {}",
-                    self.name, l.kernel, b.threads, b.min_blocks, l.rows_per_block, l.blocks, l.smem, self.experts.describe()
+                    self.name, l.kernel, b.threads, b.min_blocks, l.rows_per_block, l.blocks, l.smem, self.knobs.describe()
                 );
             }
         }

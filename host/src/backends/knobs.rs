@@ -1,15 +1,18 @@
-//! The routed-expert kernel knobs: one struct, settable from the environment (read once, at the
-//! first backend opened) and from the command line (`strata --knob NAME=VALUE`), and the launch
-//! plan they give for a layer shape and a window.
+//! The kernel knobs (the routed-expert kernels', and the attention chunk's blocks a SM): one
+//! struct, settable from the environment (read once, at the first backend opened) and from the
+//! command line (`strata --knob NAME=VALUE`), and the launch plan the expert knobs give for a
+//! layer shape and a window.
 //!
-//! The defaults are what `strata bench experts` chose on the H200 (docs/kernels/moe.md has the
-//! numbers; docs/bench/ the whole tables).
+//! The defaults are what `strata bench experts` and `strata bench decode` chose on the H200
+//! (docs/kernels/moe.md and docs/kernels/attention.md have the numbers; docs/bench/ the whole
+//! tables).
 use strata_gpu_shared::formats::WeightFormat;
 use strata_gpu_shared::launch::{
     bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_pair_kernel, expdec_gu_pair_smem, expdec_gu_ring_bytes, expdec_gu_smem, expdec_gu_warp_rows_kernel, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
     EXPDEC_DOWN_MAX_GROUPS, EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R,
     EXPDEC_PAIR, EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_GU_ROWS,
 };
+use strata_gpu_shared::launch::attention::{attn_chunk_has_lean, attn_chunk_kernel};
 
 /// Dynamic shared memory an EXPDEC launch may ask for (96 KiB; the backends opt the EXPDEC
 /// entries in to it at load, which every device the PTX runs on allows: compute capability 8.0
@@ -18,7 +21,7 @@ use strata_gpu_shared::launch::{
 pub const EXPDEC_SMEM_MAX: u32 = 96 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExpertKnobs {
+pub struct KernelKnobs {
     /// `STRATA_EXPDEC`: EXPDEC gate/up (`expdec_gu_*`) instead of `moe_gu_*`.
     pub expdec: bool,
     /// `STRATA_EXPDEC_R`: gate/up weight rows per lane, 1 or 2.
@@ -57,11 +60,17 @@ pub struct ExpertKnobs {
     /// one it decodes, and starts on a row once it has landed, where they otherwise come from
     /// L2 (on by default: full windows of 4 and 8 1.3 % and 0.4 % faster on the H200).
     pub warp_rows: bool,
+    /// `STRATA_ATTN_MINB`: the blocks a SM of the `attn_chunk` launches of bands above two
+    /// heads of 128 values: 2 (`attn_chunk_128`), 4 (its lean twin `attn_chunk_128_m4`: the same
+    /// loops at 64 registers; cuda on sm_90 only), or 0, the lean rule
+    /// (`launch::attention::attn_lean_wanted`: 4 where more than two blocks a SM work, on a
+    /// backend with the twin).
+    pub attn_minb: u32,
 }
 
-impl Default for ExpertKnobs {
+impl Default for KernelKnobs {
     fn default() -> Self {
-        ExpertKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: true }
+        KernelKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: true, attn_minb: 0 }
     }
 }
 
@@ -73,7 +82,7 @@ pub struct Knob {
     pub what: &'static str,
 }
 
-pub const KNOBS: [Knob; 13] = [
+pub const KNOBS: [Knob; 14] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
     Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
@@ -87,16 +96,17 @@ pub const KNOBS: [Knob; 13] = [
     Knob { name: "EXPDEC_WARPS", values: "0|8|16", what: "EXPDEC gate/up warps per block (16 needs R=1 and an IQ format; 0: 16 where 8 leaves SMs under two blocks)" },
     Knob { name: "EXPDEC_PAIRS", values: "0|1|2", what: "EXPDEC gate/up chunks split over a cluster's two blocks (cuda on sm_90+, R=1, an IQ format): 0 never, 1 where the rule picks 16 warps, 2 always" },
     Knob { name: "EXPDEC_WARP_ROWS", values: "0|1", what: "IQ3_ST gate/up in 8-warp blocks at R=1 MINB=2: each warp copies its rows to shared memory two ahead and decodes a row once it lands" },
+    Knob { name: "ATTN_MINB", values: "0|2|4", what: "attention chunk blocks a SM for bands above two heads of 128 values (4: the lean entry, cuda on sm_90; 0: 4 where more than two blocks a SM work)" },
 ];
 
-impl ExpertKnobs {
+impl KernelKnobs {
     /// Sets knob `name` (`EXPDEC_R`, case-insensitive, `STRATA_` prefix optional) from `value`;
     /// an unknown name or a value outside the knob's set is an error naming both.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
         let upper = name.trim().to_ascii_uppercase();
         let key = upper.strip_prefix("STRATA_").unwrap_or(&upper);
         let knob = KNOBS.iter().find(|k| k.name == key).ok_or_else(|| {
-            format!("unknown expert knob {name:?} (known: {})", KNOBS.iter().map(|k| k.name).collect::<Vec<_>>().join(", "))
+            format!("unknown kernel knob {name:?} (known: {})", KNOBS.iter().map(|k| k.name).collect::<Vec<_>>().join(", "))
         })?;
         let bad = || format!("STRATA_{}={value:?}: expected {}", knob.name, knob.values);
         let num = || value.trim().parse::<u32>().map_err(|_| bad());
@@ -121,6 +131,7 @@ impl ExpertKnobs {
             "EXPDEC_WARPS" => self.warps = one_of(&[0, 8, 16])?,
             "EXPDEC_PAIRS" => self.pairs = one_of(&[0, 1, 2])?,
             "EXPDEC_WARP_ROWS" => self.warp_rows = flag()?,
+            "ATTN_MINB" => self.attn_minb = one_of(&[0, 2, 4])?,
             _ => unreachable!("every name of KNOBS is matched"),
         }
         Ok(())
@@ -146,8 +157,8 @@ impl ExpertKnobs {
     }
 
     /// The defaults with every `STRATA_<knob>` variable that `var` finds applied, checked.
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<ExpertKnobs, String> {
-        let mut k = ExpertKnobs::default();
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<KernelKnobs, String> {
+        let mut k = KernelKnobs::default();
         for knob in &KNOBS {
             if let Some(v) = var(&format!("STRATA_{}", knob.name)) {
                 k.set(knob.name, &v)?;
@@ -158,25 +169,40 @@ impl ExpertKnobs {
     }
 
     /// The defaults with the environment's `STRATA_<knob>` variables applied.
-    pub fn from_env() -> Result<ExpertKnobs, String> {
+    pub fn from_env() -> Result<KernelKnobs, String> {
         Self::from_vars(|n| std::env::var(n).ok())
     }
 
     /// The process's knobs: what [`Self::init_process`] set, else the environment's, read once.
-    pub fn process() -> Result<ExpertKnobs, String> {
+    pub fn process() -> Result<KernelKnobs, String> {
         PROCESS.get_or_init(Self::from_env).clone()
     }
 
     /// Fixes the process's knobs (the CLI, before any backend opens); false if already fixed.
-    pub fn init_process(knobs: ExpertKnobs) -> bool {
+    pub fn init_process(knobs: KernelKnobs) -> bool {
         PROCESS.set(Ok(knobs)).is_ok()
+    }
+
+    /// The `attn_chunk` entry a band of `band` query heads of `hd` values launches, `ATTN_MINB`
+    /// deciding between `attn_chunk_128` and its lean twin: `has_lean`, the backend has the twin
+    /// (the sm_90 image of the cuda backend); `wanted`, the lean rule's answer for the launch
+    /// (`attn_lean_wanted`). An error where the knob asks for the twin and the backend has none.
+    pub fn attn_chunk_entry(&self, band: usize, hd: usize, has_lean: bool, wanted: bool) -> Result<&'static str, String> {
+        let lean = match self.attn_minb {
+            0 => wanted && has_lean,
+            4 if attn_chunk_has_lean(band, hd) && !has_lean => {
+                return Err("ATTN_MINB=4 asks for the lean attention entry, which this backend does not have (cuda on sm_90 has it)".into())
+            }
+            m => m == 4,
+        };
+        Ok(attn_chunk_kernel(band, hd, lean))
     }
 
     /// One line naming every knob and its value.
     pub fn describe(&self) -> String {
         format!(
-            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={}",
-            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk
+            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={} ATTN_MINB={}",
+            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk, self.attn_minb
         )
     }
 
@@ -274,7 +300,7 @@ fn minb4_names() -> String {
     EXPDEC_GU_MINB4_FORMATS.map(|f| f.name()).join(", ")
 }
 
-static PROCESS: std::sync::OnceLock<Result<ExpertKnobs, String>> = std::sync::OnceLock::new();
+static PROCESS: std::sync::OnceLock<Result<KernelKnobs, String>> = std::sync::OnceLock::new();
 
 /// A default-kernel launch (its table shared memory).
 fn plain(name: &str, blocks: u32, rows_per_block: u32) -> Launch {
@@ -309,15 +335,15 @@ mod tests {
 
     #[test]
     fn environment_and_cli_names_parse_and_bad_values_are_refused() {
-        let k = ExpertKnobs::from_vars(|n| match n {
+        let k = KernelKnobs::from_vars(|n| match n {
             "STRATA_EXPDEC_R" => Some("1".into()),
             "STRATA_EXPDEC_DRB" => Some("256".into()),
             "STRATA_EXPDEC_D20" => Some("0".into()),
             _ => None,
         })
         .unwrap();
-        assert_eq!((k.r, k.drb, k.d20, k.minb), (1, 256, false, ExpertKnobs::default().minb));
-        let mut k = ExpertKnobs::default();
+        assert_eq!((k.r, k.drb, k.d20, k.minb), (1, 256, false, KernelKnobs::default().minb));
+        let mut k = KernelKnobs::default();
         k.set("strata_expdec_minb", "4").unwrap();
         k.set("expdec_rb", "64").unwrap();
         assert_eq!((k.minb, k.rb), (4, 64));
@@ -326,23 +352,23 @@ mod tests {
             assert!(e.contains(name) && e.contains("expected"), "{e}");
         }
         assert!(k.set("EXPDEC_Q", "1").unwrap_err().contains("unknown"));
-        assert!(ExpertKnobs::from_vars(|n| (n == "STRATA_EXPDEC_DR").then(|| "8".into())).is_err());
+        assert!(KernelKnobs::from_vars(|n| (n == "STRATA_EXPDEC_DR").then(|| "8".into())).is_err());
         // Each value valid, the combination not compiled.
-        let e = ExpertKnobs::from_vars(|n| match n {
+        let e = KernelKnobs::from_vars(|n| match n {
             "STRATA_EXPDEC_MINB" => Some("4".into()),
             "STRATA_EXPDEC_R" => Some("2".into()),
             _ => None,
         })
         .unwrap_err();
         assert!(e.contains("EXPDEC_MINB=4 needs"), "{e}");
-        let e = ExpertKnobs { dminb: 4, dr: 4, ..ExpertKnobs::default() }.check().unwrap_err();
+        let e = KernelKnobs { dminb: 4, dr: 4, ..KernelKnobs::default() }.check().unwrap_err();
         assert!(e.contains("EXPDEC_DMINB=4 needs"), "{e}");
-        assert!(ExpertKnobs::default().check().is_ok());
+        assert!(KernelKnobs::default().check().is_ok());
     }
 
     #[test]
     fn plan_follows_the_knobs() {
-        let on = ExpertKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false };
+        let on = KernelKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, attn_minb: 2 };
         let p = on.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.
@@ -351,11 +377,11 @@ mod tests {
         // IQ3_ST stages its signed codebook (16 x 512 words).
         let p = on.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, false).unwrap();
         assert_eq!((p.gu.kernel, p.gu.smem), ("expdec_gu_iq3_st_r1_m2", expdec_gu_smem(2048, 64, 16 * 512)));
-        let m4 = ExpertKnobs { minb: 4, dminb: 4, dr: 2, ..on };
+        let m4 = KernelKnobs { minb: 4, dminb: 4, dr: 2, ..on };
         assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS, false).unwrap().down.kernel, "expdec_down_iq4_nl_d2_m4");
         assert_eq!(m4.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
         // Knobs off, formats without EXPDEC entries, rows too long: the default kernels.
-        let off = ExpertKnobs { expdec: false, down: false, d20: false, ..on };
+        let off = KernelKnobs { expdec: false, down: false, d20: false, ..on };
         let p = off.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         // moe_down: 4 warps of 4 rows a block.
         assert_eq!((p.gu.kernel, p.gu.blocks, p.down.kernel, p.down.blocks, p.down.rows_per_block), ("moe_gu_iq3_s", 40 * 20, "moe_down_q2_0", 40 * 160, 16));
@@ -371,14 +397,14 @@ mod tests {
         let e = m4.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap_err();
         assert!(e.contains("EXPDEC_MINB=4 has no Q8_0 gate/up entry"), "{e}");
         assert_eq!(on.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
-        assert_eq!(ExpertKnobs { expdec: false, ..m4 }.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap().gu.kernel, "moe_gu_q8_0");
+        assert_eq!(KernelKnobs { expdec: false, ..m4 }.plan((Q8_0, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap().gu.kernel, "moe_gu_q8_0");
         // Combinations `check` refuses are refused by the plan too.
-        assert!(ExpertKnobs { r: 2, ..m4 }.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap_err().contains("EXPDEC_MINB=4 needs"));
+        assert!(KernelKnobs { r: 2, ..m4 }.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap_err().contains("EXPDEC_MINB=4 needs"));
     }
 
     #[test]
     fn zero_warps_take_sixteen_where_eight_leave_sms_under_two_blocks() {
-        let rule = ExpertKnobs::default();
+        let rule = KernelKnobs::default();
         assert_eq!(rule.warps, 0);
         // One token of 8 experts at n_ff 768: 8 x 24 blocks of 32 rows, under 2 x 132.
         assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
@@ -386,21 +412,21 @@ mod tests {
         // Two tokens: 384 blocks, 8 warps. A device of 256 SMs: too few blocks for it at 8 warps.
         assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
         assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 16, 256, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
-        assert_eq!(ExpertKnobs { minb: 4, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
+        assert_eq!(KernelKnobs { minb: 4, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
         // No 16-warp entry (Q8_0, or two rows a lane): the rule keeps 8 warps; asked for, it is
         // refused.
         assert_eq!(rule.plan((Q8_0, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
-        assert_eq!(ExpertKnobs { r: 2, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r2_m2");
-        let sixteen = ExpertKnobs { warps: 16, ..rule };
+        assert_eq!(KernelKnobs { r: 2, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r2_m2");
+        let sixteen = KernelKnobs { warps: 16, ..rule };
         assert_eq!(sixteen.plan((Iq2S, Q2_0), 2560, 640, 80, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq2_s_r1_w16");
         assert!(sixteen.plan((Q8_0, Q2_0), 2560, 640, 8, H200_SMS, false).unwrap_err().contains("EXPDEC_WARPS=16 has no Q8_0 gate/up entry"));
-        assert!(ExpertKnobs { r: 2, ..sixteen }.check().unwrap_err().contains("EXPDEC_WARPS=16 needs EXPDEC_R=1"));
-        assert_eq!(ExpertKnobs { warps: 8, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
+        assert!(KernelKnobs { r: 2, ..sixteen }.check().unwrap_err().contains("EXPDEC_WARPS=16 needs EXPDEC_R=1"));
+        assert_eq!(KernelKnobs { warps: 8, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
     }
 
     #[test]
     fn pairs_take_the_sixteen_warp_cases_where_the_backend_has_clusters() {
-        let rule = ExpertKnobs::default();
+        let rule = KernelKnobs::default();
         assert_eq!(rule.pairs, 1);
         // One token of 8 experts at n_ff 768: 192 chunks, each over a pair of 8-warp blocks.
         let p = rule.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, true).unwrap();
@@ -411,17 +437,17 @@ mod tests {
         // At n_embd 4096 the rows take a block past EXPDEC_SMEM_MAX: 16 warps by the rule, refused
         // when asked for.
         assert_eq!(rule.plan((Iq3ST, Iq4NlT), 4096, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_w16");
-        let err = ExpertKnobs { pairs: 2, ..rule }.plan((Iq3ST, Iq4NlT), 4096, 768, 8, H200_SMS, true).unwrap_err();
+        let err = KernelKnobs { pairs: 2, ..rule }.plan((Iq3ST, Iq4NlT), 4096, 768, 8, H200_SMS, true).unwrap_err();
         assert!(err.contains("needs 108032 bytes of shared memory"), "{err}");
         assert_eq!(bounds(p.gu.kernel).unwrap().threads, 256);
         // Where the rule keeps 8 warps, or 16 are asked for, or the format has no pair entry,
         // or the backend no clusters: no pairs.
         assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
-        assert_eq!(ExpertKnobs { warps: 16, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(KernelKnobs { warps: 16, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
         assert_eq!(rule.plan((Q8_0, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
         assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
-        assert_eq!(ExpertKnobs { pairs: 0, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
-        assert_eq!(ExpertKnobs { rb: 64, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(KernelKnobs { pairs: 0, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(KernelKnobs { rb: 64, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
         // Where the pairs' busiest SM would hold as many rows as the 16-warp blocks' (10 of 512
         // at n_ff 640: 400 pair blocks put 4 on some SMs, 64 rows, as 2 blocks of 32 do; and
         // under one 16-warp block a SM, 100 chunks: 2 pair blocks or 1 block, 32 rows), not.
@@ -429,24 +455,24 @@ mod tests {
         assert_eq!(rule.plan((Iq3S, Iq4Nl), 2560, 640, 5, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
         assert_eq!(rule.plan((Iq3S, Iq4Nl), 2560, 640, 3, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_p2");
         // Always: at any window, refused without clusters or a pair entry, or with R=2 or 16 warps.
-        let always = ExpertKnobs { pairs: 2, ..rule };
+        let always = KernelKnobs { pairs: 2, ..rule };
         let p = always.plan((Iq2S, Q2_0), 2560, 640, 80, H200_SMS, true).unwrap();
         assert_eq!((p.gu.kernel, p.gu.blocks), ("expdec_gu_iq2_s_r1_p2", 2 * 80 * 20));
         assert!(always.plan((Iq2S, Q2_0), 2560, 640, 8, H200_SMS, false).unwrap_err().contains("no cluster entries"));
         assert!(always.plan((Q8_0, Q2_0), 2560, 640, 8, H200_SMS, true).unwrap_err().contains("Q8_0 has no pair gate/up entry"));
-        assert!(ExpertKnobs { r: 2, ..always }.check().unwrap_err().contains("EXPDEC_PAIRS=2 needs"));
-        assert!(ExpertKnobs { warps: 16, ..always }.check().unwrap_err().contains("EXPDEC_PAIRS=2 needs"));
-        let mut k = ExpertKnobs::default();
+        assert!(KernelKnobs { r: 2, ..always }.check().unwrap_err().contains("EXPDEC_PAIRS=2 needs"));
+        assert!(KernelKnobs { warps: 16, ..always }.check().unwrap_err().contains("EXPDEC_PAIRS=2 needs"));
+        let mut k = KernelKnobs::default();
         k.set("EXPDEC_PAIRS", "0").unwrap();
         assert_eq!(k.pairs, 0);
         assert!(k.set("EXPDEC_PAIRS", "3").unwrap_err().contains("expected 0|1|2"));
         // EXPDEC_WARP_ROWS (on by default): pair blocks keep their block copy (one token), and so
         // do the 16-warp blocks.
-        let warp_rows = ExpertKnobs { warp_rows: true, ..rule };
-        assert!(ExpertKnobs::default().warp_rows);
+        let warp_rows = KernelKnobs { warp_rows: true, ..rule };
+        assert!(KernelKnobs::default().warp_rows);
         assert_eq!(warp_rows.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_p2");
         assert_eq!(warp_rows.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_w16");
-        assert_eq!(ExpertKnobs { pairs: 2, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_p2");
+        assert_eq!(KernelKnobs { pairs: 2, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_p2");
         // The 8-warp blocks of windows (R = 1, 2 blocks per SM) take `_m2w`, their slots after
         // the stage and the codebook; at 4 blocks per SM, R = 2, 16 warps, another format or
         // with the knob off, not.
@@ -456,28 +482,51 @@ mod tests {
         // (A pair block's copy of its 16 gate and 16 up rows is as large.)
         assert_eq!(expdec_gu_pair_smem(2048, Iq3ST), expdec_gu_smem(2048, 32, 16 * 512) + 2 * 16 * 880);
         assert_eq!((m2w.gu.kernel, m2w.gu.blocks, m2w.gu.smem), ("expdec_gu_iq3_st_r1_m2w", 32 * 24, expdec_gu_smem(2048, 32, 16 * 512) + slots));
-        assert_eq!(ExpertKnobs { rb: 128, warps: 8, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.smem, expdec_gu_smem(2048, 128, 16 * 512) + slots);
-        assert_eq!(ExpertKnobs { minb: 4, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m4");
-        assert_eq!(ExpertKnobs { r: 2, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r2_m2");
-        assert_eq!(ExpertKnobs { warps: 16, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_w16");
+        assert_eq!(KernelKnobs { rb: 128, warps: 8, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.smem, expdec_gu_smem(2048, 128, 16 * 512) + slots);
+        assert_eq!(KernelKnobs { minb: 4, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m4");
+        assert_eq!(KernelKnobs { r: 2, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r2_m2");
+        assert_eq!(KernelKnobs { warps: 16, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_w16");
         assert_eq!(warp_rows.plan((Iq3S, Iq4Nl), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
         // Past EXPDEC_SMEM_MAX with the slots (n_embd 4096: 1,760-byte rows), the plain entry.
         assert_eq!(warp_rows.plan((Iq3ST, Iq4NlT), 4096, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m2");
-        assert_eq!(ExpertKnobs { warp_rows: false, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m2");
+        assert_eq!(KernelKnobs { warp_rows: false, ..warp_rows }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m2");
         k.set("expdec_warp_rows", "0").unwrap();
         assert!(!k.warp_rows && k.describe().contains("EXPDEC_WARP_ROWS=0"));
         assert!(k.set("EXPDEC_WARP_ROWS", "2").unwrap_err().contains("expected 0|1"));
     }
 
     #[test]
+    fn attention_blocks_a_sm_pick_the_lean_entry_by_the_rule_or_the_knob() {
+        // The rule (default): the twin where the launch wants it and the backend has it.
+        let rule = KernelKnobs::default();
+        assert_eq!(rule.attn_minb, 0);
+        assert_eq!(rule.attn_chunk_entry(8, 128, true, true).unwrap(), "attn_chunk_128_m4");
+        assert_eq!(rule.attn_chunk_entry(8, 128, true, false).unwrap(), "attn_chunk_128");
+        assert_eq!(rule.attn_chunk_entry(8, 128, false, true).unwrap(), "attn_chunk_128");
+        assert_eq!(rule.attn_chunk_entry(2, 128, true, true).unwrap(), "attn_chunk_two_128");
+        assert_eq!(rule.attn_chunk_entry(8, 256, true, true).unwrap(), "attn_chunk");
+        // 2: never; 4: wherever the band has the twin, refused on a backend without it.
+        let mut k = KernelKnobs::default();
+        k.set("attn_minb", "2").unwrap();
+        assert_eq!(k.attn_chunk_entry(8, 128, true, true).unwrap(), "attn_chunk_128");
+        k.set("ATTN_MINB", "4").unwrap();
+        assert!(k.describe().contains("ATTN_MINB=4"));
+        assert_eq!(k.attn_chunk_entry(4, 128, true, false).unwrap(), "attn_chunk_128_m4");
+        assert_eq!(k.attn_chunk_entry(2, 128, false, false).unwrap(), "attn_chunk_two_128");
+        assert_eq!(k.attn_chunk_entry(1, 128, false, false).unwrap(), "attn_chunk_one");
+        assert!(k.attn_chunk_entry(8, 128, false, true).unwrap_err().contains("ATTN_MINB=4"));
+        assert!(k.set("ATTN_MINB", "3").unwrap_err().contains("expected 0|2|4"));
+    }
+
+    #[test]
     fn rows_per_block_zero_follows_the_minimum_blocks_rule() {
-        let auto = ExpertKnobs { rb: 0, drb: 0, minblk: 400, dminb: 2, ..ExpertKnobs::default() };
+        let auto = KernelKnobs { rb: 0, drb: 0, minblk: 400, dminb: 2, ..KernelKnobs::default() };
         // 10 selections of n_ff 640: 20 blocks each at 32 rows, 10 at 64, 5 at 128.
         assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 10, H200_SMS, false).unwrap().gu.rows_per_block, 32);
         assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 40, H200_SMS, false).unwrap().gu.rows_per_block, 64);
         assert_eq!(auto.plan((Iq2Xxs, Iq4Nl), 2560, 640, 80, H200_SMS, false).unwrap().gu.rows_per_block, 128);
         // 256, 128, 64 rows per block: 100, 200, 400 blocks; 64 rounds to two steps of 12 x 2.
-        let p = ExpertKnobs { dr: 2, ..auto }.plan((Iq2Xxs, Q2_0), 2560, 640, 10, H200_SMS, false).unwrap();
+        let p = KernelKnobs { dr: 2, ..auto }.plan((Iq2Xxs, Q2_0), 2560, 640, 10, H200_SMS, false).unwrap();
         assert_eq!((p.down.rows_per_block, p.down.blocks), (48, 10 * 2560u32.div_ceil(48)));
     }
 }

@@ -11,7 +11,7 @@
 //! | [`cuda`] | the Rust PTX from `device/` |
 //! | [`hip`] | the `device/hip/*.hip` sources, compiled at run time by NVRTC |
 //! | [`launch`] | one kernel launch: parameters, driver call, programmatic dependent launch |
-//! | [`knobs`] | the routed-expert kernel knobs and the launch plan they give |
+//! | [`knobs`] | the kernel knobs (routed experts, attention) and the expert launch plan they give |
 //! | [`mapped`] | pinned device-mapped host memory, `copy_from_mapped_multi` |
 //! | [`trace`] | the timeline build: every entry stamps its blocks' start, release and end |
 pub mod cpu;

@@ -318,7 +318,7 @@ pub fn experts(
     formats: (WeightFormat, WeightFormat),
     (n_embd, n_ff, n_expert, k): (usize, usize, usize, usize),
     token_counts: &[usize],
-    variants: &[(String, crate::backends::knobs::ExpertKnobs)],
+    variants: &[(String, crate::backends::knobs::KernelKnobs)],
     routing: Routing,
     rounds: usize,
     seed: u64,
@@ -329,7 +329,7 @@ pub fn experts(
     let mut rng = SmallRng::seed_from_u64(seed);
     let layer = MoeCase::random(&mut rng, formats, n_expert, n_embd, n_ff, 1, k);
     let dl = g.upload_layer(layer.window(&[]).gate, layer.window(&[]).up, layer.window(&[]).down)?;
-    let saved = g.expert_knobs();
+    let saved = g.kernel_knobs();
     let mut rows = Vec::new();
     for &t in token_counts {
         let (mut wins, mut outs) = (Vec::new(), Vec::new());
@@ -362,7 +362,7 @@ pub fn experts(
         }
         let mut first: Option<Vec<f32>> = None;
         for (name, knobs) in variants {
-            g.set_expert_knobs(*knobs);
+            g.set_kernel_knobs(*knobs);
             let mut time = |stages: MoeStages| -> Result<f64> {
                 let mut i = 0;
                 median_us(g, rounds, || {
@@ -395,7 +395,7 @@ pub fn experts(
             });
         }
     }
-    g.set_expert_knobs(saved);
+    g.set_kernel_knobs(saved);
     Ok(rows)
 }
 

@@ -1,7 +1,9 @@
 //! `strata bench decode --timeline`: a step's launches laid out in time, from the timeline
-//! build's stamps ([`crate::backends::trace`]). Each round resets the table, runs two steps (two
-//! one-token steps chained as the decode loop runs them, or two full windows one after the
-//! other) and reads the second step's launches; the figures are medians over the rounds.
+//! build's stamps ([`crate::backends::trace`]). Each round runs a step (a one-token step, or a
+//! full window), resets the table, runs the next step (the one-token step at the next position,
+//! or the next full window) and reads its launches; the figures are medians over the rounds.
+//! (One step a table: a graph's replays stamp the same `%gridid`s, so two steps of one graph
+//! would share their slots.)
 //!
 //! For launch `i` of the step (in launch order), with the stamps' times:
 //!
@@ -18,7 +20,9 @@
 //!   release to the mark, so that a block's run splits into the phases between its marks.
 //!
 //! `gap + run` of every launch telescopes to the step's period (the previous step's last end to
-//! this step's last end), so the step splits exactly into handoffs and runs.
+//! this step's last end), so the step splits exactly into handoffs and runs; but the table holds
+//! no launch before the step's first, which follows the table's reset after the step before had
+//! finished: its gap is its own blocks' wait for their release (`early`), not a handoff.
 use crate::backends::trace::{self, Entry, LaunchTrace};
 use crate::bench::decode::{chained_steps, step, Spread};
 use crate::error::{Error, Result};
@@ -203,30 +207,37 @@ pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch
 }
 
 /// Lays out the one-token step at `depth` on `exec` (opened with the timeline build), `rounds`
-/// times: each round two steps chained as the decode loop runs them, the second's launches kept.
+/// times: each round the step at `depth`, then the one at `depth + 1`, whose launches are kept.
 pub fn one_token(exec: &mut GpuExecutor, ops: &[Op], first: u32, depth: usize, rounds: usize) -> Result<Timeline> {
-    // (The kernels of the second step, at `depth + 1`: a step past a context bound launches others.)
+    // (The kernels of the kept step, at `depth + 1`: a step past a context bound launches others.)
     let step = exec.step_kernels(ops, &[first], depth + 1)?;
-    let laid = lay_out(exec, &step, rounds, |e| chained_steps(e, ops, first, depth, 2).map(|_| ()))?;
+    let at = |depth| move |e: &mut GpuExecutor| chained_steps(e, ops, first, depth, 1).map(|_| ());
+    let laid = lay_out(exec, &step, rounds, at(depth), at(depth + 1))?;
     Ok(summarize(false, 1, depth, &laid.0, laid.1))
 }
 
 /// Lays out a full window of `seq.len() / 2` tokens on `exec`, `rounds` times: each round the
-/// windows `seq[..t]` at position 0 and `seq[t..]` at `t`, one after the other as the full-window
-/// rows run them, the second's launches kept.
+/// windows `seq[..t]` at position 0 and `seq[t..]` at `t`, as the full-window rows run them, the
+/// second's launches kept.
 pub fn window(exec: &mut GpuExecutor, ops: &[Op], seq: &[u32], rounds: usize) -> Result<Timeline> {
     let t = seq.len() / 2;
     if t == 0 || seq.len() != 2 * t {
         return Err(Error::Request(format!("timeline: two windows of tokens, not {}", seq.len())));
     }
     let kernels = exec.step_kernels(ops, &seq[t..], t)?;
-    let laid = lay_out(exec, &kernels, rounds, |e| step(e, ops, &seq[..t], 0).and_then(|_| step(e, ops, &seq[t..], t)).map(|_| ()))?;
+    let laid = lay_out(exec, &kernels, rounds, |e| step(e, ops, &seq[..t], 0).map(|_| ()), |e| step(e, ops, &seq[t..], t).map(|_| ()))?;
     Ok(summarize(true, t, 0, &laid.0, laid.1))
 }
 
-/// `rounds` rounds of `two_steps` (which runs two steps, the second launching `kernels`), each
-/// laid out; and the smallest timer step seen.
-fn lay_out(exec: &mut GpuExecutor, kernels: &[&str], rounds: usize, mut two_steps: impl FnMut(&mut GpuExecutor) -> Result<()>) -> Result<(Vec<Vec<Launch>>, Option<u64>)> {
+/// `rounds` rounds of `before` (a step, run to its end) then `kept` (the step that launches
+/// `kernels`) into a table reset between them, each laid out; and the smallest timer step seen.
+fn lay_out(
+    exec: &mut GpuExecutor,
+    kernels: &[&str],
+    rounds: usize,
+    mut before: impl FnMut(&mut GpuExecutor) -> Result<()>,
+    mut kept: impl FnMut(&mut GpuExecutor) -> Result<()>,
+) -> Result<(Vec<Vec<Launch>>, Option<u64>)> {
     if rounds == 0 {
         return Err(Error::Request("timeline: at least one round".into()));
     }
@@ -235,22 +246,22 @@ fn lay_out(exec: &mut GpuExecutor, kernels: &[&str], rounds: usize, mut two_step
         .trace_entries()
         .ok_or_else(|| Error::Request("timeline: the executor's kernels are not the timeline build".into()))?
         .to_vec();
-    if 2 * kernels.len() > trace::SLOTS {
+    if kernels.len() > trace::SLOTS {
         return Err(Error::Request(format!("timeline: a step of {} launches; the table tells {} apart", kernels.len(), trace::SLOTS)));
     }
     let (mut laid, mut timer) = (Vec::with_capacity(rounds), None::<u64>);
     for _ in 0..rounds {
+        before(exec)?;
         exec.backend().trace_reset()?;
-        two_steps(exec)?;
+        kept(exec)?;
         let traced = trace::launches(&exec.backend().trace_read()?).map_err(|e| Error::Request(format!("timeline: {e}")))?;
-        // Two steps' launches in slots of their own: fewer, and launches of both steps stamped
-        // the same slots (a %gridid that does not number each launch), their times mixed.
-        if traced.len() < 2 * kernels.len() {
+        // The step's launches in slots of their own: fewer, and launches stamped the same slots
+        // (a %gridid that does not number each launch of a step), their times mixed.
+        if traced.len() < kernels.len() {
             return Err(Error::Request(format!(
-                "timeline: the table holds {} launches after two steps of {}: %gridid does not number each launch here{}",
+                "timeline: the table holds {} launches after a step of {}: %gridid does not number each launch here",
                 traced.len(),
-                kernels.len(),
-                if exec.graphs_on() { " (graph replays may reuse it: try --no-graph)" } else { "" }
+                kernels.len()
             )));
         }
         timer = match (timer, timer_step_ns(&traced)) {

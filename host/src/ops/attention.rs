@@ -13,7 +13,7 @@ use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, P
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunk_kernel, attn_chunks, attn_split, attn_max_band, attn_band_min_blocks, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
+use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunks, attn_lean_wanted, attn_split, attn_max_band, attn_band_min_blocks, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
 use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
 
 const PREP: &str = "attn_prep";
@@ -324,7 +324,9 @@ impl GpuBackend {
     /// the same bits whatever `ctx_bound` is, a shorter bound only makes each block walk more
     /// chunks. Each `attn_chunk` block computes a band of `band` query heads (a divisor of the
     /// group's `n_q / n_kv`, at most [`attn_max_band`]; benches and tests compare them), or
-    /// [`Self::attn_band`]'s when `band` is `None` (what the step launches).
+    /// [`Self::attn_band`]'s when `band` is `None` (what the step launches). A band of
+    /// `attn_chunk_128` runs its lean twin (4 blocks a SM) where the lean rule
+    /// ([`attn_lean_wanted`]) or the `ATTN_MINB` knob says so.
     ///
     /// With `bound_holds` the caller promises that no token's context is longer than
     /// `ctx_bound` (the decode step's window end is such a bound): where that is one chunk,
@@ -362,7 +364,8 @@ impl GpuBackend {
         let direct = bound_holds && ctx_bound <= ATTN_CHUNK;
         let (tokens, n_q, n_kv, hd, n_ctx, split_u, band_u) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_ctx as u32, split as u32, band as u32);
         let null = 0u64;
-        let kernel = attn_chunk_kernel(band, s.hd);
+        let wanted = attn_lean_wanted(s.tokens, s.n_q, band, split, self.info().sm_count.max(1) as usize);
+        let kernel = self.kernel_knobs().attn_chunk_entry(band, s.hd, self.lean_attention(), wanted).map_err(|e| Error::Request(format!("{}: {CHUNK}: kernel knobs: {e}", self.name_static())))?;
         let mut a = self.builder(kernel);
         a.arg(q).arg(k_cache).arg(v_cache).arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(pos).arg(&scale).arg(&n_ctx).arg(&split_u).arg(&band_u);
         a.arg(&mut *part);

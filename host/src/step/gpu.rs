@@ -22,7 +22,7 @@ use crate::backends::ExpertTensor;
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
 use crate::backends::gpu::{GpuBackend, MoeBuffers, MoeLayer, MoeStages};
-use crate::backends::knobs::ExpertKnobs;
+use crate::backends::knobs::KernelKnobs;
 use crate::model::{float_format, Data, WeightId};
 use crate::model::Model;
 use crate::ops::attention::{attn_part_len, rope_table, AttnShape};
@@ -284,16 +284,16 @@ impl GpuExecutor {
         self.forget_graphs();
     }
 
-    /// Sets the routed-expert kernel knobs of the following steps (`strata bench decode
+    /// Sets the kernel knobs of the following steps (`strata bench decode
     /// --variants`), and drops the captured graphs, which hold the kernels the knobs before
     /// chose.
-    pub fn set_expert_knobs(&mut self, knobs: ExpertKnobs) {
-        self.gpu.set_expert_knobs(knobs);
+    pub fn set_kernel_knobs(&mut self, knobs: KernelKnobs) {
+        self.gpu.set_kernel_knobs(knobs);
         self.forget_graphs();
     }
 
-    pub fn expert_knobs(&self) -> ExpertKnobs {
-        self.gpu.expert_knobs()
+    pub fn kernel_knobs(&self) -> KernelKnobs {
+        self.gpu.kernel_knobs()
     }
 
     /// Drops the captured graphs (graphs stay on): the next step of each window size captures
