@@ -19,10 +19,10 @@
 //! - each mark of the kernel (`trace_mark!`): the mean over its blocks of the time from their
 //!   release to the mark, so that a block's run splits into the phases between its marks.
 //!
-//! `gap + run` of every launch telescopes to the step's period (the previous step's last end to
-//! this step's last end), so the step splits exactly into handoffs and runs; but the table holds
-//! no launch before the step's first, which follows the table's reset after the step before had
-//! finished: its gap is its own blocks' wait for their release (`early`), not a handoff.
+//! `gap + run` of every launch telescopes to the step's span (its first block's start to its last
+//! end), so the step splits exactly into handoffs and runs. The table holds no launch before the
+//! step's first, which follows the table's reset after the step before had finished: its gap is
+//! its own blocks' wait for their release (`early`), not a handoff.
 use crate::backends::trace::{self, Entry, LaunchTrace};
 use crate::bench::decode::{chained_steps, step, Spread};
 use crate::error::{Error, Result};
