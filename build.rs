@@ -79,7 +79,7 @@ fn find_toolchain(root: &Path) -> Result<Toolchain, String> {
 /// Inserts `.maxntid` / `.minnctapersm` after each entry's parameter list (and
 /// `.reqnctapercluster` for the cluster entries), and checks that the PTX's entries and the
 /// bounds tables name the same kernels: `BOUNDS` in every image, `SM90_BOUNDS` (the cluster
-/// entries and the lean attention entries) in the `SM90_ARCHS` images only.
+/// entries and the lean attention entry) in the `SM90_ARCHS` images only.
 fn add_launch_bounds(ptx: &str, arch: &str) -> Result<String, String> {
     let table = || image_bounds(arch);
     let mut out = String::with_capacity(ptx.len() + 1024);

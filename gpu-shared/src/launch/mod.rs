@@ -394,7 +394,7 @@ pub const CLUSTER_BOUNDS: [Bounds; 6] = [
 ];
 
 /// The entries only the sm_90 image has: the [`CLUSTER_BOUNDS`] ones and the lean attention
-/// chunk entries ([`attention::LEAN_BOUNDS`]).
+/// chunk entry ([`attention::LEAN_BOUNDS`]).
 pub const SM90_BOUNDS: [Bounds; CLUSTER_BOUNDS.len() + attention::LEAN_BOUNDS.len()] = join(CLUSTER_BOUNDS, attention::LEAN_BOUNDS);
 
 /// The images (`strata::ptx::IMAGES` architectures) that have the [`SM90_BOUNDS`] entries.

@@ -228,7 +228,7 @@ pub struct GpuBackend {
     /// Launches are chained by programmatic dependent launch ([`crate::backends::launch`]).
     chained: bool,
     /// The module has the sm_90 image's own entries (`launch::SM90_BOUNDS`): the thread-block
-    /// cluster entries and the lean attention entries.
+    /// cluster entries and the lean attention entry.
     sm90_entries: bool,
     /// Kernel-name prefixes whose launches are left out ([`Self::set_dropped`]).
     dropped: Vec<String>,
@@ -253,7 +253,7 @@ impl GpuBackend {
             detail: e.to_string(),
         })?;
         let mut functions = HashMap::new();
-        // The cluster and lean attention entries exist in the SM90_ARCHS images only.
+        // The cluster entries and the lean attention entry exist in the SM90_ARCHS images only.
         let sm90_entries = SM90_ARCHS.contains(&ptx_arch.as_str());
         for b in image_bounds(&ptx_arch) {
             let f = module.load_function(b.kernel).map_err(|e| Error::Setup {
@@ -312,7 +312,7 @@ impl GpuBackend {
         self.sm90_entries
     }
 
-    /// Whether the module has the lean twins of `attn_chunk_128` (`ATTN_MINB` 3 and 4).
+    /// Whether the module has `attn_chunk_128`'s lean twin `attn_chunk_128_m4` (`ATTN_MINB`).
     pub fn lean_attention(&self) -> bool {
         self.sm90_entries
     }

@@ -145,13 +145,13 @@ impl FamilyRow {
 /// A step laid out, medians over `rounds`.
 #[derive(Clone, Debug)]
 pub struct Timeline {
-    /// A full window's step (else a one-token step chained from the one before), its tokens,
-    /// and the depth its round starts from (`--depths`; 0 for full windows).
+    /// A full window's step (else a one-token step, run after the one before it had ended), its
+    /// tokens, and the depth its round starts from (`--depths`; 0 for full windows).
     pub window: bool,
     pub tokens: usize,
     pub depth: usize,
     pub rounds: usize,
-    /// The step's period (the sum of every launch's gap and run), over the rounds.
+    /// The step's span (the sum of every launch's gap and run), over the rounds.
     pub step_us: Spread,
     pub launches: Vec<Launch>,
     /// Largest share of the step first.
