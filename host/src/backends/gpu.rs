@@ -307,7 +307,8 @@ impl GpuBackend {
         self.pad.is_some()
     }
 
-    /// Whether the module has the thread-block cluster entries (the pair gate/up kernels).
+    /// Whether the module has the thread-block cluster entries (the pair gate/up kernels) and
+    /// the other sm_90 ones (`launch::SM90_BOUNDS`: `_m3w` gate/up too).
     pub fn clusters(&self) -> bool {
         self.sm90_entries
     }
