@@ -198,8 +198,8 @@ fn blocks_a_sm(gpu: &mut GpuBackend, band: usize, hd: usize, run: &mut dyn FnMut
     for minb in if lean { [2, 4].as_slice() } else { [2].as_slice() } {
         gpu.set_kernel_knobs(KernelKnobs { attn_minb: *minb, ..knobs });
         match run(gpu) {
-            Ok(()) => assert!(*minb == 2 || gpu.lean_attention(), "ATTN_MINB={minb} ran without the lean entry"),
-            Err(e) => assert!(*minb == 4 && !gpu.lean_attention() && e.to_string().contains("ATTN_MINB=4"), "ATTN_MINB={minb}, band {band}: {e}"),
+            Ok(()) => assert!(*minb == 2 || gpu.sm90_entries(), "ATTN_MINB={minb} ran without the lean entry"),
+            Err(e) => assert!(*minb == 4 && !gpu.sm90_entries() && e.to_string().contains("ATTN_MINB=4"), "ATTN_MINB={minb}, band {band}: {e}"),
         }
     }
     gpu.set_kernel_knobs(knobs);

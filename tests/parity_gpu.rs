@@ -229,7 +229,7 @@ fn expert_knobs_every_value() {
     for name in ["cuda", "hip"] {
         let Some(mut g) = common::open_gpu(name) else { return };
         // The cuda backend of a device with clusters must have the pair entries to test.
-        assert_eq!(g.clusters(), name == "cuda" && g.info().compute_capability.0 >= 9, "{name}: cluster entries");
+        assert_eq!(g.sm90_entries(), name == "cuda" && g.info().compute_capability.0 >= 9, "{name}: cluster entries");
         let seed = common::seed("expert_knobs_every_value");
         let mut rng = SmallRng::seed_from_u64(seed);
         let plain = KernelKnobs { expdec: false, down: false, d20: false, warp_rows: false, ..KernelKnobs::default() };
@@ -277,7 +277,7 @@ fn expert_knobs_every_value() {
                 let case = parity::MoeCase::crowded(&mut rng, (gf, df), n_embd, n_ff);
                 let xq = parity::moe_xq(&cpu, &case).unwrap();
                 let (want, _) = parity::moe_words(&cpu, &case, &xq).unwrap();
-                let (sms, clusters) = (g.info().sms(), g.clusters());
+                let (sms, clusters) = (g.info().sms(), g.sm90_entries());
                 for &knobs in &sets {
                     let pairs = knobs.expdec && knobs.pairs == 2;
                     let warp_rows = knobs.expdec && knobs.warp_rows && gf == WeightFormat::Iq3ST && !pairs;

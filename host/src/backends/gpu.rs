@@ -307,14 +307,11 @@ impl GpuBackend {
         self.pad.is_some()
     }
 
-    /// Whether the module has the thread-block cluster entries (the pair gate/up kernels) and
-    /// the other sm_90 ones (`launch::SM90_BOUNDS`: `_m3w` gate/up too).
-    pub fn clusters(&self) -> bool {
-        self.sm90_entries
-    }
-
-    /// Whether the module has `attn_chunk_128`'s lean twin `attn_chunk_128_m4` (`ATTN_MINB`).
-    pub fn lean_attention(&self) -> bool {
+    /// Whether the module has the sm_90 image's own entries (`launch::SM90_BOUNDS`): the pair
+    /// gate/up kernels (thread-block clusters), `attn_chunk_128`'s lean twin
+    /// `attn_chunk_128_m4` (`ATTN_MINB`) and the gate/up twin `_m3w`
+    /// (`EXPDEC_WARP_ROWS_MINB`).
+    pub fn sm90_entries(&self) -> bool {
         self.sm90_entries
     }
 

@@ -217,10 +217,10 @@ impl KernelKnobs {
     /// outside `EXPDEC_GU_MINB4_FORMATS`, `EXPDEC_WARPS=16` for one without a 16-warp entry,
     /// `EXPDEC_PAIRS=2` for one without a pair entry or on a backend without clusters,
     /// `EXPDEC_WARP_ROWS_MINB=3` where `_m3w` would run on a backend without it).
-    /// `sms`: the device's SMs (compute units), for the `EXPDEC_WARPS=0` rule; `clusters`:
-    /// the backend has the sm_90 entries (`launch::SM90_BOUNDS`: the thread-block cluster ones
-    /// and `_m3w`).
-    pub fn plan(&self, formats: (WeightFormat, WeightFormat), n_embd: usize, n_ff: usize, n: usize, sms: u32, clusters: bool) -> Result<ExpertPlan, String> {
+    /// `sms`: the device's SMs (compute units), for the `EXPDEC_WARPS=0` rule; `sm90`: the
+    /// backend has the sm_90 entries (`launch::SM90_BOUNDS`: the thread-block cluster ones and
+    /// `_m3w`).
+    pub fn plan(&self, formats: (WeightFormat, WeightFormat), n_embd: usize, n_ff: usize, n: usize, sms: u32, sm90: bool) -> Result<ExpertPlan, String> {
         self.check()?;
         let (gf, df) = formats;
         let n = n as u32;
@@ -241,10 +241,10 @@ impl KernelKnobs {
         let pairs_lighter = (EXPDEC_PAIR * chunks).div_ceil(sms) < EXPDEC_PAIR * chunks.div_ceil(sms);
         let pair_smem = expdec_gu_pair_smem(n_embd, gf);
         let pair_entry = expdec_gu_pair_kernel(gf);
-        let pair_kernel = pair_entry.filter(|_| clusters && pair_smem <= EXPDEC_SMEM_MAX);
+        let pair_kernel = pair_entry.filter(|_| sm90 && pair_smem <= EXPDEC_SMEM_MAX);
         let pair = match self.pairs {
             2 if expdec => Some(pair_kernel.ok_or_else(|| {
-                let why = if !clusters {
+                let why = if !sm90 {
                     "this backend has no cluster entries (cuda on sm_90 and later)".into()
                 } else if pair_entry.is_none() {
                     format!("{} has no pair gate/up entry (compiled for {} only)", gf.name(), minb4_names())
@@ -277,7 +277,7 @@ impl KernelKnobs {
             let ring = gu_smem + expdec_gu_ring_bytes(n_embd, gf);
             let warp_rows = self.warp_rows && sixteen.is_none() && self.r == 1 && self.minb == 2 && ring <= EXPDEC_SMEM_MAX;
             match expdec_gu_warp_rows_kernel(gf, self.warp_rows_minb).filter(|_| warp_rows) {
-                Some(_) if self.warp_rows_minb == 3 && !clusters => {
+                Some(_) if self.warp_rows_minb == 3 && !sm90 => {
                     return Err("EXPDEC_WARP_ROWS_MINB=3 asks for the 3-blocks-a-SM gate/up entry, which this backend does not have (cuda on sm_90 has it): set EXPDEC_WARP_ROWS_MINB=2".into())
                 }
                 Some(kernel) => Launch { kernel, blocks, smem: ring, rows_per_block: rb },

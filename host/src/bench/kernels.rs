@@ -385,7 +385,7 @@ pub fn experts(
             rows.push(ExpertRow {
                 backend: g.name_static(),
                 variant: name.clone(),
-                plan: knobs.plan(formats, n_embd, n_ff, t * k, g.info().sms(), g.clusters()).map_err(Error::Request)?,
+                plan: knobs.plan(formats, n_embd, n_ff, t * k, g.info().sms(), g.sm90_entries()).map_err(Error::Request)?,
                 tokens: t,
                 all_us: all,
                 gu_us: gu,

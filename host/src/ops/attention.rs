@@ -365,7 +365,7 @@ impl GpuBackend {
         let (tokens, n_q, n_kv, hd, n_ctx, split_u, band_u) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_ctx as u32, split as u32, band as u32);
         let null = 0u64;
         let wanted = attn_lean_wanted(s.tokens, s.n_q, band, split, self.info().sms() as usize);
-        let kernel = self.kernel_knobs().attn_chunk_entry(band, s.hd, self.lean_attention(), wanted).map_err(|e| Error::Request(format!("{}: {CHUNK}: kernel knobs: {e}", self.name_static())))?;
+        let kernel = self.kernel_knobs().attn_chunk_entry(band, s.hd, self.sm90_entries(), wanted).map_err(|e| Error::Request(format!("{}: {CHUNK}: kernel knobs: {e}", self.name_static())))?;
         let mut a = self.builder(kernel);
         a.arg(q).arg(k_cache).arg(v_cache).arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(pos).arg(&scale).arg(&n_ctx).arg(&split_u).arg(&band_u);
         a.arg(&mut *part);
