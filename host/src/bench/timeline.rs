@@ -167,10 +167,12 @@ impl Timeline {
     }
 }
 
-/// The median of the values present, if any.
-fn median_of_some(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
-    let had: Vec<f64> = values.flatten().collect();
-    (!had.is_empty()).then(|| Spread::of(had).median)
+/// The median of the values where every round has one: a median over only the rounds that had
+/// a value would not compare with the medians over all of them (a block mean over two rounds
+/// could exceed the launch's run over three, the block's own run never does).
+fn median_of_all(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let all: Option<Vec<f64>> = values.collect();
+    all.map(|v| Spread::of(v).median)
 }
 
 /// The medians of `rounds` (each a step's launches, the same kernels in the same order) of a
@@ -186,8 +188,8 @@ pub fn summarize(window: bool, tokens: usize, depth: usize, rounds: &[Vec<Launch
             run_us: median(&|l| l.run_us, i),
             early_us: median(&|l| l.early_us, i),
             spread_us: median(&|l| l.spread_us, i),
-            block_us: median_of_some(rounds.iter().map(|r| r[i].block_us)),
-            marks: (0..rounds[0][i].marks.len()).map(|m| (rounds[0][i].marks[m].0.clone(), median_of_some(rounds.iter().map(|r| r[i].marks[m].1)))).collect(),
+            block_us: median_of_all(rounds.iter().map(|r| r[i].block_us)),
+            marks: (0..rounds[0][i].marks.len()).map(|m| (rounds[0][i].marks[m].0.clone(), median_of_all(rounds.iter().map(|r| r[i].marks[m].1)))).collect(),
         })
         .collect();
     let mut families: Vec<FamilyRow> = Vec::new();
@@ -372,10 +374,13 @@ mod tests {
                     run_us: 4.0 * scale,
                     early_us: 1.0,
                     spread_us: 0.2,
-                    block_us: (scale > 1.0).then_some(scale),
+                    block_us: Some(scale),
                     marks: vec![("loaded".into(), Some(scale)), ("summed".into(), (scale < 3.0).then_some(1.0))],
                 },
-                Launch { kernel: "norm".into(), blocks: 8, gap_us: 1.0, run_us: 1.5, early_us: 0.5, spread_us: 0.0, block_us: None, marks: vec![] },
+                // A one-block launch (its block's run is the launch's) whose first round lost
+                // its release stamp: over the other two rounds its block mean would be 3.75 us
+                // against a run of 3.
+                Launch { kernel: "norm".into(), blocks: 1, gap_us: 1.0, run_us: 1.5 * scale, early_us: 0.5, spread_us: 0.0, block_us: (scale > 1.0).then_some(1.5 * scale), marks: vec![] },
             ]
         };
         let t = summarize(false, 1, 0, &[round(1.0), round(3.0), round(2.0)], Some(32));
@@ -384,17 +389,19 @@ mod tests {
         assert_eq!((t.launches[0].gap_us, t.launches[1].run_us), (2.0, 8.0), "medians over the rounds");
         // proj: 0.5 + 8 = 8.5 a step, ahead of norm's two launches: 2 + 1 + 1 + 1.5 = 5.5.
         assert_eq!(t.families.iter().map(|f| (f.kernel.as_str(), f.launches)).collect::<Vec<_>>(), [("proj", 1), ("norm", 2)]);
-        assert_eq!((t.families[1].gap_us, t.families[1].run_us), (3.0, 2.5));
-        // The mean block runs: medians over the rounds that had one (proj: 3 and 2 of its
-        // rounds 3 and 2), none for a launch that never had one; a family sums those it has.
-        assert_eq!(t.launches.iter().map(|l| l.block_us).collect::<Vec<_>>(), [Some(1.0), Some(2.5), None]);
+        assert_eq!((t.families[1].gap_us, t.families[1].run_us), (3.0, 4.0));
+        // The mean block runs: medians over the rounds where every round had one (proj: 2), none
+        // where a round had none (the second norm: never more than its run); a family sums
+        // those it has.
+        assert_eq!(t.launches.iter().map(|l| l.block_us).collect::<Vec<_>>(), [Some(1.0), Some(2.0), None]);
+        assert!(t.launches.iter().all(|l| l.block_us.is_none_or(|b| b <= l.run_us)));
         assert_eq!((t.families[1].block_us, t.families[1].block_launches), (1.0, 1));
         // A mark's median likewise; the family sums it over the launches that have it.
-        assert_eq!(t.launches[1].marks, [("loaded".to_string(), Some(2.0)), ("summed".to_string(), Some(1.0))]);
-        assert_eq!(t.families[0].marks, [("loaded".to_string(), 2.0, 1), ("summed".to_string(), 1.0, 1)]);
+        assert_eq!(t.launches[1].marks, [("loaded".to_string(), Some(2.0)), ("summed".to_string(), None)]);
+        assert_eq!(t.families[0].marks, [("loaded".to_string(), 2.0, 1), ("summed".to_string(), 0.0, 0)]);
         assert!(t.families[1].marks.is_empty());
-        assert_eq!(t.gaps_and_runs(), (3.5, 10.5));
-        // The period of each round (5 scale + 4): 9, 19 and 14 us; the median 14.
-        assert_eq!((t.step_us.median, t.step_us.min, t.step_us.max), (14.0, 9.0, 19.0));
+        assert_eq!(t.gaps_and_runs(), (3.5, 12.0));
+        // The period of each round (6.5 scale + 2.5): 9, 22 and 15.5 us; the median 15.5.
+        assert_eq!((t.step_us.median, t.step_us.min, t.step_us.max), (15.5, 9.0, 22.0));
     }
 }
