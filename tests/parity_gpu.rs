@@ -215,7 +215,7 @@ fn moe_window_invariance() {
 
 /// Every value of every expert knob gives the CPU replica's bytes on both GPU backends (hq, y
 /// and the combined rows, all written): gate/up knobs (EXPDEC, R, MINB, WARPS, PAIRS,
-/// EXPDEC_WARP_ROWS for 8-warp blocks at 2 and 3 blocks a SM and with pair blocks, RB including the rule) per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0,
+/// EXPDEC_WARP_ROWS for 8-warp blocks and with pair blocks, RB including the rule) per gate/up format, down knobs (EXPDEC down, DR, DMINB, DRB including the rule) for Q2_0,
 /// IQ4_NL and its tiles (IQ4_NLT, at n_ff 768 only), over windows whose groups hold 0 to 11 entries, at the model shapes and an odd one
 /// (n_ff 448: 14 q8_1 chunks, so 128 rows per block leave a partial block; 14 groups per down
 /// row, so 18 row slots per block).
@@ -223,7 +223,7 @@ fn moe_window_invariance() {
 fn expert_knobs_every_value() {
     use strata::host::backends::knobs::KernelKnobs;
     use strata_gpu_shared::launch::{
-        EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R, EXPDEC_R, EXPDEC_RB, EXPDEC_WARP_ROWS_MINB,
+        EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R, EXPDEC_R, EXPDEC_RB,
     };
     let cpu = CpuBackend::new();
     for name in ["cuda", "hip"] {
@@ -254,9 +254,7 @@ fn expert_knobs_every_value() {
         // keep their own copy.
         sets.push(KernelKnobs { expdec: true, r: 1, warps: 0, pairs: 2, warp_rows: true, ..plain });
         for rb in [0].into_iter().chain(EXPDEC_RB) {
-            for warp_rows_minb in EXPDEC_WARP_ROWS_MINB {
-                sets.push(KernelKnobs { expdec: true, r: 1, minb: 2, rb, warps: 8, warp_rows: true, warp_rows_minb, minblk: rng.random_range(1..=2000), ..plain });
-            }
+            sets.push(KernelKnobs { expdec: true, r: 1, minb: 2, rb, warps: 8, warp_rows: true, minblk: rng.random_range(1..=2000), ..plain });
         }
         for dr in EXPDEC_DR {
             for dminb in EXPDEC_MINB {
@@ -280,12 +278,6 @@ fn expert_knobs_every_value() {
                 let (sms, clusters) = (g.info().sms(), g.sm90_entries());
                 for &knobs in &sets {
                     let pairs = knobs.expdec && knobs.pairs == 2;
-                    let warp_rows = knobs.expdec && knobs.warp_rows && gf == WeightFormat::Iq3ST && !pairs;
-                    if warp_rows && knobs.warp_rows_minb == 3 && !clusters {
-                        // The 3-blocks-a-SM twin is in the sm_90 image only: refused by name.
-                        assert!(knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms, clusters).unwrap_err().contains("EXPDEC_WARP_ROWS_MINB=3"), "{}", knobs.describe());
-                        continue;
-                    }
                     if knobs.expdec && (knobs.minb == 4 || knobs.warps == 16 || pairs) && !EXPDEC_GU_MINB4_FORMATS.contains(&gf) || pairs && !clusters {
                         // Not compiled (spills at 4 blocks per SM; no 16-warp or pair entry), or
                         // no cluster entries on this backend: the plan refuses it.
@@ -296,8 +288,8 @@ fn expert_knobs_every_value() {
                     let plan = knobs.plan((gf, df), n_embd, n_ff, case.tokens * case.k, sms, clusters).unwrap();
                     assert_eq!(plan.gu.kernel.ends_with("_w16"), knobs.expdec && knobs.warps == 16, "{}", plan.gu.kernel);
                     assert_eq!(plan.gu.kernel.ends_with("_p2"), pairs, "{}", plan.gu.kernel);
-                    let warp_rows_entry = if knobs.warp_rows_minb == 3 { "_m3w" } else { "_m2w" };
-                    assert_eq!(plan.gu.kernel.ends_with(warp_rows_entry), warp_rows, "{}", plan.gu.kernel);
+                    let warp_rows = knobs.expdec && knobs.warp_rows && gf == WeightFormat::Iq3ST;
+                    assert_eq!(plan.gu.kernel.ends_with("_m2w"), !pairs && warp_rows, "{}", plan.gu.kernel);
                     let label = format!("{name} {} {}/{}", knobs.describe(), plan.gu.kernel, plan.down.kernel);
                     check(parity::moe_against(("cpu", &want), &g, &label, &case, &xq, seed).unwrap());
                     runs += 1;

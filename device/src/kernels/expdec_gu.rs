@@ -29,8 +29,7 @@
 //! one commit group a row, and decodes a row once its group has landed while the next is still
 //! in flight, then starts the row two ahead into the slot (`WarpRows`). The same loads of the
 //! same bytes in the same order: the same bits. (A pair entry copying its rows that way,
-//! `_p2w`, was slower than the pair's block copy and was removed: docs/kernels/moe.md.) Its
-//! twin `_m3w` (sm_90, knob `EXPDEC_WARP_ROWS_MINB=3`) is the same body at 3 blocks a SM.
+//! `_p2w`, was slower than the pair's block copy and was removed: docs/kernels/moe.md.)
 //!
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
 //! codebook and a pair block's staged rows (`launch::expdec_gu_smem`, `expdec_gu_pair_smem`,
@@ -43,7 +42,7 @@ use super::mmvq::contribution_words;
 use super::moe::{group_of, ld};
 use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
-use crate::arch::{index, int, mem, sync, warp};
+use crate::arch::{index, mem, sync, warp};
 #[cfg(target_feature = "sm_90")]
 use crate::arch::cluster;
 use strata_gpu_shared::formats::q8_1;
@@ -329,10 +328,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
         if pass > 0 {
             C::sync(); // the previous pass's readers are done with the stage and H
             if WARP_ROWS {
-                // The rows again, for this pass's entries. Its row count made fresh: its copy
-                // guards, hoisted out of the pass loop, were a predicate spilled to the stack
-                // at 3 blocks a SM.
-                WarpRows { rows: ring.rows + int::zero_in(pass), ..ring }.start();
+                ring.start(); // the rows again, for this pass's entries
             }
         }
         let m = (count - pass).min(EXPDEC_ENTRIES);
@@ -402,14 +398,13 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
 /// `EXPDEC_GU_MINB4_FORMATS`; `_w16` entries blocks of 16 warps at 2 blocks per SM, R=1 and the
 /// same formats: `EXPDEC_W16_THREADS`).
 macro_rules! expdec_gu_entries {
-    ($($(#[$attr:meta])* $name:ident => $block:ty, $r:literal, $threads:expr $(, $warp_rows:literal)?;)*) => {$(
+    ($($name:ident => $block:ty, $r:literal, $threads:expr $(, $warp_rows:literal)?;)*) => {$(
         /// EXPDEC gate/up. Launch as `moe_gu_*` but with `n * ceil(n_ff / rb)` blocks of the
         /// entry's threads and `launch::expdec_gu_smem` bytes of shared memory.
         ///
         /// # Safety
         /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`; blocks of the entry's threads;
         /// `down`: `n_expert` matrices of `down_bytes` each (only prefetched, never loaded).
-        $(#[$attr])*
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
             expdec_gu::<$block, Whole, $r, { $threads }, { false $(|| $warp_rows)? }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
@@ -451,11 +446,8 @@ expdec_gu_entries! {
     expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2, EXPDEC_THREADS; expdec_gu_iq3_s_r1_w16 => blocks::Iq3S, 1, EXPDEC_W16_THREADS;
     expdec_gu_iq3_st_r1_m2 => blocks::Iq3ST, 1, EXPDEC_THREADS; expdec_gu_iq3_st_r1_m4 => blocks::Iq3ST, 1, EXPDEC_THREADS;
     expdec_gu_iq3_st_r2_m2 => blocks::Iq3ST, 2, EXPDEC_THREADS; expdec_gu_iq3_st_r1_w16 => blocks::Iq3ST, 1, EXPDEC_W16_THREADS;
-    // Each warp copying its own rows (`EXPDEC_WARP_ROWS`): formats whose rows are staged only;
-    // at 3 blocks a SM (`launch::WARP_ROWS_M3_BOUNDS`) where an SM's shared memory holds three.
+    // Each warp copying its own rows (`EXPDEC_WARP_ROWS`): formats whose rows are staged only.
     expdec_gu_iq3_st_r1_m2w => blocks::Iq3ST, 1, EXPDEC_THREADS, true;
-    #[cfg(target_feature = "sm_90")]
-    expdec_gu_iq3_st_r1_m3w => blocks::Iq3ST, 1, EXPDEC_THREADS, true;
 }
 
 expdec_gu_pair_entries! {

@@ -377,7 +377,7 @@ macro_rules! expdec_bounds {
 /// Whether `kernel` is an EXPDEC entry: its shared memory is sized at launch, and the backends
 /// let it take more than a launch gets without opting in.
 pub fn expdec_entry(kernel: &str) -> bool {
-    EXPDEC_BOUNDS.iter().chain(&CLUSTER_BOUNDS).chain(&WARP_ROWS_M3_BOUNDS).any(|b| b.kernel == kernel)
+    EXPDEC_BOUNDS.iter().chain(&CLUSTER_BOUNDS).any(|b| b.kernel == kernel)
 }
 
 /// The entries that run as thread-block clusters, which only the sm_90 image has (not the
@@ -393,17 +393,9 @@ pub const CLUSTER_BOUNDS: [Bounds; 6] = [
     expdec("expdec_gu_iq3_st_r1_p2", 4),
 ];
 
-/// The `WARP_ROWS` gate/up entry of IQ3_ST at 3 blocks a SM (`_r1_m3w`, 80 registers): the
-/// `_m2w` body, whose 70.7 KB of shared memory a block (at n_embd 2048) fit three times in the
-/// 228 KB of an sm_90 SM, not in the 164 KB of an sm_80 one.
-pub const WARP_ROWS_M3_BOUNDS: [Bounds; 1] = [expdec("expdec_gu_iq3_st_r1_m3w", 3)];
-
-const CLUSTER_AND_LEAN: [Bounds; CLUSTER_BOUNDS.len() + attention::LEAN_BOUNDS.len()] = join(CLUSTER_BOUNDS, attention::LEAN_BOUNDS);
-
-/// The entries only the sm_90 image has: the [`CLUSTER_BOUNDS`] ones, the lean attention
-/// chunk entry ([`attention::LEAN_BOUNDS`]) and the 3-blocks-a-SM `WARP_ROWS` gate/up entry
-/// ([`WARP_ROWS_M3_BOUNDS`]).
-pub const SM90_BOUNDS: [Bounds; CLUSTER_AND_LEAN.len() + WARP_ROWS_M3_BOUNDS.len()] = join(CLUSTER_AND_LEAN, WARP_ROWS_M3_BOUNDS);
+/// The entries only the sm_90 image has: the [`CLUSTER_BOUNDS`] ones and the lean attention
+/// chunk entry ([`attention::LEAN_BOUNDS`]).
+pub const SM90_BOUNDS: [Bounds; CLUSTER_BOUNDS.len() + attention::LEAN_BOUNDS.len()] = join(CLUSTER_BOUNDS, attention::LEAN_BOUNDS);
 
 /// The images (`strata::ptx::IMAGES` architectures) that have the [`SM90_BOUNDS`] entries.
 pub const SM90_ARCHS: [&str; 1] = ["sm_90"];
@@ -475,15 +467,11 @@ pub fn expdec_gu_kernel(format: WeightFormat, r: u32, minb: u32) -> Option<&'sta
     named(&["expdec_gu_", format.tag(), "_r", digit(r)?, "_m", digit(minb)?])
 }
 
-/// The `WARP_ROWS` 8-warp `expdec_gu_*` entry for `format` (R = 1) at `minb` blocks per SM,
-/// where it has one: `_m2w` in every image, `_m3w` in the sm_90 one ([`WARP_ROWS_M3_BOUNDS`]).
-pub fn expdec_gu_warp_rows_kernel(format: WeightFormat, minb: u32) -> Option<&'static str> {
-    let parts = ["expdec_gu_", format.tag(), "_r1_m", digit(minb)?, "w"];
-    named(&parts).or_else(|| named_in(&WARP_ROWS_M3_BOUNDS, &parts))
+/// The `WARP_ROWS` 8-warp `expdec_gu_*` entry for `format` (R = 1, 2 blocks per SM), where it
+/// has one.
+pub fn expdec_gu_warp_rows_kernel(format: WeightFormat) -> Option<&'static str> {
+    named(&["expdec_gu_", format.tag(), "_r1_m2w"])
 }
-
-/// Blocks per SM of the `WARP_ROWS` gate/up entries (`STRATA_EXPDEC_WARP_ROWS_MINB`).
-pub const EXPDEC_WARP_ROWS_MINB: [u32; 2] = [2, 3];
 
 /// The 16-warp `expdec_gu_*` entry for `format` (R = 1, 2 blocks per SM), where it has one.
 pub fn expdec_gu_w16_kernel(format: WeightFormat) -> Option<&'static str> {
@@ -591,18 +579,6 @@ mod tests {
                 }
                 None => assert!(!EXPDEC_GU_MINB4_FORMATS.contains(&f), "{} has no 16-warp gate/up entry", f.name()),
             }
-            // The WARP_ROWS entries: IQ3_ST's only, `_m2w` in every image, `_m3w` in sm_90's.
-            for m in EXPDEC_WARP_ROWS_MINB {
-                let k = expdec_gu_warp_rows_kernel(f, m);
-                assert_eq!(k.is_some(), f == WeightFormat::Iq3ST, "{} at {m} a SM: {k:?}", f.name());
-                if let Some(k) = k {
-                    let table: &[Bounds] = if m == 2 { BOUNDS } else { &SM90_BOUNDS };
-                    let b = table.iter().find(|b| b.kernel == k).unwrap_or_else(|| panic!("{k} is not in its table"));
-                    assert_eq!((b.threads, b.min_blocks, expdec_entry(k)), (EXPDEC_THREADS, m, true), "{k}");
-                    assert_eq!(BOUNDS.iter().any(|b| b.kernel == k), m == 2, "{k}");
-                }
-            }
-            assert_eq!(expdec_gu_warp_rows_kernel(f, 4), None);
         }
         for f in EXPDEC_DOWN_FORMATS {
             for d in EXPDEC_DR {

@@ -308,9 +308,8 @@ impl GpuBackend {
     }
 
     /// Whether the module has the sm_90 image's own entries (`launch::SM90_BOUNDS`): the pair
-    /// gate/up kernels (thread-block clusters), `attn_chunk_128`'s lean twin
-    /// `attn_chunk_128_m4` (`ATTN_MINB`) and the gate/up twin `_m3w`
-    /// (`EXPDEC_WARP_ROWS_MINB`).
+    /// gate/up kernels (thread-block clusters) and `attn_chunk_128`'s lean twin
+    /// `attn_chunk_128_m4` (`ATTN_MINB`).
     pub fn sm90_entries(&self) -> bool {
         self.sm90_entries
     }

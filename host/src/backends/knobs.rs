@@ -10,7 +10,7 @@ use strata_gpu_shared::formats::WeightFormat;
 use strata_gpu_shared::launch::{
     bounds, expdec_down_kernel, expdec_down_smem, expdec_gu_kernel, expdec_gu_pair_kernel, expdec_gu_pair_smem, expdec_gu_ring_bytes, expdec_gu_smem, expdec_gu_warp_rows_kernel, expdec_gu_w16_kernel, rows_per_block, expdec_down_block_rows, EXPDEC_DOWN_FORMATS,
     EXPDEC_DOWN_MAX_GROUPS, EXPDEC_DR, EXPDEC_DRB, EXPDEC_GU_FORMATS, EXPDEC_GU_MINB4_FORMATS, EXPDEC_MINB, EXPDEC_MINB4_MAX_DR, EXPDEC_MINB4_MAX_R,
-    EXPDEC_PAIR, EXPDEC_R, EXPDEC_RB, EXPDEC_WARP_ROWS_MINB, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_GU_ROWS,
+    EXPDEC_PAIR, EXPDEC_R, EXPDEC_RB, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_GU_ROWS,
 };
 use strata_gpu_shared::launch::attention::{attn_chunk_has_lean, attn_chunk_kernel};
 
@@ -60,9 +60,6 @@ pub struct KernelKnobs {
     /// one it decodes, and starts on a row once it has landed, where they otherwise come from
     /// L2 (on by default: full windows of 4 and 8 1.3 % and 0.4 % faster on the H200).
     pub warp_rows: bool,
-    /// `STRATA_EXPDEC_WARP_ROWS_MINB`: the blocks a SM of that entry: 2 (`_m2w`) or 3 (its
-    /// twin `_m3w`, the same body at 80 registers; cuda on sm_90 only).
-    pub warp_rows_minb: u32,
     /// `STRATA_ATTN_MINB`: the blocks a SM of the `attn_chunk` launches of bands above two
     /// heads of 128 values: 2 (`attn_chunk_128`), 4 (its lean twin `attn_chunk_128_m4`: the same
     /// loops at 64 registers; cuda on sm_90 only), or 0, the lean rule
@@ -73,7 +70,7 @@ pub struct KernelKnobs {
 
 impl Default for KernelKnobs {
     fn default() -> Self {
-        KernelKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: true, warp_rows_minb: 2, attn_minb: 0 }
+        KernelKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: true, attn_minb: 0 }
     }
 }
 
@@ -85,7 +82,7 @@ pub struct Knob {
     pub what: &'static str,
 }
 
-pub const KNOBS: [Knob; 15] = [
+pub const KNOBS: [Knob; 14] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
     Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
@@ -99,7 +96,6 @@ pub const KNOBS: [Knob; 15] = [
     Knob { name: "EXPDEC_WARPS", values: "0|8|16", what: "EXPDEC gate/up warps per block (16 needs R=1 and an IQ format; 0: 16 where 8 leaves SMs under two blocks)" },
     Knob { name: "EXPDEC_PAIRS", values: "0|1|2", what: "EXPDEC gate/up chunks split over a cluster's two blocks (cuda on sm_90+, R=1, an IQ format): 0 never, 1 where the rule picks 16 warps, 2 always" },
     Knob { name: "EXPDEC_WARP_ROWS", values: "0|1", what: "IQ3_ST gate/up in 8-warp blocks at R=1 MINB=2: each warp copies its rows to shared memory two ahead and decodes a row once it lands" },
-    Knob { name: "EXPDEC_WARP_ROWS_MINB", values: "2|3", what: "blocks a SM of that IQ3_ST gate/up entry (3: its twin at 80 registers, cuda on sm_90)" },
     Knob { name: "ATTN_MINB", values: "0|2|4", what: "attention chunk blocks a SM for bands above two heads of 128 values (4: the lean entry, cuda on sm_90; 0: 4 where more than two blocks a SM work)" },
 ];
 
@@ -135,7 +131,6 @@ impl KernelKnobs {
             "EXPDEC_WARPS" => self.warps = one_of(&[0, 8, 16])?,
             "EXPDEC_PAIRS" => self.pairs = one_of(&[0, 1, 2])?,
             "EXPDEC_WARP_ROWS" => self.warp_rows = flag()?,
-            "EXPDEC_WARP_ROWS_MINB" => self.warp_rows_minb = one_of(&EXPDEC_WARP_ROWS_MINB)?,
             "ATTN_MINB" => self.attn_minb = one_of(&[0, 2, 4])?,
             _ => unreachable!("every name of KNOBS is matched"),
         }
@@ -206,8 +201,8 @@ impl KernelKnobs {
     /// One line naming every knob and its value.
     pub fn describe(&self) -> String {
         format!(
-            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} EXPDEC_WARP_ROWS_MINB={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={} ATTN_MINB={}",
-            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.warp_rows_minb, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk, self.attn_minb
+            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={} ATTN_MINB={}",
+            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk, self.attn_minb
         )
     }
 
@@ -215,11 +210,9 @@ impl KernelKnobs {
     /// of `formats` (gate/up, down) and `n_embd` x `n_ff`; an error when the knobs ask for an
     /// entry that is not compiled ([`Self::check`], and `EXPDEC_MINB=4` for a gate/up format
     /// outside `EXPDEC_GU_MINB4_FORMATS`, `EXPDEC_WARPS=16` for one without a 16-warp entry,
-    /// `EXPDEC_PAIRS=2` for one without a pair entry or on a backend without clusters,
-    /// `EXPDEC_WARP_ROWS_MINB=3` where `_m3w` would run on a backend without it).
+    /// `EXPDEC_PAIRS=2` for one without a pair entry or on a backend without clusters).
     /// `sms`: the device's SMs (compute units), for the `EXPDEC_WARPS=0` rule; `sm90`: the
-    /// backend has the sm_90 entries (`launch::SM90_BOUNDS`: the thread-block cluster ones and
-    /// `_m3w`).
+    /// backend has the sm_90 entries (`launch::SM90_BOUNDS`: the thread-block cluster ones).
     pub fn plan(&self, formats: (WeightFormat, WeightFormat), n_embd: usize, n_ff: usize, n: usize, sms: u32, sm90: bool) -> Result<ExpertPlan, String> {
         self.check()?;
         let (gf, df) = formats;
@@ -272,14 +265,9 @@ impl KernelKnobs {
                 })?,
             };
             // The warps' row slots where asked for and compiled (R = 1, 2 blocks per SM), and
-            // where they fit beside the stage and the codebook; at `EXPDEC_WARP_ROWS_MINB` blocks
-            // a SM (3: the sm_90 twin, which only a backend with the sm_90 entries has).
+            // where they fit beside the stage and the codebook.
             let ring = gu_smem + expdec_gu_ring_bytes(n_embd, gf);
-            let warp_rows = self.warp_rows && sixteen.is_none() && self.r == 1 && self.minb == 2 && ring <= EXPDEC_SMEM_MAX;
-            match expdec_gu_warp_rows_kernel(gf, self.warp_rows_minb).filter(|_| warp_rows) {
-                Some(_) if self.warp_rows_minb == 3 && !sm90 => {
-                    return Err("EXPDEC_WARP_ROWS_MINB=3 asks for the 3-blocks-a-SM gate/up entry, which this backend does not have (cuda on sm_90 has it): set EXPDEC_WARP_ROWS_MINB=2".into())
-                }
+            match expdec_gu_warp_rows_kernel(gf).filter(|_| self.warp_rows && sixteen.is_none() && self.r == 1 && self.minb == 2 && ring <= EXPDEC_SMEM_MAX) {
                 Some(kernel) => Launch { kernel, blocks, smem: ring, rows_per_block: rb },
                 None => Launch { kernel, blocks, smem: gu_smem, rows_per_block: rb },
             }
@@ -380,7 +368,7 @@ mod tests {
 
     #[test]
     fn plan_follows_the_knobs() {
-        let on = KernelKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, warp_rows_minb: 2, attn_minb: 2 };
+        let on = KernelKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, attn_minb: 2 };
         let p = on.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.
@@ -505,18 +493,6 @@ mod tests {
         k.set("expdec_warp_rows", "0").unwrap();
         assert!(!k.warp_rows && k.describe().contains("EXPDEC_WARP_ROWS=0"));
         assert!(k.set("EXPDEC_WARP_ROWS", "2").unwrap_err().contains("expected 0|1"));
-        // EXPDEC_WARP_ROWS_MINB=3: the twin, same slots, where `_m2w` would run and the backend
-        // has the sm_90 entries; refused where it would run without them; no effect elsewhere.
-        let m3 = KernelKnobs { warp_rows_minb: 3, ..warp_rows };
-        assert_eq!(KernelKnobs::default().warp_rows_minb, 2);
-        let p = m3.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, true).unwrap();
-        assert_eq!((p.gu.kernel, p.gu.blocks, p.gu.smem), ("expdec_gu_iq3_st_r1_m3w", m2w.gu.blocks, m2w.gu.smem));
-        assert!(m3.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, false).unwrap_err().contains("EXPDEC_WARP_ROWS_MINB=3"));
-        assert_eq!(m3.plan((Iq3S, Iq4Nl), 2048, 768, 32, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
-        assert_eq!(KernelKnobs { warp_rows: false, ..m3 }.plan((Iq3ST, Iq4NlT), 2048, 768, 32, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m2");
-        k.set("EXPDEC_WARP_ROWS_MINB", "3").unwrap();
-        assert!(k.warp_rows_minb == 3 && k.describe().contains("EXPDEC_WARP_ROWS_MINB=3"));
-        assert!(k.set("EXPDEC_WARP_ROWS_MINB", "4").unwrap_err().contains("expected 2|3"));
     }
 
     #[test]
