@@ -387,7 +387,7 @@ mod tests {
         assert_eq!(t.rounds, 3);
         assert_eq!(t.launches.iter().map(|l| l.kernel.as_str()).collect::<Vec<_>>(), ["norm", "proj", "norm"]);
         assert_eq!((t.launches[0].gap_us, t.launches[1].run_us), (2.0, 8.0), "medians over the rounds");
-        // proj: 0.5 + 8 = 8.5 a step, ahead of norm's two launches: 2 + 1 + 1 + 1.5 = 5.5.
+        // proj: 0.5 + 8 = 8.5 a step, ahead of norm's two launches: 2 + 1 + 1 + 3 = 7.
         assert_eq!(t.families.iter().map(|f| (f.kernel.as_str(), f.launches)).collect::<Vec<_>>(), [("proj", 1), ("norm", 2)]);
         assert_eq!((t.families[1].gap_us, t.families[1].run_us), (3.0, 4.0));
         // The mean block runs: medians over the rounds where every round had one (proj: 2), none
