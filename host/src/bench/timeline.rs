@@ -46,8 +46,10 @@ pub struct Launch {
     pub marks: Vec<(String, Option<f64>)>,
 }
 
+/// `later - earlier` in microseconds. The difference is taken in integers: `%globaltimer` counts
+/// nanoseconds since 1970 (about 2^60.6), where an f64 steps by 256 ns.
 fn us(later: u64, earlier: u64) -> f64 {
-    (later as f64 - earlier as f64) / 1e3
+    (i128::from(later) - i128::from(earlier)) as f64 / 1e3
 }
 
 /// The launches of the last whole step in `traced` (a table's launches in launch order; `entries`
@@ -350,6 +352,17 @@ mod tests {
         // A lone step's first launch has no launch before it: its gap is its early part.
         let lone = step_launches(&traced[..3], &names(), &["norm", "proj", "attn"]).unwrap();
         assert!((lone[0].gap_us - 1.0).abs() < 1e-9 && (lone[1].gap_us - 0.5).abs() < 1e-9);
+    }
+
+    /// Stamps as `%globaltimer` gives them (nanoseconds since 1970): a one-block launch's run is
+    /// its block's run to the nanosecond (an f64 of each stamp would round them to 256 ns).
+    #[test]
+    fn differences_of_wall_clock_stamps_are_exact() {
+        let t0 = 1_764_950_000_123_456_789u64;
+        let traced = [l(1, 0, 1, t0, t0 + 1_024, t0 + 1_024, t0 + 2_176), l(2, 1, 1, t0 + 2_208, t0 + 2_720, t0 + 2_720, t0 + 3_552)];
+        let got = step_launches(&traced, &names(), &["norm", "proj"]).unwrap();
+        let got: Vec<_> = got.iter().map(|l| (l.gap_us, l.run_us, l.early_us, l.block_us)).collect();
+        assert_eq!(got, [(1.024, 1.152, 1.024, Some(1.152)), (0.544, 0.832, 0.512, Some(0.832))]);
     }
 
     #[test]
