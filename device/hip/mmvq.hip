@@ -63,8 +63,9 @@ static __device__ __forceinline__ void row_partials(const uint8_t* wrow, uint32_
 }
 
 // This lane's partials of N weight rows (row j at wrow(j)) against one q8_1 row at x: for each
-// row, row_partials' partial of one activation row, a group of every row loaded before the first
-// is used (device/src/kernels/mmvq.rs rows_partials).
+// row, row_partials' partial of one activation row; every row's group asked of L1 first, then
+// each loaded, decoded and used in turn (device/src/kernels/mmvq.rs rows_partials: all rows'
+// groups decoded at once spilled at the down entries' 64 registers).
 template <typename F, int N, typename Wrow>
 static __device__ __forceinline__ void rows_partials(Wrow wrow, uint32_t groups, const uint8_t* x, float* acc) {
   float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
@@ -73,11 +74,14 @@ static __device__ __forceinline__ void rows_partials(Wrow wrow, uint32_t groups,
   for (uint32_t b = lane(); b < groups; b += 32) {
     uint32_t q[8];
     float dx = global_block(x + (uint64_t)b * STRATA_Q8_1_BYTES, q);
-    Group g[N];
+    int fresh = (int)zero_in(b);
 #pragma unroll
-    for (int j = 0; j < N; j++) g[j] = F::load(wrow(j) + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS);
+    for (int j = 0; j < N; j++) prefetch_l1(wrow(j + fresh) + (uint64_t)(b / F::GROUPS) * F::BYTES);
 #pragma unroll
-    for (int j = 0; j < N; j++) acc[j] = acc[j] + contribution_words(g[j], q, dx, pow2);
+    for (int j = 0; j < N; j++) {
+      Group g = F::load(wrow(j + fresh) + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS);
+      acc[j] = acc[j] + contribution_words(g, q, dx, pow2);
+    }
   }
 }
 

@@ -146,8 +146,8 @@ static __device__ __forceinline__ void moe_gu(const uint8_t* gate, const uint8_t
 }
 
 // Down of one expert for every entry of its group, STRATA_MOE_DOWN_ROWS consecutive rows a warp:
-// for a group of one entry every row's groups loaded before the first is used (rows_partials),
-// else row by row (device/src/kernels/moe.rs down).
+// for a group of one entry the rows side by side (rows_partials), else row by row
+// (device/src/kernels/moe.rs down).
 template <typename F>
 static __device__ __forceinline__ void moe_down(const uint8_t* w, uint64_t expert_bytes, const uint8_t* hq,
                                                 const uint32_t* table, uint32_t n, uint32_t ff_groups, uint32_t n_embd,

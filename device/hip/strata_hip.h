@@ -128,11 +128,29 @@ STRATA_FN int32_t warp_sum_i32(int32_t v) {
   return v;
 }
 
-// ---- L2 prefetch: a hint (no value read, no fault); AMD has no such instruction ----------------
+// 0, computed from x so that the compiler cannot tell (arch::int::zero_in): an address with it
+// added is computed where it is used, each turn of a loop over x, not held in registers across it.
+#if STRATA_NVIDIA
+STRATA_FN uint32_t zero_in(uint32_t x) {
+  uint32_t y = x;
+  asm volatile("" : "+r"(y));
+  return y ^ x;
+}
+#else
+STRATA_FN uint32_t zero_in(uint32_t x) {
+  uint32_t y = x;
+  asm volatile("" : "+v"(y));
+  return y ^ x;
+}
+#endif
+
+// ---- L2 and L1 prefetches: hints (no value read, no fault); AMD has no such instruction --------
 #if STRATA_NVIDIA
 STRATA_FN void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+STRATA_FN void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 #else
 STRATA_FN void prefetch_l2(const void*) {}
+STRATA_FN void prefetch_l1(const void*) {}
 #endif
 
 // *p = v, or with accumulate *p = *p + v (order::stored: the residual add fused into its

@@ -151,8 +151,8 @@ fn warp_row_of<F: Block, const WARPS: u32, const PER: u32>(w: *const u8, m: u32,
 
 /// This lane's partials of `N` weight rows (row `j` at `wrow(j)`, `groups` groups of `F`) against
 /// one q8_1 activation row at `x`: for each row, [`row_partials`]'s partial of one activation row
-/// (groups `lane, lane + 32, ...`, left to right from +0.0), with a group of every row loaded
-/// before the first is used.
+/// (groups `lane, lane + 32, ...`, left to right from +0.0), every row's group asked of L1
+/// before the first is loaded.
 ///
 /// # Safety
 /// Each `wrow(j)` holds a row's whole blocks; `x` holds `groups` q8_1 blocks, 4-byte aligned.
@@ -166,15 +166,18 @@ pub unsafe fn rows_partials<F: Block, const N: usize>(wrow: impl Fn(usize) -> *c
         // The activation first: every row waits on it. Unrolled (`N <= 8`) so the groups and
         // partials stay in registers.
         let (q, dx) = global_block(x.add(b as usize * q8_1::BYTES));
-        let mut g = [blocks::Group::ZERO; N];
+        let fresh = int::zero_in(b) as usize;
+        // Every row's group asked of L1 first, then each loaded, decoded and used in turn: the
+        // decoded groups of all rows at once spilled at 64 registers.
         crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
             if j < N {
-                g[j] = F::load(wrow(j).add(F::block_offset(b)), b % F::GROUPS);
+                mem::prefetch_l1(wrow(j + fresh).add(F::block_offset(b)));
             }
         });
         crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
             if j < N {
-                acc[j] += contribution_words::<F>(&g[j], &q, dx, pow2);
+                let g = F::load(wrow(j + fresh).add(F::block_offset(b)), b % F::GROUPS);
+                acc[j] += contribution_words::<F>(&g, &q, dx, pow2);
             }
         });
         b += 32;

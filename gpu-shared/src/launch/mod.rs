@@ -327,7 +327,7 @@ const BASE: [Bounds; 85] = [
     moe_down("moe_down_iq3_s"),
     moe_down("moe_down_iq3_st"),
     moe_down("moe_down_iq4_nl"),
-    moe_down("moe_down_iq4_nlt"),
+    Bounds { min_blocks: 8, ..moe_down("moe_down_iq4_nlt") },
     moe_down("moe_down_iq4_xs"),
     moe_down("moe_down_q2_0"),
     Bounds { kernel: "quantize_q8_0_scaled", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
