@@ -20,8 +20,13 @@ use strata_gpu_shared::math::exp_neg;
 const WARPS: u32 = ATTN_THREADS / 32;
 /// Value rows a thread of `attn_chunk_one` loads before adding their terms.
 const ATTN_V_AHEAD: u32 = 8;
-/// Chunks' parts a thread of `attn_merge` loads before folding them (the unrolled lists name 8).
-const MERGE_AHEAD: u32 = 8;
+/// Chunks' values a thread of `attn_merge` loads before folding them, one chunk a lane for
+/// their maxima and sums (a warp's 32; the unrolled lists name 32).
+const MERGE_AHEAD: u32 = 32;
+const _: () = assert!(MERGE_AHEAD == crate::arch::WARP, "a lane a chunk of each turn");
+/// Chunks' maxima a lane of `attn_merge` loads before folding them: a warp takes `32 *` that
+/// many chunks a memory latency (the unrolled list names 8).
+const MERGE_MAX_AHEAD: u32 = 8;
 /// Loads in flight per lane in the per-head norm: a 128-value head is one memory latency.
 const ATTN_NORM_AHEAD: usize = 4;
 
@@ -931,35 +936,45 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
     let n_chunks = n_ctx.div_ceil(ATTN_CHUNK as u32);
     let stride = hd as usize + 2;
     let parts = part.add(th as usize * n_chunks as usize * stride);
-    // `MERGE_AHEAD` chunks' parts are loaded before they are folded, in chunk order: a long
-    // context is one memory latency per that many chunks, not per chunk.
     let part_of = |c: u32, i: usize| mem::ld_nc_f32(parts, c as usize * stride + i);
+    // The maxima: lane j takes chunks j, j + 32, ..., `MERGE_MAX_AHEAD` loads in flight, then
+    // the warp's maximum (maxima are exact, so their order is free): a context of up to 256
+    // chunks is one memory latency.
     let mut big_m = f32::NEG_INFINITY;
-    let mut c = 0;
+    let mut c = index::lane();
     while c < nc {
-        let mut m = [f32::NEG_INFINITY; MERGE_AHEAD as usize];
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-            if c + (i as u32) < nc {
-                m[i] = part_of(c + i as u32, 0);
+        let mut m = [f32::NEG_INFINITY; MERGE_MAX_AHEAD as usize];
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if c + 32 * (k as u32) < nc {
+                m[k] = part_of(c + 32 * k as u32, 0);
             }
         });
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-            big_m = big_m.max(m[i]);
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            big_m = big_m.max(m[k]);
         });
-        c += MERGE_AHEAD;
+        c += 32 * MERGE_MAX_AHEAD;
     }
+    let big_m = warp::warp_max_f32(big_m);
+    // The sums, in chunk order, 32 chunks a turn: lane j loads chunk c + j's maximum and sum,
+    // every thread the 32 chunks' values at `d`, all before the first is folded; each chunk's
+    // maximum and sum then come from its lane. A long context is one memory latency per 32
+    // chunks, not per chunk.
     let (mut big_l, mut big_o) = (0.0f32, 0.0f32);
     let mut c = 0;
     while c < nc {
-        let (mut m, mut l, mut o) = ([0.0f32; MERGE_AHEAD as usize], [0.0f32; MERGE_AHEAD as usize], [0.0f32; MERGE_AHEAD as usize]);
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+        let mine = c + index::lane();
+        let (ml, ll) = if mine < nc { (part_of(mine, 0), part_of(mine, 1)) } else { (0.0, 0.0) };
+        let mut o = [0.0f32; MERGE_AHEAD as usize];
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
             if c + (i as u32) < nc {
-                (m[i], l[i], o[i]) = (part_of(c + i as u32, 0), part_of(c + i as u32, 1), part_of(c + i as u32, 2 + d as usize));
+                o[i] = part_of(c + i as u32, 2 + d as usize);
             }
         });
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
             if c + (i as u32) < nc {
-                fold_part(big_m, (m[i], l[i], o[i]), &mut big_l, &mut big_o);
+                // (`c + i < nc` is the warp's, so every lane takes part in the exchange.)
+                let (m, l) = (f32::from_bits(warp::shfl_u32(ml.to_bits(), i as u32)), f32::from_bits(warp::shfl_u32(ll.to_bits(), i as u32)));
+                fold_part(big_m, (m, l, o[i]), &mut big_l, &mut big_o);
             }
         });
         c += MERGE_AHEAD;

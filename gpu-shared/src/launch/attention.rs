@@ -193,7 +193,7 @@ pub const BOUNDS: [Bounds; 7] = [
     staged_chunk("attn_chunk_two_128"),
     // One head a block (warps scoring keys): 4 blocks per SM.
     Bounds { kernel: "attn_chunk_one", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_ONE_SMEM_WORDS },
-    Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 0 },
+    Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 0 },
 ];
 
 /// Sizes the HIP sources read as `STRATA_<NAME>`.
