@@ -550,10 +550,13 @@ fn gpu_timeline_lays_out_every_launch_of_the_step() {
     let launches = figure(summary, "launches").expect("a launch count") as usize;
     assert!(launches > 8 && figure(summary, "step_us").is_some_and(|us| us > 0.0), "{summary}");
     assert_eq!(out.lines().filter(|l| l.contains("\"test\":\"timeline launch\"")).count(), launches, "{out}");
-    assert!(out.lines().filter(|l| l.contains("\"test\":\"timeline kernel\"")).all(|l| figure(l, "run_us").is_some_and(|us| us > 0.0)), "{out}");
+    assert!(
+        out.lines().filter(|l| l.contains("\"test\":\"timeline kernel\"")).all(|l| figure(l, "run_us").is_some_and(|us| us > 0.0) && figure(l, "spread_us").is_some_and(|us| us >= 0.0)),
+        "{out}"
+    );
     let (code, out, err) = strata(&["bench", "decode", "--builtin", "--backend", "cuda", "--timeline", "1", "--depths", "0", "-n", "16", "--windows", "2"]);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("depth 0: a step ") && out.contains("| gap us/launch |") && out.contains("launches in order (depth 0;"), "{out}");
+    assert!(out.contains("depth 0: a step ") && out.contains("| gap us/launch |") && out.contains("| spread us/launch |") && out.contains("launches in order (depth 0;"), "{out}");
     assert!(out.contains("full windows of 2: a step ") && out.contains("launches in order (full windows of 2;"), "{out}");
     assert!(out.contains("inside the kernels (") && out.contains(" queries "), "{out}");
 }

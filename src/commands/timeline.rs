@@ -114,21 +114,22 @@ fn print_tables(t: &Timeline) {
         t.timer_step_ns.map_or("n/a".into(), |ns| format!("{ns} ns"))
     );
     println!(
-        "| {:<32} | {:>8} | {:>13} | {:>13} | {:>15} | {:>15} | {:>15} | {:>9} |",
-        "kernel", "launches", "gap us/launch", "run us/launch", "block us/launch", "early us/launch", "gap+run us/step", "% of step"
+        "| {:<32} | {:>8} | {:>13} | {:>13} | {:>15} | {:>15} | {:>16} | {:>15} | {:>9} |",
+        "kernel", "launches", "gap us/launch", "run us/launch", "block us/launch", "early us/launch", "spread us/launch", "gap+run us/step", "% of step"
     );
-    println!("|{:-<34}|{:->10}|{:->15}|{:->15}|{:->17}|{:->17}|{:->17}|{:->11}|", "", ":", ":", ":", ":", ":", ":", ":");
+    println!("|{:-<34}|{:->10}|{:->15}|{:->15}|{:->17}|{:->17}|{:->18}|{:->17}|{:->11}|", "", ":", ":", ":", ":", ":", ":", ":", ":");
     for f in &t.families {
         let n = f.launches as f64;
         let block = if f.block_launches > 0 { format!("{:.2}", f.block_us / f.block_launches as f64) } else { "-".into() };
         println!(
-            "| {:<32} | {:>8} | {:>13.2} | {:>13.2} | {:>15} | {:>15.2} | {:>15.1} | {:>9.1} |",
+            "| {:<32} | {:>8} | {:>13.2} | {:>13.2} | {:>15} | {:>15.2} | {:>16.2} | {:>15.1} | {:>9.1} |",
             f.kernel,
             f.launches,
             f.gap_us / n,
             f.run_us / n,
             block,
             f.early_us / n,
+            f.spread_us / n,
             f.gap_us + f.run_us,
             pct(f.gap_us + f.run_us, step)
         );
@@ -198,7 +199,7 @@ fn print_json(t: &Timeline) {
     );
     for f in &t.families {
         println!(
-            "{{\"test\":\"timeline kernel\",\"tokens\":{},\"depth\":{},\"kernel\":\"{}\",\"launches\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"block_us\":{},\"block_launches\":{},\"marks\":[{}]}}",
+            "{{\"test\":\"timeline kernel\",\"tokens\":{},\"depth\":{},\"kernel\":\"{}\",\"launches\":{},\"gap_us\":{},\"run_us\":{},\"early_us\":{},\"spread_us\":{},\"block_us\":{},\"block_launches\":{},\"marks\":[{}]}}",
             t.tokens,
             t.depth,
             f.kernel,
@@ -206,6 +207,7 @@ fn print_json(t: &Timeline) {
             f.gap_us,
             f.run_us,
             f.early_us,
+            f.spread_us,
             f.block_us,
             f.block_launches,
             f.marks.iter().map(|(name, us, n)| format!("{{\"name\":\"{name}\",\"us\":{us},\"launches\":{n}}}")).collect::<Vec<_>>().join(",")

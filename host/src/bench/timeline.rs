@@ -108,6 +108,9 @@ pub struct FamilyRow {
     pub gap_us: f64,
     pub run_us: f64,
     pub early_us: f64,
+    /// Its launches' spreads summed (blocks released late: more blocks than the SMs held, or a
+    /// grid slow to dispatch).
+    pub spread_us: f64,
     pub block_us: f64,
     pub block_launches: usize,
     /// The kernel's marks: name, sum, launches.
@@ -123,6 +126,7 @@ impl FamilyRow {
             gap_us: 0.0,
             run_us: 0.0,
             early_us: 0.0,
+            spread_us: 0.0,
             block_us: 0.0,
             block_launches: 0,
             marks: l.marks.iter().map(|(name, _)| (name.clone(), 0.0, 0)).collect(),
@@ -135,6 +139,7 @@ impl FamilyRow {
         self.gap_us += l.gap_us;
         self.run_us += l.run_us;
         self.early_us += l.early_us;
+        self.spread_us += l.spread_us;
         self.block_us += l.block_us.unwrap_or(0.0);
         self.block_launches += usize::from(l.block_us.is_some());
         for ((_, sum, n), (_, v)) in self.marks.iter_mut().zip(&l.marks) {
@@ -403,6 +408,8 @@ mod tests {
         // proj: 0.5 + 8 = 8.5 a step, ahead of norm's two launches: 2 + 1 + 1 + 3 = 7.
         assert_eq!(t.families.iter().map(|f| (f.kernel.as_str(), f.launches)).collect::<Vec<_>>(), [("proj", 1), ("norm", 2)]);
         assert_eq!((t.families[1].gap_us, t.families[1].run_us), (3.0, 4.0));
+        // proj's spread is 0.2 in every round; norm's 0 (one block, or all released at once).
+        assert_eq!((t.families[0].spread_us, t.families[1].spread_us), (0.2, 0.0));
         // The mean block runs: medians over the rounds where every round had one (proj: 2), none
         // where a round had none (the second norm: never more than its run); a family sums
         // those it has.
