@@ -130,19 +130,17 @@ STRATA_FN int32_t warp_sum_i32(int32_t v) {
 
 // 0, computed from x so that the compiler cannot tell (arch::int::zero_in): an address with it
 // added is computed where it is used, each turn of a loop over x, not held in registers across it.
+// (An empty asm that may change a 32-bit register: "r" on NVIDIA, a vector register "v" on AMD.)
 #if STRATA_NVIDIA
-STRATA_FN uint32_t zero_in(uint32_t x) {
-  uint32_t y = x;
-  asm volatile("" : "+r"(y));
-  return y ^ x;
-}
+#define STRATA_OPAQUE_U32 "+r"
 #else
+#define STRATA_OPAQUE_U32 "+v"
+#endif
 STRATA_FN uint32_t zero_in(uint32_t x) {
   uint32_t y = x;
-  asm volatile("" : "+v"(y));
+  asm volatile("" : STRATA_OPAQUE_U32(y));
   return y ^ x;
 }
-#endif
 
 // ---- L2 and L1 prefetches: hints (no value read, no fault); AMD has no such instruction --------
 #if STRATA_NVIDIA

@@ -173,8 +173,8 @@ unsafe fn gu<F: Block>(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *c
 /// Down of one expert for every entry of its group: `y[e][row]`. Block `b`: group
 /// `b / ceil(n_embd / (MMVQ_WARPS * MOE_DOWN_ROWS))`, `MOE_DOWN_ROWS` consecutive rows per warp:
 /// for a group of one entry, the rows side by side (`rows_partials`: each row's group asked of
-/// L1, then each used in turn); else row by row, `MOE_ENTRY_PASS` entries a pass. The same partials and
-/// butterflies, so the same bits, either way.
+/// L1, then each used in turn); else row by row, `MOE_ENTRY_PASS` entries a pass. The same
+/// partials and butterflies, so the same bits, either way.
 ///
 /// # Safety
 /// `down`: `n_expert` matrices of `n_embd` rows x `ff_groups` groups of `F`, `expert_bytes`
