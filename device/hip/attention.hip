@@ -412,7 +412,8 @@ STRATA_FN void attn_one_chunk_one_head(const uint16_t* k_cache, const uint16_t* 
 }
 
 // split blocks per (t, band of heads consecutive query heads of one KV group): block
-// (t * (n_q / heads) + band) * split + s computes chunks s, s + split, ... of the token's
+// s * tokens * (n_q / heads) + t * (n_q / heads) + band (chunk-major: the blocks with chunks to
+// compute first) computes chunks s, s + split, ... of the token's
 // context for each head of the band, each into part (t * n_q + h) * n_chunks + c, n_chunks =
 // ceil(n_ctx / STRATA_ATTN_CHUNK). With out not null (the host's choice for contexts of one
 // chunk) the outputs directly, and no parts; a longer context traps. HD not 0: compiled for
@@ -426,7 +427,7 @@ STRATA_FN void attn_chunk_band(const float* q, const uint16_t* k_cache, const ui
   const uint32_t hd = HD != 0 ? HD : hd_arg;
   uint32_t bands = n_q / heads, b = block_idx();
   if (b >= tokens * bands * split) return;  // the whole block
-  uint32_t tb = b / split, first = b % split;
+  uint32_t tb = b % (tokens * bands), first = b / (tokens * bands);
   uint32_t t = tb / bands, h0 = tb % bands * heads;
   uint32_t len = attn_context_len(pos, t, n_ctx), n_chunks = attn_n_chunks(n_ctx);
   if (out != nullptr && len > STRATA_ATTN_CHUNK) trap_launch();

@@ -161,8 +161,10 @@ pub unsafe extern "ptx-kernel" fn attn_prep(
 }
 
 /// `split` blocks per (token `t`, band of `heads` consecutive query heads of one KV group),
-/// block index `(t * (n_q / heads) + band) * split + s`; block `s` computes chunks `s, s + split,
-/// ...` of the token's context for each of its heads, each into part `(t * n_q + h) * n_chunks
+/// block index `s * tokens * (n_q / heads) + t * (n_q / heads) + band` (chunk-major: where
+/// contexts are shorter than the cache, the blocks with chunks to compute come first in the
+/// grid and those without last); block `s` computes chunks `s, s + split, ...` of the token's
+/// context for each of its heads, each into part `(t * n_q + h) * n_chunks
 /// + c` (which block computes a chunk, and with which heads, does not change its bits). A band
 /// reads each key and value of its chunks once for all its heads: with `heads` = the group's
 /// query heads, the cache is read once per token instead of once per query head.
@@ -222,7 +224,7 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32, const 
     if index::block_idx() >= tokens * (n_q / heads) * split {
         return; // the whole block
     }
-    let (band, first) = Band::of_block(n_q, n_kv, hd, split, heads, LEAN);
+    let (band, first) = Band::of_block(tokens, n_q, n_kv, hd, heads, LEAN);
     let (t, h0) = (band.t, band.h0);
     let (len, n_chunks) = (context_len(mem::ld_nc_u32(pos as *const u8), t, n_ctx), n_ctx.div_ceil(ATTN_CHUNK as u32));
     if !out.is_null() && len > ATTN_CHUNK as u32 {
@@ -356,7 +358,7 @@ unsafe fn ask_l2_one_chunk(k_cache: *const u16, v_cache: *const u16, tokens: u32
     if !cfg!(target_feature = "sm_90") || split != 1 || index::block_idx() >= tokens * (n_q / heads) {
         return;
     }
-    let (band, _) = Band::of_block(n_q, n_kv, hd, split, heads, false);
+    let (band, _) = Band::of_block(tokens, n_q, n_kv, hd, heads, false);
     let len = context_len(mem::ld_cg_u32(pos as *const u8), band.t, n_ctx);
     band.rows(k_cache, v_cache, len, 0); // asks L2 for them
 }
@@ -383,9 +385,17 @@ struct ChunkRows {
 /// parts: `f = exp_neg(m - big_m)`, `L += l f`, `O += o f`.
 #[inline(always)]
 fn fold_part(big_m: f32, (m, l, o): (f32, f32, f32), big_l: &mut f32, big_o: &mut f32) {
-    let f = exp_neg(m - big_m);
-    *big_l += l * f;
+    let (f, lf) = part_terms(big_m, m, l);
+    *big_l += lf;
     *big_o += o * f;
+}
+
+/// A part's factor `f = exp_neg(m - big_m)` and weighted sum `l f`: what [`fold_part`] adds to
+/// `L`, and multiplies its `o` by.
+#[inline(always)]
+fn part_terms(big_m: f32, m: f32, l: f32) -> (f32, f32) {
+    let f = exp_neg(m - big_m);
+    (f, l * f)
 }
 
 /// `attn_merge`'s output value from one part `(m, l, o)`: its fold for a context of one chunk
@@ -424,9 +434,9 @@ impl Band {
     /// This block's band and first chunk in the grid of `attn_chunk_band` (a block within the
     /// grid's `tokens * (n_q / heads) * split` that work).
     #[inline(always)]
-    fn of_block(n_q: u32, n_kv: u32, hd: u32, split: u32, heads: u32, lean: bool) -> (Band, u32) {
+    fn of_block(tokens: u32, n_q: u32, n_kv: u32, hd: u32, heads: u32, lean: bool) -> (Band, u32) {
         let bands = n_q / heads;
-        let (tb, first) = (index::block_idx() / split, index::block_idx() % split);
+        let (tb, first) = (index::block_idx() % (tokens * bands), index::block_idx() / (tokens * bands));
         let (t, h0) = (tb / bands, tb % bands * heads);
         (Band { t, h0, heads, g: (h0 / (n_q / n_kv)) as usize, n_q, n_kv, hd, lean }, first)
     }
@@ -955,15 +965,16 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
         c += 32 * MERGE_MAX_AHEAD;
     }
     let big_m = warp::warp_max_f32(big_m);
-    // The sums, in chunk order, 32 chunks a turn: lane j loads chunk c + j's maximum and sum,
-    // every thread the 32 chunks' values at `d`, all before the first is folded; each chunk's
-    // maximum and sum then come from its lane. A long context is one memory latency per 32
-    // chunks, not per chunk.
+    // The sums, in chunk order, 32 chunks a turn: lane j loads chunk c + j's maximum and sum
+    // and computes its terms (`part_terms`), every thread the 32 chunks' values at `d`, all
+    // before the first is folded; each chunk's terms then come from its lane, so the warp
+    // computes each factor once instead of every lane all 32. A long context is one memory
+    // latency per 32 chunks, not per chunk.
     let (mut big_l, mut big_o) = (0.0f32, 0.0f32);
     let mut c = 0;
     while c < nc {
         let mine = c + index::lane();
-        let (ml, ll) = if mine < nc { (part_of(mine, 0), part_of(mine, 1)) } else { (0.0, 0.0) };
+        let (fl, lfl) = if mine < nc { part_terms(big_m, part_of(mine, 0), part_of(mine, 1)) } else { (0.0, 0.0) };
         let mut o = [0.0f32; MERGE_AHEAD as usize];
         crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
             if c + (i as u32) < nc {
@@ -973,8 +984,10 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
         crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
             if c + (i as u32) < nc {
                 // (`c + i < nc` is the warp's, so every lane takes part in the exchange.)
-                let (m, l) = (f32::from_bits(warp::shfl_u32(ml.to_bits(), i as u32)), f32::from_bits(warp::shfl_u32(ll.to_bits(), i as u32)));
-                fold_part(big_m, (m, l, o[i]), &mut big_l, &mut big_o);
+                // `fold_part`'s sums, its terms from chunk c + i's lane.
+                let (f, lf) = (f32::from_bits(warp::shfl_u32(fl.to_bits(), i as u32)), f32::from_bits(warp::shfl_u32(lfl.to_bits(), i as u32)));
+                big_l += lf;
+                big_o += o[i] * f;
             }
         });
         c += MERGE_AHEAD;

@@ -221,6 +221,28 @@ impl Chunk for Pair {
     }
 }
 
+/// Asks for half `h` of a pair block's `rows` gate rows (from `gate`) and up rows (from `up`):
+/// every second row from row `h`, as 16-byte copies spread over the block's threads, each row
+/// to its place in shared memory at `at` (the gate rows, then the up rows).
+///
+/// # Safety
+/// As [`mem::cp_async_16`] for every copy: `rows` rows of `row_bytes` (a multiple of 16) from
+/// `gate` and `up`, 16-byte aligned, `2 * rows * row_bytes` bytes of shared memory from `at`.
+#[inline(always)]
+unsafe fn copy_half_rows<const THREADS: u32>(at: u32, gate: *const u8, up: *const u8, row_bytes: usize, rows: u32, h: u32) {
+    let units = row_bytes / 16; // a row's 16-byte copies
+    let part_bytes = rows as usize * row_bytes;
+    let mut u = index::thread_idx() as usize;
+    while u < rows.div_ceil(2) as usize * units {
+        let i = (2 * (u / units) + h as usize) * row_bytes + 16 * (u % units);
+        if i < part_bytes {
+            mem::cp_async_16(at + i as u32, gate.add(i));
+            mem::cp_async_16(at + (part_bytes + i) as u32, up.add(i));
+        }
+        u += THREADS as usize;
+    }
+}
+
 /// The body of every `expdec_gu_*` entry: `moe_gu`'s contract and output, with `rb` rows per
 /// block (a multiple of `MOE_GU_ROWS`, at most `4 * MOE_GU_ROWS`; for a pair, `MOE_GU_ROWS`
 /// per cluster) and `THREADS` threads a block, each warp taking `rb / C::BLOCKS / (THREADS /
@@ -278,8 +300,9 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     let warps = THREADS / 32;
     let rows_per_warp = rb / C::BLOCKS / warps;
     let first = warp * rows_per_warp; // this warp's first row in the block's part, inside one chunk
-    // A pair block of a format with 16-byte rows copies its gate and up rows to shared memory,
-    // every copy in flight at once, and decodes them there; other blocks ask L2 for theirs.
+    // A pair block of a format with 16-byte rows copies its gate and up rows to shared memory
+    // in two halves, each a row of every warp, and decodes them there; other blocks ask L2 for
+    // theirs.
     // With `WARP_ROWS` (such a format, an 8-warp block) each warp copies its own rows instead,
     // two ahead, and starts on a row as soon as it has landed (`WarpRows`).
     // (`launch::expdec_gu_ring_bytes` sizes the slots for blocks of `EXPDEC_THREADS`.)
@@ -301,13 +324,12 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
         // 16-byte aligned rows, so the part's rows are too, inside the expert's matrix; the
         // shared area is 16-byte aligned (the stage, H and the codebook are multiples of 4
         // words) and `expdec_gu_pair_smem` bytes long, and nothing reads it before the wait below.
+        // The first half's rows now, the second's once the first has landed (below): the
+        // memory system then serves every block's first half first, and the warps decode
+        // their first rows while the second half lands.
         const { assert!(!F::STAGED_ROWS || F::BYTES % 16 == 0) };
-        let mut i = 16 * index::thread_idx() as usize;
-        while i < part_bytes {
-            mem::cp_async_16(rows_at + i as u32, gate.add(rows + i));
-            mem::cp_async_16(rows_at + (part_bytes + i) as u32, up.add(rows + i));
-            i += 16 * THREADS as usize;
-        }
+        const { assert!(C::BLOCKS == 1 || !F::STAGED_ROWS || R == 1 && MOE_GU_ROWS / C::BLOCKS / (THREADS / 32) == 2) };
+        copy_half_rows::<THREADS>(rows_at, gate.add(rows), up.add(rows), row_bytes, part_rows, 0);
     } else {
         mem::prefetch_l2_block::<THREADS>(gate.wrapping_add(rows), part_bytes);
         mem::prefetch_l2_block::<THREADS>(up.wrapping_add(rows), part_bytes);
@@ -339,7 +361,8 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
         sync::sync_lds();
         crate::trace_mark!(2, "staged");
         if block_copy && pass == 0 {
-            mem::prefetch_l2_block::<THREADS>(down, down_share); // once the block's own rows are in
+            copy_half_rows::<THREADS>(rows_at, gate.add(rows), up.add(rows), row_bytes, part_rows, 1);
+            mem::prefetch_l2_block::<THREADS>(down, down_share); // once the block's own rows are asked for
         }
         if pass == 0 {
             C::wait(); // the partner has started (it arrived long before; no wait in practice)
@@ -347,6 +370,12 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
         let mut j0 = 0;
         while first < part_rows && j0 < rows_per_warp {
             let local = part * part_rows + first + j0; // the row in the block's chunks
+            if block_copy && pass == 0 && j0 == 1 {
+                // The second half: every thread's copies, then the barrier that shows them to
+                // the block (every warp of a copying block has its two rows: asserted above).
+                mem::cp_async_wait_all();
+                sync::sync_lds();
+            }
             if WARP_ROWS {
                 ring.wait();
             }
