@@ -947,6 +947,21 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
     let stride = hd as usize + 2;
     let parts = part.add(th as usize * n_chunks as usize * stride);
     let part_of = |c: u32, i: usize| mem::ld_nc_f32(parts, c as usize * stride + i);
+    // A turn of the sums: lane j loads chunk c + j's maximum and sum, every thread the 32
+    // chunks' values at `d` (loads only: the terms need the maximum of all parts).
+    let turn = |c: u32| {
+        let mine = c + index::lane();
+        let ml = if mine < nc { (part_of(mine, 0), part_of(mine, 1)) } else { (0.0, 0.0) };
+        let mut o = [0.0f32; MERGE_AHEAD as usize];
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+            if c + (i as u32) < nc {
+                o[i] = part_of(c + i as u32, 2 + d as usize);
+            }
+        });
+        (ml, o)
+    };
+    // The first turn's loads go out before the maxima's, so that their latencies overlap.
+    let first = turn(0);
     // The maxima: lane j takes chunks j, j + 32, ..., `MERGE_MAX_AHEAD` loads in flight, then
     // the warp's maximum (maxima are exact, so their order is free): a context of up to 256
     // chunks is one memory latency.
@@ -965,22 +980,12 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
         c += 32 * MERGE_MAX_AHEAD;
     }
     let big_m = warp::warp_max_f32(big_m);
-    // The sums, in chunk order, 32 chunks a turn: lane j loads chunk c + j's maximum and sum
-    // and computes its terms (`part_terms`), every thread the 32 chunks' values at `d`, all
-    // before the first is folded; each chunk's terms then come from its lane, so the warp
-    // computes each factor once instead of every lane all 32. A long context is one memory
-    // latency per 32 chunks, not per chunk.
+    // The sums, in chunk order, 32 chunks a turn: lane j computes chunk c + j's terms
+    // (`part_terms`) and the shuffles pass them to the warp, so the warp computes each factor
+    // once instead of every lane all 32. A long context is one memory latency per 32 chunks.
     let (mut big_l, mut big_o) = (0.0f32, 0.0f32);
-    let mut c = 0;
-    while c < nc {
-        let mine = c + index::lane();
-        let (fl, lfl) = if mine < nc { part_terms(big_m, part_of(mine, 0), part_of(mine, 1)) } else { (0.0, 0.0) };
-        let mut o = [0.0f32; MERGE_AHEAD as usize];
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-            if c + (i as u32) < nc {
-                o[i] = part_of(c + i as u32, 2 + d as usize);
-            }
-        });
+    let mut fold = |c: u32, ((ml, ll), o): ((f32, f32), [f32; MERGE_AHEAD as usize])| {
+        let (fl, lfl) = part_terms(big_m, ml, ll);
         crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
             if c + (i as u32) < nc {
                 // (`c + i < nc` is the warp's, so every lane takes part in the exchange.)
@@ -990,6 +995,11 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
                 big_o += o[i] * f;
             }
         });
+    };
+    fold(0, first);
+    let mut c = MERGE_AHEAD;
+    while c < nc {
+        fold(c, turn(c));
         c += MERGE_AHEAD;
     }
     store_output(out, xq, th as usize * hd as usize + d as usize, big_o / big_l);
