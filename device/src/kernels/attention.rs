@@ -385,7 +385,12 @@ struct ChunkRows {
 /// parts: `f = exp_neg(m - big_m)`, `L += l f`, `O += o f`.
 #[inline(always)]
 fn fold_part(big_m: f32, (m, l, o): (f32, f32, f32), big_l: &mut f32, big_o: &mut f32) {
-    let (f, lf) = part_terms(big_m, m, l);
+    fold_terms(part_terms(big_m, m, l), o, big_l, big_o);
+}
+
+/// [`fold_part`]'s sums from the part's terms `(f, l f)` ([`part_terms`]): `L += l f`, `O += o f`.
+#[inline(always)]
+fn fold_terms((f, lf): (f32, f32), o: f32, big_l: &mut f32, big_o: &mut f32) {
     *big_l += lf;
     *big_o += o * f;
 }
@@ -990,9 +995,8 @@ pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q:
             if c + (i as u32) < nc {
                 // (`c + i < nc` is the warp's, so every lane takes part in the exchange.)
                 // `fold_part`'s sums, its terms from chunk c + i's lane.
-                let (f, lf) = (f32::from_bits(warp::shfl_u32(fl.to_bits(), i as u32)), f32::from_bits(warp::shfl_u32(lfl.to_bits(), i as u32)));
-                big_l += lf;
-                big_o += o[i] * f;
+                let terms = (f32::from_bits(warp::shfl_u32(fl.to_bits(), i as u32)), f32::from_bits(warp::shfl_u32(lfl.to_bits(), i as u32)));
+                fold_terms(terms, o[i], &mut big_l, &mut big_o);
             }
         });
     };
