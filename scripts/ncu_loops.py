@@ -62,12 +62,10 @@ def read_page(path):
             sys.exit(f"{path}:{line}: {len(row)} columns where the header has {len(header)}")
         try:
             address = int(row[at["Address"]], 16)
-        except (IndexError, ValueError):
+        except ValueError:
             sys.exit(f"{path}:{line}: no instruction address in {row[:2]}")
-        first = code[0]["address"] if code else address
         code.append({
             "address": address,
-            "offset": address - first,
             "sass": row[at["Source"]].strip(),
             "samples": number(row[at[SAMPLES]]),
             "executed": number(row[at[EXECUTED]]),
@@ -106,6 +104,7 @@ def regions(code):
 
 
 def report(kernel, stalls, code, top):
+    offset = lambda ins: ins["address"] - code[0]["address"]
     samples = sum(ins["samples"] for ins in code) or 1.0
     executed = sum(ins["executed"] for ins in code) or 1.0
     ffma = sum(ins["executed"] for ins in code if opcode(ins["sass"]) == "FFMA")
@@ -121,12 +120,12 @@ def report(kernel, stalls, code, top):
         if ex == 0 and sa == 0:
             continue
         count = lambda op: sum(1 for ins in part if opcode(ins["sass"]) == op)
-        print(f"{kind:4} {part[0]['offset']:6x} {part[-1]['offset']:6x} {len(part):5} {100 * ex / executed:10.1f} "
+        print(f"{kind:4} {offset(part[0]):6x} {offset(part[-1]):6x} {len(part):5} {100 * ex / executed:10.1f} "
               f"{100 * sa / samples:9.1f} {count('FFMA'):5} {count('LDS'):4}")
     print(f"the {top} instructions with the most samples:")
     for ins in sorted(code, key=lambda ins: -ins["samples"])[:top]:
         reasons = sorted(((v, s[6:]) for s, v in ins["stalls"].items() if v), reverse=True)[:3]
-        print(f"  {ins['offset']:6x} {ins['sass'][:52]:52} {ins['samples']:6.0f} samples, executed {ins['executed']:9.0f}  "
+        print(f"  {offset(ins):6x} {ins['sass'][:52]:52} {ins['samples']:6.0f} samples, executed {ins['executed']:9.0f}  "
               + " ".join(f"{s} {v:.0f}" for v, s in reasons))
 
 
