@@ -1,7 +1,8 @@
 //! Attention of the decode step (`attn_prep`, `attn_chunk` + `attn_merge`): the CPU replica
 //! against float64, window invariance, the chunk boundaries, partial RoPE and shape errors; then
 //! `cuda` and `hip` against the replica bit for bit and window invariance on each (skipped
-//! without a GPU unless `STRATA_REQUIRE_GPU=1`).
+//! without a GPU unless `STRATA_REQUIRE_GPU=1`), and the same of the kernels' own code in the
+//! simulator (`sim`, every machine).
 mod common;
 
 use rand::rngs::SmallRng;
@@ -13,6 +14,7 @@ use strata::host::ops::attention::{
     BOUNDARY_WINDOWS,
 };
 use strata::host::backends::gpu::GpuBackend;
+use strata::host::backends::sim::SimBackend;
 use strata::host::backends::knobs::KernelKnobs;
 use strata::host::parity::Outcome;
 use strata::host::Error;
@@ -188,6 +190,42 @@ fn gpu_against_cpu(name: &str) {
 }
 
 crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
+
+/// The kernels' own code in the simulator, launched as the cuda backend launches them on a GPU
+/// of 132 SMs: the parity cases against the replica bit for bit, window invariance, partial
+/// RoPE and the shape errors.
+#[test]
+fn sim_against_cpu() {
+    let mut rng = SmallRng::seed_from_u64(common::seed("sim_against_cpu"));
+    let sim = SimBackend::new(132);
+    common::check_all(parity_cases(&[&CpuBackend::new(), &sim], rng.random()).unwrap());
+    check(window_case(&sim, rng.random()).unwrap());
+    partial_rope_keeps_the_tail(&sim, rng.random());
+    shape_errors_are_errors(&sim);
+}
+
+/// Every `attn_chunk` entry in the simulator: each band that fits heads of 128 values (with and
+/// without the lean twin) and of 64, at one-chunk contexts (the output written by the chunk
+/// kernel) and longer ones (parts and the merge), against the replica bit for bit.
+#[test]
+fn sim_every_entry_gives_the_replicas_bits() {
+    let seed = common::seed("sim_every_entry");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let cpu = CpuBackend::new();
+    for heads in [(8, 1, 128), (16, 2, 128), (4, 2, 64), (8, 1, 64)] {
+        for (tokens, pos0) in [(1, 100), (3, 700), (8, 250)] {
+            let s = rng.random();
+            let case = AttnCase::random_heads(&mut SmallRng::seed_from_u64(s), tokens, pos0, heads);
+            for band in (1..=attn_max_band(heads.2)).filter(|&b| attn_band_fits(heads.0, heads.1, heads.2, b)) {
+                for lean in if attn_chunk_has_lean(band, heads.2) { [false, true].as_slice() } else { [false].as_slice() } {
+                    let sim = SimBackend { attn_band: Some(band), attn_lean: Some(*lean), ..SimBackend::new(132) };
+                    let o = attention_case(&[&cpu, &sim], &case, s).unwrap();
+                    assert!(o.passed(), "band {band}, lean {lean}: {}", o.explain());
+                }
+            }
+        }
+    }
+}
 
 /// `run` on `gpu` with `ATTN_MINB` 2 (`attn_chunk_128`) and, for a band of `band` heads of `hd`
 /// values that has the lean twin, 4 (`attn_chunk_128_m4`) where the backend has it (cuda on

@@ -3,12 +3,32 @@
 //! Kernels use only the vocabulary in [`arch`]; raw `asm!` lives there and nowhere else. Every
 //! kernel is an `extern "ptx-kernel"` entry exported under the same name as its HIP twin in
 //! `device/hip/` and its replica in `strata_gpu_shared::replica`.
-#![no_std]
-#![feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)]
+//!
+//! Outside the PTX build the crate compiles for the host, with `std`, as the simulator's
+//! (`arch::sim`): every entry an ordinary Rust function a test runs on CPU threads.
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, stdarch_nvptx))]
 
 pub mod arch;
 pub mod kernels;
 
+/// Declares a kernel entry: in the PTX build an unmangled `extern "ptx-kernel"` function, on the
+/// host (the simulator) the same function with the Rust ABI.
+#[macro_export]
+macro_rules! entry {
+    ($(#[$attr:meta])* pub unsafe fn $name:ident($($args:tt)*) $body:block) => {
+        #[cfg(target_arch = "nvptx64")]
+        $(#[$attr])*
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name($($args)*) $body
+
+        #[cfg(not(target_arch = "nvptx64"))]
+        $(#[$attr])*
+        pub unsafe fn $name($($args)*) $body
+    };
+}
+
+#[cfg(target_arch = "nvptx64")]
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
     arch::trap()

@@ -31,6 +31,10 @@ pub enum Error {
     /// than the device memory, ...).
     #[error("{0}")]
     Request(String),
+    /// A kernel failed in the simulator (`backends::sim`): a trap, or an access outside its
+    /// buffers or shared memory, naming the block and thread.
+    #[error("kernel {kernel} in the simulator: {detail}")]
+    Simulated { kernel: String, detail: String },
     /// Loading a backend's device code failed.
     #[error("{backend}: {what}: {detail}")]
     Setup { backend: &'static str, what: String, detail: String },

@@ -1,10 +1,12 @@
 //! Integer SIMD-within-a-register operations, and [`opaque`].
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
 /// `x`, through a register move the optimizer cannot see through. With its known bits lost, a
 /// sum of it and a constant stays a sum, which ptxas folds into a load's address offset (given
 /// a value it knew to be small, LLVM turned `x + 16` into `x | 16`: one more address computation
 /// per load).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn opaque(x: u32) -> u32 {
     let r: u32;
@@ -23,6 +25,7 @@ pub fn zero_in(x: u32) -> u32 {
 }
 
 /// `c + sum of the four signed byte products of a and b` (`dp4a.s32.s32`).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn dp4a(a: u32, b: u32, c: i32) -> i32 {
     let r: i32;
@@ -37,6 +40,7 @@ pub fn dp4a(a: u32, b: u32, c: i32) -> i32 {
 
 /// `c + sum of the four products of a's unsigned bytes and b's signed bytes`
 /// (`dp4a.u32.s32`).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn dp4a_us(a: u32, b: u32, c: i32) -> i32 {
     let r: i32;
@@ -52,6 +56,7 @@ pub fn dp4a_us(a: u32, b: u32, c: i32) -> i32 {
 /// Byte permute (`prmt.b32`): result byte i is byte `(sel >> 4i) & 7` of the 8-byte value
 /// `hi:lo`, or with bit 3 of that selector nibble set, that byte's bit 7 replicated (0x00 or
 /// 0xff).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn prmt(lo: u32, hi: u32, sel: u32) -> u32 {
     let r: u32;
@@ -62,4 +67,31 @@ pub fn prmt(lo: u32, hi: u32, sel: u32) -> u32 {
              options(nostack, pure, nomem))
     };
     r
+}
+
+// The simulator's (`super::sim`).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn opaque(x: u32) -> u32 {
+    core::hint::black_box(x)
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn dp4a(a: u32, b: u32, c: i32) -> i32 {
+    (0..4).fold(c, |acc, i| acc.wrapping_add((a >> (8 * i)) as u8 as i8 as i32 * ((b >> (8 * i)) as u8 as i8 as i32)))
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn dp4a_us(a: u32, b: u32, c: i32) -> i32 {
+    (0..4).fold(c, |acc, i| acc.wrapping_add((a >> (8 * i)) as u8 as i32 * ((b >> (8 * i)) as u8 as i8 as i32)))
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn prmt(lo: u32, hi: u32, sel: u32) -> u32 {
+    let bytes = ((hi as u64) << 32 | lo as u64).to_le_bytes();
+    (0..4).fold(0, |r, i| {
+        let nibble = (sel >> (4 * i)) & 15;
+        let b = bytes[(nibble & 7) as usize];
+        let b = if nibble & 8 != 0 { ((b as i8) >> 7) as u8 } else { b };
+        r | (b as u32) << (8 * i)
+    })
 }

@@ -3,9 +3,11 @@
 //!
 //! Global loads use the read-only (non-coherent) path: only for data no thread of the same
 //! launch writes.
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
 /// 1-byte read-only global load; otherwise as [`ld_nc_u16`].
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ld_nc_u8(p: *const u8) -> u8 {
     let r: u16;
@@ -16,6 +18,7 @@ pub unsafe fn ld_nc_u8(p: *const u8) -> u8 {
 
 /// 2-byte read-only global load. `p` must be 2-byte aligned and point at device memory that
 /// stays valid and unwritten for the whole launch (the caller's contract, hence `unsafe`).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ld_nc_u16(p: *const u8) -> u16 {
     let r: u16;
@@ -25,6 +28,7 @@ pub unsafe fn ld_nc_u16(p: *const u8) -> u16 {
 }
 
 /// 4-byte read-only global load; `p` 4-byte aligned, otherwise as [`ld_nc_u16`].
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ld_nc_u32(p: *const u8) -> u32 {
     let r: u32;
@@ -34,6 +38,7 @@ pub unsafe fn ld_nc_u32(p: *const u8) -> u32 {
 }
 
 /// 8-byte read-only global load; `p` 8-byte aligned, otherwise as [`ld_nc_u16`].
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ld_nc_v2(p: *const u8) -> [u32; 2] {
     let (a, b): (u32, u32);
@@ -43,6 +48,7 @@ pub unsafe fn ld_nc_v2(p: *const u8) -> [u32; 2] {
 }
 
 /// 16-byte read-only global load; `p` 16-byte aligned, otherwise as [`ld_nc_u16`].
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -55,6 +61,7 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
 /// 4-byte global load cached in L2 only (`.cg`), not in the SM's L1: for a kernel that reads,
 /// before its grid wait, what an earlier launch wrote (L2 is where every SM's writes meet; an
 /// L1 line may be older than that launch). Aligned, otherwise as [`ld_nc_u16`].
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ld_cg_u32(p: *const u8) -> u32 {
     let r: u32;
@@ -64,6 +71,7 @@ pub unsafe fn ld_cg_u32(p: *const u8) -> u32 {
 
 /// Asks L2 to fetch the 128-byte line holding `p` (a hint: it reads nothing into registers,
 /// changes no value and does not fault).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn prefetch_l2(p: *const u8) {
     // SAFETY: a prefetch writes nothing visible and does not fault.
@@ -71,6 +79,7 @@ pub fn prefetch_l2(p: *const u8) {
 }
 
 /// Asks the SM's L1 to fetch the 128-byte line holding `p` (a hint, as [`prefetch_l2`]).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn prefetch_l1(p: *const u8) {
     // SAFETY: a prefetch writes nothing visible and does not fault.
@@ -120,6 +129,7 @@ fn prefetch_spread(start: *const u8, bytes: usize, t: u32, threads: u32, fetch: 
 /// `dst` is a shared address ([`Smem::addr`]) inside the shared memory the launch asked for and
 /// `src` a global address of as many bytes, not written while the kernel runs, both aligned to
 /// the size; nothing reads or writes `dst` until the copy has been waited for.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn cp_async_8(dst: u32, src: *const u8) {
     asm!("cp.async.ca.shared.global [{d}], [{s}], 8;", d = in(reg32) dst, s = in(reg64) src, options(nostack));
@@ -129,12 +139,14 @@ pub unsafe fn cp_async_8(dst: u32, src: *const u8) {
 ///
 /// # Safety
 /// As [`cp_async_8`].
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn cp_async_16(dst: u32, src: *const u8) {
     asm!("cp.async.cg.shared.global [{d}], [{s}], 16;", d = in(reg32) dst, s = in(reg64) src, options(nostack));
 }
 
 /// Waits until every asynchronous copy this thread issued has landed in shared memory.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn cp_async_wait_all() {
     // SAFETY: waits on the thread's own copies; not `nomem`, so no shared access moves above it.
@@ -143,6 +155,7 @@ pub fn cp_async_wait_all() {
 
 /// Closes this thread's copies issued since the last commit into one group
 /// (`cp.async.commit_group`), which [`cp_async_wait_groups`] can wait for apart from later ones.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn cp_async_commit() {
     // SAFETY: only marks a boundary between the thread's own copies.
@@ -152,6 +165,7 @@ pub fn cp_async_commit() {
 /// Waits until at most `PENDING` of this thread's committed copy groups (the newest) are still
 /// in flight: every older group has landed in shared memory. A warp barrier
 /// ([`crate::arch::sync::sync_warp`]) after it shows the warp's copies to the whole warp.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn cp_async_wait_groups<const PENDING: u32>() {
     // SAFETY: waits on the thread's own copies; not `nomem`, so no shared access moves above it.
@@ -160,6 +174,7 @@ pub fn cp_async_wait_groups<const PENDING: u32>() {
 
 /// Coherent global loads (memory the host may write between launches: device-mapped host
 /// memory), 1, 4 and 16 bytes, aligned to their size.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ld_u8(p: *const u8) -> u8 {
     let r: u16;
@@ -167,6 +182,7 @@ pub unsafe fn ld_u8(p: *const u8) -> u8 {
     r as u8
 }
 
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ld_u32(p: *const u8) -> u32 {
     let r: u32;
@@ -174,6 +190,7 @@ pub unsafe fn ld_u32(p: *const u8) -> u32 {
     r
 }
 
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ld_v4(p: *const u8) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -185,21 +202,25 @@ pub unsafe fn ld_v4(p: *const u8) -> [u32; 4] {
 
 /// Global stores. `p` must be aligned to the stored size and point at device memory this
 /// thread alone writes during the launch.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn st_u8(p: *mut u8, v: u8) {
     asm!("st.global.u8 [{p}], {v};", p = in(reg64) p, v = in(reg16) v as u16, options(nostack));
 }
 
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn st_u16(p: *mut u8, v: u16) {
     asm!("st.global.u16 [{p}], {v};", p = in(reg64) p, v = in(reg16) v, options(nostack));
 }
 
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn st_u32(p: *mut u8, v: u32) {
     asm!("st.global.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack));
 }
 
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
     asm!("st.global.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};", p = in(reg64) p,
@@ -227,6 +248,7 @@ pub unsafe fn ld_f32(p: *const f32, i: usize) -> f32 {
     f32::from_bits(ld_u32(p.add(i) as *const u8))
 }
 
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn st_f32(p: *mut f32, v: f32) {
     asm!("st.global.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack));
@@ -244,6 +266,7 @@ pub unsafe fn st_f32_acc(p: *mut f32, v: f32, accumulate: bool) {
 }
 
 // The block's dynamic shared memory (size set at launch). One declaration for the module.
+#[cfg(target_arch = "nvptx64")]
 core::arch::global_asm!(".extern .shared .align 16 .b8 strata_smem[];");
 
 /// Typed view of the dynamic shared memory as `u32` words. Kernels index it in words; the
@@ -256,6 +279,7 @@ pub struct Smem {
 impl Smem {
     /// The block's dynamic shared memory. Indices passed to the accessors must stay below the
     /// `shared_mem_bytes / 4` the launch asked for (the caller's contract).
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub fn dynamic() -> Smem {
         let base: u64;
@@ -264,6 +288,7 @@ impl Smem {
         Smem { base }
     }
 
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub unsafe fn st_v4(self, word: u32, v: [u32; 4]) {
         asm!("st.shared.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
@@ -272,6 +297,7 @@ impl Smem {
              options(nostack));
     }
 
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub unsafe fn ld_v4(self, word: u32) -> [u32; 4] {
         let (a, b, c, d): (u32, u32, u32, u32);
@@ -300,6 +326,7 @@ impl Smem {
     /// # Safety
     /// `addr` is [`Smem::addr`] of a word (plus a byte offset) inside the shared memory the
     /// launch asked for.
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub unsafe fn ld_u8_at(addr: u32) -> u8 {
         let r: u16;
@@ -312,6 +339,7 @@ impl Smem {
     /// # Safety
     /// `addr` is [`Smem::addr`] of a word (plus a byte offset) inside the shared memory the
     /// launch asked for.
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub unsafe fn ld_u16_at(addr: u32) -> u16 {
         let r: u16;
@@ -324,6 +352,7 @@ impl Smem {
     /// # Safety
     /// `addr` is [`Smem::addr`] of a word (plus a byte offset) inside the shared memory the
     /// launch asked for.
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub unsafe fn ld_u32_at(addr: u32) -> u32 {
         let r: u32;
@@ -336,6 +365,7 @@ impl Smem {
     /// # Safety
     /// `addr` is [`Smem::addr`] of a word (plus a byte offset) inside the shared memory the
     /// launch asked for.
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub unsafe fn ld_v2_at(addr: u32) -> [u32; 2] {
         let (a, b): (u32, u32);
@@ -348,6 +378,7 @@ impl Smem {
     /// # Safety
     /// `addr` is [`Smem::addr`] of a word (plus a byte offset) inside the shared memory the
     /// launch asked for.
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub unsafe fn ld_v4_at(addr: u32) -> [u32; 4] {
         let (a, b, c, d): (u32, u32, u32, u32);
@@ -357,17 +388,165 @@ impl Smem {
         [a, b, c, d]
     }
 
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub unsafe fn st_u32(self, word: u32, v: u32) {
         asm!("st.shared.u32 [{p}], {v};", p = in(reg64) self.base + 4 * word as u64,
              v = in(reg32) v, options(nostack));
     }
 
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub unsafe fn ld_u32(self, word: u32) -> u32 {
         let r: u32;
         asm!("ld.shared.u32 {r}, [{p}];", r = out(reg32) r,
              p = in(reg64) self.base + 4 * word as u64, options(nostack, readonly));
         r
+    }
+}
+
+// The simulator's (`super::sim`): the same operations as checked host loads and stores, shared
+// memory addressed from 0 in the block's own buffer.
+#[cfg(not(target_arch = "nvptx64"))]
+use super::sim;
+
+#[cfg(not(target_arch = "nvptx64"))]
+unsafe fn ld_global<T: Copy>(p: *const u8) -> T {
+    sim::load(sim::global(p as *const T, size_of::<T>(), false))
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+unsafe fn st_global<T: Copy>(p: *mut u8, v: T) {
+    sim::store(sim::global(p as *const T, size_of::<T>(), true) as *mut T, v)
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+mod sim_global {
+    use super::{ld_global, st_global};
+
+    pub unsafe fn ld_nc_u8(p: *const u8) -> u8 {
+        ld_global(p)
+    }
+    pub unsafe fn ld_nc_u16(p: *const u8) -> u16 {
+        ld_global(p)
+    }
+    pub unsafe fn ld_nc_u32(p: *const u8) -> u32 {
+        ld_global(p)
+    }
+    pub unsafe fn ld_nc_v2(p: *const u8) -> [u32; 2] {
+        ld_global(p)
+    }
+    pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
+        ld_global(p)
+    }
+    pub unsafe fn ld_cg_u32(p: *const u8) -> u32 {
+        ld_global(p)
+    }
+    pub unsafe fn ld_u8(p: *const u8) -> u8 {
+        ld_global(p)
+    }
+    pub unsafe fn ld_u32(p: *const u8) -> u32 {
+        ld_global(p)
+    }
+    pub unsafe fn ld_v4(p: *const u8) -> [u32; 4] {
+        ld_global(p)
+    }
+    pub unsafe fn st_u8(p: *mut u8, v: u8) {
+        st_global(p, v)
+    }
+    pub unsafe fn st_u16(p: *mut u8, v: u16) {
+        st_global(p, v)
+    }
+    pub unsafe fn st_u32(p: *mut u8, v: u32) {
+        st_global(p, v)
+    }
+    pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
+        st_global(p, v)
+    }
+    pub unsafe fn st_f32(p: *mut f32, v: f32) {
+        st_global(p as *mut u8, v)
+    }
+}
+#[cfg(not(target_arch = "nvptx64"))]
+pub use sim_global::*;
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn prefetch_l2(_: *const u8) {}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn prefetch_l1(_: *const u8) {}
+
+#[cfg(not(target_arch = "nvptx64"))]
+unsafe fn cp_async(dst: u32, src: *const u8, bytes: usize) {
+    core::ptr::copy_nonoverlapping(sim::global(src, bytes, false), sim::smem(dst as u64, bytes), bytes)
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub unsafe fn cp_async_8(dst: u32, src: *const u8) {
+    cp_async(dst, src, 8)
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub unsafe fn cp_async_16(dst: u32, src: *const u8) {
+    cp_async(dst, src, 16)
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn cp_async_wait_all() {}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn cp_async_commit() {}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn cp_async_wait_groups<const PENDING: u32>() {}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl Smem {
+    pub fn dynamic() -> Smem {
+        Smem { base: 0 }
+    }
+
+    unsafe fn ld_shared<T: Copy>(addr: u64) -> T {
+        sim::load(sim::smem(addr, size_of::<T>()) as *const T)
+    }
+
+    unsafe fn st_shared<T: Copy>(addr: u64, v: T) {
+        sim::store(sim::smem(addr, size_of::<T>()) as *mut T, v)
+    }
+
+    pub unsafe fn st_v4(self, word: u32, v: [u32; 4]) {
+        Self::st_shared(self.base + 4 * word as u64, v)
+    }
+
+    pub unsafe fn ld_v4(self, word: u32) -> [u32; 4] {
+        Self::ld_shared(self.base + 4 * word as u64)
+    }
+
+    pub unsafe fn ld_u8_at(addr: u32) -> u8 {
+        Self::ld_shared(addr as u64)
+    }
+
+    pub unsafe fn ld_u16_at(addr: u32) -> u16 {
+        Self::ld_shared(addr as u64)
+    }
+
+    pub unsafe fn ld_u32_at(addr: u32) -> u32 {
+        Self::ld_shared(addr as u64)
+    }
+
+    pub unsafe fn ld_v2_at(addr: u32) -> [u32; 2] {
+        Self::ld_shared(addr as u64)
+    }
+
+    pub unsafe fn ld_v4_at(addr: u32) -> [u32; 4] {
+        Self::ld_shared(addr as u64)
+    }
+
+    pub unsafe fn st_u32(self, word: u32, v: u32) {
+        Self::st_shared(self.base + 4 * word as u64, v)
+    }
+
+    pub unsafe fn ld_u32(self, word: u32) -> u32 {
+        Self::ld_shared(self.base + 4 * word as u64)
     }
 }

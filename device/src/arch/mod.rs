@@ -12,6 +12,9 @@
 //! | [`convert`] | fp16 <-> f32, f32 -> i32 round-to-nearest-even, `sqrt_rn`, `fma_rn` |
 //! | [`cluster`] | sm_90 thread-block clusters: `rank`, `sync`, stores to a neighbour block's shared memory |
 //! | [`trace`] | `trace_mark!`: a named point of a kernel, stamped in the timeline build only |
+//!
+//! Outside the PTX build (on the host) each operation has a twin in the same module that the
+//! simulator ([`sim`]) runs: kernels' code on CPU threads, for tests without a GPU.
 
 #[cfg(target_feature = "sm_90")]
 pub mod cluster;
@@ -19,6 +22,8 @@ pub mod convert;
 pub mod index;
 pub mod int;
 pub mod mem;
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod sim;
 pub mod sync;
 pub mod trace;
 pub mod warp;

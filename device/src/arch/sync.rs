@@ -1,7 +1,11 @@
 //! Barriers and traps.
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
+#[cfg(not(target_arch = "nvptx64"))]
+pub use super::sim::{sync_threads, sync_warp, trap};
 
 /// Block-wide barrier for global and shared memory (`__syncthreads`).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn sync_threads() {
     // SAFETY: a barrier; every thread of the block must reach it, which callers guarantee by
@@ -15,11 +19,17 @@ pub fn sync_threads() {
 #[inline(always)]
 pub fn sync_lds() {
     // SAFETY: as `sync_threads`.
-    unsafe { asm!("bar.sync 0;", options(nostack)) }
+    #[cfg(target_arch = "nvptx64")]
+    unsafe {
+        asm!("bar.sync 0;", options(nostack))
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    sync_threads();
 }
 
 /// Warp-wide barrier (`bar.warp.sync`, every lane): orders the memory operations of the warp's
 /// lanes before it against theirs after it, shared memory included.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn sync_warp() {
     // SAFETY: a barrier of the full mask; every lane of the warp must reach it, which callers
@@ -28,6 +38,7 @@ pub fn sync_warp() {
 }
 
 /// Aborts the kernel (the launch then fails with an error the host reports by kernel name).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn trap() -> ! {
     // SAFETY: `trap` ends the thread; nothing after it runs.

@@ -1,9 +1,12 @@
 //! Warp shuffles and the reductions built on them. All lanes of the warp must take part.
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
+#[cfg(target_arch = "nvptx64")]
 const FULL: u32 = 0xffff_ffff;
 
 /// Value of `v` in lane `lane ^ mask`.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
     let r: u32;
@@ -20,6 +23,7 @@ pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
 }
 
 /// Value of `v` in lane `src` (every lane reads the same lane; `src < 32`).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn shfl_u32(v: u32, src: u32) -> u32 {
     let r: u32;
@@ -31,6 +35,17 @@ pub fn shfl_u32(v: u32, src: u32) -> u32 {
              options(nostack, nomem))
     };
     r
+}
+
+/// The simulator's (`super::sim`).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
+    super::sim::shfl(v, super::index::lane() ^ mask)
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn shfl_u32(v: u32, src: u32) -> u32 {
+    super::sim::shfl(v, src)
 }
 
 #[inline(always)]

@@ -71,91 +71,92 @@ impl Normed {
     }
 }
 
-/// One warp per head row `r` of the window: `t = r / (n_q + 2 n_kv)`; of each token's rows the
-/// first `n_q` are query heads (`q[t * q_stride + h * hd ..]`: normed, roped, into `q_out`
-/// packed), the next `n_kv` key heads (`k[t * kv_stride + g * hd ..]`: normed, roped, fp16 into
-/// `k_cache` at position `pos0 + t`), the last `n_kv` value heads (`v[t * kv_stride + g * hd
-/// ..]`: fp16 into `v_cache`). The strides let `q`, `k` and `v` be views into one buffer of
-/// fused projection rows. `pos0 = *pos`; rows whose position is at or past `n_ctx` write
-/// nothing.
-///
-/// # Safety
-/// `q`: `(tokens - 1) * q_stride + n_q * hd` f32, `k`, `v`: `(tokens - 1) * kv_stride + n_kv *
-/// hd` f32 (they may overlap each other: only read); `q_out`: `tokens * n_q * hd` f32; `q_norm`,
-/// `k_norm`: `hd` f32; `rope`: `n_ctx * n_rot` f32; the caches: `n_ctx * n_kv * hd` u16; `pos`:
-/// one u32; `hd` a multiple of 32, `n_rot` even and at most `hd`; outputs do not overlap inputs.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn attn_prep(
-    q: *const f32,
-    k: *const f32,
-    v: *const f32,
-    q_norm: *const f32,
-    k_norm: *const f32,
-    rope: *const f32,
-    tokens: u32,
-    n_q: u32,
-    n_kv: u32,
-    hd: u32,
-    n_rot: u32,
-    q_stride: u32,
-    kv_stride: u32,
-    pos: *const u32,
-    n_ctx: u32,
-    eps: f32,
-    q_out: *mut f32,
-    k_cache: *mut u16,
-    v_cache: *mut u16,
-) {
-    let heads = n_q + 2 * n_kv;
-    let r = index::block_idx() * ATTN_PREP_WARPS + index::warp_in_block();
-    let warp_row = r < tokens * heads;
-    let (t, h) = if warp_row { (r / heads, r % heads) } else { (0, 0) };
-    // Before the wait: the window's position, which a copy or the accept of a step before wrote,
-    // launches before this one (read from L2: host/src/backends/launch.rs); then the row's RoPE
-    // pairs and norm weights, constants, asked into L1.
-    let at_pos = if warp_row { mem::ld_cg_u32(pos as *const u8) as u64 + t as u64 } else { u64::MAX };
-    if at_pos < n_ctx as u64 && h < n_q + n_kv {
-        let norm = if h < n_q { q_norm } else { k_norm };
-        mem::prefetch_l1_warp(rope.wrapping_add(at_pos as usize * n_rot as usize) as *const u8, 4 * n_rot as usize);
-        mem::prefetch_l1_warp(norm as *const u8, 4 * hd as usize);
-    }
-    crate::arch::sync::chain_grids();
-    if !warp_row {
-        return; // the whole warp (the kernel has no block barrier)
-    }
-    if at_pos >= n_ctx as u64 {
-        return; // the whole warp: no room in the cache (the host never asks for this)
-    }
-    let pos = at_pos as usize;
-    let (hdu, lane) = (hd as usize, index::lane());
-    if h >= n_q + n_kv {
-        let g = (h - n_q - n_kv) as usize;
-        let (src, dst) = (v.add(t as usize * kv_stride as usize + g * hdu), v_cache.add((pos * n_kv as usize + g) * hdu));
-        let mut d = lane;
-        while d < hd {
-            mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(mem::ld_nc_f32(src, d as usize)));
-            d += 32;
+crate::entry! {
+    /// One warp per head row `r` of the window: `t = r / (n_q + 2 n_kv)`; of each token's rows the
+    /// first `n_q` are query heads (`q[t * q_stride + h * hd ..]`: normed, roped, into `q_out`
+    /// packed), the next `n_kv` key heads (`k[t * kv_stride + g * hd ..]`: normed, roped, fp16 into
+    /// `k_cache` at position `pos0 + t`), the last `n_kv` value heads (`v[t * kv_stride + g * hd
+    /// ..]`: fp16 into `v_cache`). The strides let `q`, `k` and `v` be views into one buffer of
+    /// fused projection rows. `pos0 = *pos`; rows whose position is at or past `n_ctx` write
+    /// nothing.
+    ///
+    /// # Safety
+    /// `q`: `(tokens - 1) * q_stride + n_q * hd` f32, `k`, `v`: `(tokens - 1) * kv_stride + n_kv *
+    /// hd` f32 (they may overlap each other: only read); `q_out`: `tokens * n_q * hd` f32; `q_norm`,
+    /// `k_norm`: `hd` f32; `rope`: `n_ctx * n_rot` f32; the caches: `n_ctx * n_kv * hd` u16; `pos`:
+    /// one u32; `hd` a multiple of 32, `n_rot` even and at most `hd`; outputs do not overlap inputs.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn attn_prep(
+        q: *const f32,
+        k: *const f32,
+        v: *const f32,
+        q_norm: *const f32,
+        k_norm: *const f32,
+        rope: *const f32,
+        tokens: u32,
+        n_q: u32,
+        n_kv: u32,
+        hd: u32,
+        n_rot: u32,
+        q_stride: u32,
+        kv_stride: u32,
+        pos: *const u32,
+        n_ctx: u32,
+        eps: f32,
+        q_out: *mut f32,
+        k_cache: *mut u16,
+        v_cache: *mut u16,
+    ) {
+        let heads = n_q + 2 * n_kv;
+        let r = index::block_idx() * ATTN_PREP_WARPS + index::warp_in_block();
+        let warp_row = r < tokens * heads;
+        let (t, h) = if warp_row { (r / heads, r % heads) } else { (0, 0) };
+        // Before the wait: the window's position, which a copy or the accept of a step before wrote,
+        // launches before this one (read from L2: host/src/backends/launch.rs); then the row's RoPE
+        // pairs and norm weights, constants, asked into L1.
+        let at_pos = if warp_row { mem::ld_cg_u32(pos as *const u8) as u64 + t as u64 } else { u64::MAX };
+        if at_pos < n_ctx as u64 && h < n_q + n_kv {
+            let norm = if h < n_q { q_norm } else { k_norm };
+            mem::prefetch_l1_warp(rope.wrapping_add(at_pos as usize * n_rot as usize) as *const u8, 4 * n_rot as usize);
+            mem::prefetch_l1_warp(norm as *const u8, 4 * hd as usize);
         }
-        return;
-    }
-    let pos_rope = rope.add(pos * n_rot as usize);
-    if h < n_q {
-        let at = (t as usize * n_q as usize + h as usize) * hdu;
-        let row = Normed::new(q.add(t as usize * q_stride as usize + h as usize * hdu), q_norm, hd, eps);
-        let mut d = lane;
-        while d < hd {
-            mem::st_f32(q_out.add(at + d as usize), row.roped(pos_rope, n_rot, d));
-            d += 32;
+        crate::arch::sync::chain_grids();
+        if !warp_row {
+            return; // the whole warp (the kernel has no block barrier)
         }
-    } else {
-        let g = (h - n_q) as usize;
-        let row = Normed::new(k.add(t as usize * kv_stride as usize + g * hdu), k_norm, hd, eps);
-        let dst = k_cache.add((pos * n_kv as usize + g) * hdu);
-        let mut d = lane;
-        while d < hd {
-            mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(row.roped(pos_rope, n_rot, d)));
-            d += 32;
+        if at_pos >= n_ctx as u64 {
+            return; // the whole warp: no room in the cache (the host never asks for this)
+        }
+        let pos = at_pos as usize;
+        let (hdu, lane) = (hd as usize, index::lane());
+        if h >= n_q + n_kv {
+            let g = (h - n_q - n_kv) as usize;
+            let (src, dst) = (v.add(t as usize * kv_stride as usize + g * hdu), v_cache.add((pos * n_kv as usize + g) * hdu));
+            let mut d = lane;
+            while d < hd {
+                mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(mem::ld_nc_f32(src, d as usize)));
+                d += 32;
+            }
+            return;
+        }
+        let pos_rope = rope.add(pos * n_rot as usize);
+        if h < n_q {
+            let at = (t as usize * n_q as usize + h as usize) * hdu;
+            let row = Normed::new(q.add(t as usize * q_stride as usize + h as usize * hdu), q_norm, hd, eps);
+            let mut d = lane;
+            while d < hd {
+                mem::st_f32(q_out.add(at + d as usize), row.roped(pos_rope, n_rot, d));
+                d += 32;
+            }
+        } else {
+            let g = (h - n_q) as usize;
+            let row = Normed::new(k.add(t as usize * kv_stride as usize + g * hdu), k_norm, hd, eps);
+            let dst = k_cache.add((pos * n_kv as usize + g) * hdu);
+            let mut d = lane;
+            while d < hd {
+                mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(row.roped(pos_rope, n_rot, d)));
+                d += 32;
+            }
         }
     }
 }
@@ -263,35 +264,36 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32, const 
 /// change from chunk to chunk computed in each ([`Band::fresh`]).
 macro_rules! attn_chunk_entries {
     ($($(#[$attr:meta])* $name:ident => $w:literal, $hw:literal, $hd:literal, $lean:literal),* $(,)?) => {$(
-        /// `attn_chunk_band` for bands of at most `W` heads, a scoring thread taking at most
-        /// `HW` of them, heads of `HD` values where `HD` is not 0 (launch bounds by name in
-        /// gpu-shared).
-        ///
-        /// # Safety
-        /// As `attn_chunk_band`, with `heads <= W`.
-        $(#[$attr])*
-        #[no_mangle]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            q: *const f32,
-            k_cache: *const u16,
-            v_cache: *const u16,
-            tokens: u32,
-            n_q: u32,
-            n_kv: u32,
-            hd: u32,
-            pos: *const u32,
-            scale: f32,
-            n_ctx: u32,
-            split: u32,
-            heads: u32,
-            part: *mut f32,
-            out: *mut f32,
-            xq: *mut u8,
-        ) {
-            ask_l2_one_chunk(k_cache, v_cache, tokens, n_q, n_kv, if $hd != 0 { $hd } else { hd }, pos, n_ctx, split, heads);
-            crate::arch::sync::chain_grids();
-            attn_chunk_band::<$w, $hw, $hd, $lean>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq)
+        $crate::entry! {
+            /// `attn_chunk_band` for bands of at most `W` heads, a scoring thread taking at most
+            /// `HW` of them, heads of `HD` values where `HD` is not 0 (launch bounds by name in
+            /// gpu-shared).
+            ///
+            /// # Safety
+            /// As `attn_chunk_band`, with `heads <= W`.
+            $(#[$attr])*
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn $name(
+                q: *const f32,
+                k_cache: *const u16,
+                v_cache: *const u16,
+                tokens: u32,
+                n_q: u32,
+                n_kv: u32,
+                hd: u32,
+                pos: *const u32,
+                scale: f32,
+                n_ctx: u32,
+                split: u32,
+                heads: u32,
+                part: *mut f32,
+                out: *mut f32,
+                xq: *mut u8,
+            ) {
+                ask_l2_one_chunk(k_cache, v_cache, tokens, n_q, n_kv, if $hd != 0 { $hd } else { hd }, pos, n_ctx, split, heads);
+                crate::arch::sync::chain_grids();
+                attn_chunk_band::<$w, $hw, $hd, $lean>(q, k_cache, v_cache, tokens, n_q, n_kv, hd, pos, scale, n_ctx, split, heads, part, out, xq)
+            }
         }
     )*};
 }
@@ -299,7 +301,7 @@ macro_rules! attn_chunk_entries {
 attn_chunk_entries! {
     attn_chunk => 8, 4, 0, false,
     attn_chunk_128 => 8, 4, 128, false,
-    #[cfg(target_feature = "sm_90")]
+    #[cfg(any(target_feature = "sm_90", not(target_arch = "nvptx64")))]
     attn_chunk_128_m4 => 8, 4, 128, true,
     attn_chunk_two => 2, 1, 0, false,
     attn_chunk_two_128 => 2, 1, 128, false,
@@ -929,82 +931,83 @@ fn context_len(pos0: u32, t: u32, n_ctx: u32) -> u32 {
     len.min(n_ctx as u64) as u32
 }
 
-/// One block per (token `t`, query head `h`), thread `d < hd`: the token's
-/// `ceil((*pos + t + 1) / ATTN_CHUNK)` parts combined (every thread folds the maxima and `L`
-/// alike), `out[t][h * hd + d] = O / L`; with `xq` not null each warp also quantizes its 32
-/// outputs into their q8_1 block (`quantize_q8_1`'s bits).
-///
-/// # Safety
-/// `part` as `attn_chunk` wrote it for the same `tokens, n_q, hd, pos, n_ctx`; `out`:
-/// `tokens * n_q * hd` f32; `xq`: null or `tokens * n_q * hd / 32` q8_1 blocks; `hd <=
-/// ATTN_THREADS`, a multiple of 32.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn attn_merge(part: *const f32, tokens: u32, n_q: u32, hd: u32, pos: *const u32, n_ctx: u32, out: *mut f32, xq: *mut u8) {
-    crate::arch::sync::chain_grids();
-    let th = index::block_idx();
-    let d = index::thread_idx();
-    if th >= tokens * n_q || d >= hd {
-        return; // whole warps (`hd` a multiple of 32), and no barrier below
+crate::entry! {
+    /// One block per (token `t`, query head `h`), thread `d < hd`: the token's
+    /// `ceil((*pos + t + 1) / ATTN_CHUNK)` parts combined (every thread folds the maxima and `L`
+    /// alike), `out[t][h * hd + d] = O / L`; with `xq` not null each warp also quantizes its 32
+    /// outputs into their q8_1 block (`quantize_q8_1`'s bits).
+    ///
+    /// # Safety
+    /// `part` as `attn_chunk` wrote it for the same `tokens, n_q, hd, pos, n_ctx`; `out`:
+    /// `tokens * n_q * hd` f32; `xq`: null or `tokens * n_q * hd / 32` q8_1 blocks; `hd <=
+    /// ATTN_THREADS`, a multiple of 32.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn attn_merge(part: *const f32, tokens: u32, n_q: u32, hd: u32, pos: *const u32, n_ctx: u32, out: *mut f32, xq: *mut u8) {
+        crate::arch::sync::chain_grids();
+        let th = index::block_idx();
+        let d = index::thread_idx();
+        if th >= tokens * n_q || d >= hd {
+            return; // whole warps (`hd` a multiple of 32), and no barrier below
+        }
+        let nc = context_len(mem::ld_nc_u32(pos as *const u8), th / n_q, n_ctx).div_ceil(ATTN_CHUNK as u32);
+        let n_chunks = n_ctx.div_ceil(ATTN_CHUNK as u32);
+        let stride = hd as usize + 2;
+        let parts = part.add(th as usize * n_chunks as usize * stride);
+        let part_of = |c: u32, i: usize| mem::ld_nc_f32(parts, c as usize * stride + i);
+        // A turn of the sums: lane j loads chunk c + j's maximum and sum, every thread the 32
+        // chunks' values at `d` (loads only: the terms need the maximum of all parts).
+        let turn = |c: u32| {
+            let mine = c + index::lane();
+            let ml = if mine < nc { (part_of(mine, 0), part_of(mine, 1)) } else { (0.0, 0.0) };
+            let mut o = [0.0f32; MERGE_AHEAD as usize];
+            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                if c + (i as u32) < nc {
+                    o[i] = part_of(c + i as u32, 2 + d as usize);
+                }
+            });
+            (ml, o)
+        };
+        // The first turn's loads go out before the maxima's, so that their latencies overlap.
+        let first = turn(0);
+        // The maxima: lane j takes chunks j, j + 32, ..., `MERGE_MAX_AHEAD` loads in flight, then
+        // the warp's maximum (maxima are exact, so their order is free): a context of up to 256
+        // chunks is one memory latency.
+        let mut big_m = f32::NEG_INFINITY;
+        let mut c = index::lane();
+        while c < nc {
+            let mut m = [f32::NEG_INFINITY; MERGE_MAX_AHEAD as usize];
+            crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if c + 32 * (k as u32) < nc {
+                    m[k] = part_of(c + 32 * k as u32, 0);
+                }
+            });
+            crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                big_m = big_m.max(m[k]);
+            });
+            c += 32 * MERGE_MAX_AHEAD;
+        }
+        let big_m = warp::warp_max_f32(big_m);
+        // The sums, in chunk order, 32 chunks a turn: lane j computes chunk c + j's terms
+        // (`part_terms`) and the shuffles pass them to the warp, so the warp computes each factor
+        // once instead of every lane all 32. A long context is one memory latency per 32 chunks.
+        let (mut big_l, mut big_o) = (0.0f32, 0.0f32);
+        let mut fold = |c: u32, ((ml, ll), o): ((f32, f32), [f32; MERGE_AHEAD as usize])| {
+            let (fl, lfl) = part_terms(big_m, ml, ll);
+            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                if c + (i as u32) < nc {
+                    // (`c + i < nc` is the warp's, so every lane takes part in the exchange.)
+                    // `fold_part`'s sums, its terms from chunk c + i's lane.
+                    let terms = (f32::from_bits(warp::shfl_u32(fl.to_bits(), i as u32)), f32::from_bits(warp::shfl_u32(lfl.to_bits(), i as u32)));
+                    fold_terms(terms, o[i], &mut big_l, &mut big_o);
+                }
+            });
+        };
+        fold(0, first);
+        let mut c = MERGE_AHEAD;
+        while c < nc {
+            fold(c, turn(c));
+            c += MERGE_AHEAD;
+        }
+        store_output(out, xq, th as usize * hd as usize + d as usize, big_o / big_l);
     }
-    let nc = context_len(mem::ld_nc_u32(pos as *const u8), th / n_q, n_ctx).div_ceil(ATTN_CHUNK as u32);
-    let n_chunks = n_ctx.div_ceil(ATTN_CHUNK as u32);
-    let stride = hd as usize + 2;
-    let parts = part.add(th as usize * n_chunks as usize * stride);
-    let part_of = |c: u32, i: usize| mem::ld_nc_f32(parts, c as usize * stride + i);
-    // A turn of the sums: lane j loads chunk c + j's maximum and sum, every thread the 32
-    // chunks' values at `d` (loads only: the terms need the maximum of all parts).
-    let turn = |c: u32| {
-        let mine = c + index::lane();
-        let ml = if mine < nc { (part_of(mine, 0), part_of(mine, 1)) } else { (0.0, 0.0) };
-        let mut o = [0.0f32; MERGE_AHEAD as usize];
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-            if c + (i as u32) < nc {
-                o[i] = part_of(c + i as u32, 2 + d as usize);
-            }
-        });
-        (ml, o)
-    };
-    // The first turn's loads go out before the maxima's, so that their latencies overlap.
-    let first = turn(0);
-    // The maxima: lane j takes chunks j, j + 32, ..., `MERGE_MAX_AHEAD` loads in flight, then
-    // the warp's maximum (maxima are exact, so their order is free): a context of up to 256
-    // chunks is one memory latency.
-    let mut big_m = f32::NEG_INFINITY;
-    let mut c = index::lane();
-    while c < nc {
-        let mut m = [f32::NEG_INFINITY; MERGE_MAX_AHEAD as usize];
-        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
-            if c + 32 * (k as u32) < nc {
-                m[k] = part_of(c + 32 * k as u32, 0);
-            }
-        });
-        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
-            big_m = big_m.max(m[k]);
-        });
-        c += 32 * MERGE_MAX_AHEAD;
-    }
-    let big_m = warp::warp_max_f32(big_m);
-    // The sums, in chunk order, 32 chunks a turn: lane j computes chunk c + j's terms
-    // (`part_terms`) and the shuffles pass them to the warp, so the warp computes each factor
-    // once instead of every lane all 32. A long context is one memory latency per 32 chunks.
-    let (mut big_l, mut big_o) = (0.0f32, 0.0f32);
-    let mut fold = |c: u32, ((ml, ll), o): ((f32, f32), [f32; MERGE_AHEAD as usize])| {
-        let (fl, lfl) = part_terms(big_m, ml, ll);
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-            if c + (i as u32) < nc {
-                // (`c + i < nc` is the warp's, so every lane takes part in the exchange.)
-                // `fold_part`'s sums, its terms from chunk c + i's lane.
-                let terms = (f32::from_bits(warp::shfl_u32(fl.to_bits(), i as u32)), f32::from_bits(warp::shfl_u32(lfl.to_bits(), i as u32)));
-                fold_terms(terms, o[i], &mut big_l, &mut big_o);
-            }
-        });
-    };
-    fold(0, first);
-    let mut c = MERGE_AHEAD;
-    while c < nc {
-        fold(c, turn(c));
-        c += MERGE_AHEAD;
-    }
-    store_output(out, xq, th as usize * hd as usize + d as usize, big_o / big_l);
 }

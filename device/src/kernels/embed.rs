@@ -70,16 +70,17 @@ unsafe fn embed_rows<R: RowValue>(table: *const u8, row_bytes: u64, n_rows: u32,
 
 macro_rules! embed_entries {
     ($($name:ident => $row:ty),* $(,)?) => {$(
-        /// Launch: `tokens * ceil(n / EMBED_THREADS)` blocks of `EMBED_THREADS` threads.
-        ///
-        /// # Safety
-        /// As `embed_rows`.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(
-            table: *const u8, row_bytes: u64, n_rows: u32, ids: *const u32, tokens: u32, n: u32, out: *mut f32,
-        ) {
-            crate::arch::sync::chain_grids();
-            embed_rows::<$row>(table, row_bytes, n_rows, ids, tokens, n, out)
+        $crate::entry! {
+            /// Launch: `tokens * ceil(n / EMBED_THREADS)` blocks of `EMBED_THREADS` threads.
+            ///
+            /// # Safety
+            /// As `embed_rows`.
+            pub unsafe fn $name(
+                table: *const u8, row_bytes: u64, n_rows: u32, ids: *const u32, tokens: u32, n: u32, out: *mut f32,
+            ) {
+                crate::arch::sync::chain_grids();
+                embed_rows::<$row>(table, row_bytes, n_rows, ids, tokens, n, out)
+            }
         }
     )*};
 }

@@ -116,15 +116,16 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
 /// SM, `EXPDEC_MINB4_MAX_DR`).
 macro_rules! expdec_down_entries {
     ($($name:ident => $block:ty, $dr:literal;)*) => {$(
-        /// EXPDEC down. Launch: `n * ceil(n_embd / drb)` blocks of `EXPDEC_THREADS` threads and
-        /// `launch::expdec_down_smem` bytes of shared memory.
-        ///
-        /// # Safety
-        /// As `moe_down_*`; `ff_groups <= EXPDEC_DOWN_MAX_GROUPS`, `drb > 0`.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, drb: u32, y: *mut f32) {
-            crate::arch::sync::chain_grids();
-            expdec_down::<$block, $dr>(w, expert_bytes, hq, table, n, ff_groups, n_embd, drb, y)
+        $crate::entry! {
+            /// EXPDEC down. Launch: `n * ceil(n_embd / drb)` blocks of `EXPDEC_THREADS` threads and
+            /// `launch::expdec_down_smem` bytes of shared memory.
+            ///
+            /// # Safety
+            /// As `moe_down_*`; `ff_groups <= EXPDEC_DOWN_MAX_GROUPS`, `drb > 0`.
+            pub unsafe fn $name(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, drb: u32, y: *mut f32) {
+                crate::arch::sync::chain_grids();
+                expdec_down::<$block, $dr>(w, expert_bytes, hq, table, n, ff_groups, n_embd, drb, y)
+            }
         }
     )*};
 }

@@ -428,15 +428,16 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
 /// same formats: `EXPDEC_W16_THREADS`).
 macro_rules! expdec_gu_entries {
     ($($name:ident => $block:ty, $r:literal, $threads:expr $(, $warp_rows:literal)?;)*) => {$(
-        /// EXPDEC gate/up. Launch as `moe_gu_*` but with `n * ceil(n_ff / rb)` blocks of the
-        /// entry's threads and `launch::expdec_gu_smem` bytes of shared memory.
-        ///
-        /// # Safety
-        /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`; blocks of the entry's threads;
-        /// `down`: `n_expert` matrices of `down_bytes` each (only prefetched, never loaded).
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-            expdec_gu::<$block, Whole, $r, { $threads }, { false $(|| $warp_rows)? }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+        $crate::entry! {
+            /// EXPDEC gate/up. Launch as `moe_gu_*` but with `n * ceil(n_ff / rb)` blocks of the
+            /// entry's threads and `launch::expdec_gu_smem` bytes of shared memory.
+            ///
+            /// # Safety
+            /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`; blocks of the entry's threads;
+            /// `down`: `n_expert` matrices of `down_bytes` each (only prefetched, never loaded).
+            pub unsafe fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
+                expdec_gu::<$block, Whole, $r, { $threads }, { false $(|| $warp_rows)? }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+            }
         }
     )*};
 }
@@ -445,18 +446,19 @@ macro_rules! expdec_gu_entries {
 /// `EXPDEC_THREADS`, R = 1, 4 blocks per SM), one per format of `EXPDEC_GU_MINB4_FORMATS`.
 macro_rules! expdec_gu_pair_entries {
     ($($name:ident => $block:ty;)*) => {$(
-        /// EXPDEC gate/up, each 32-row chunk split over a cluster's two blocks. Launch as the
-        /// other entries with `rb` = `MOE_GU_ROWS` and `EXPDEC_PAIR` blocks a chunk:
-        /// `2 n (n_ff / 32)` blocks of `EXPDEC_THREADS`.
-        ///
-        /// # Safety
-        /// As the other `expdec_gu_*` entries, with `rb` = `MOE_GU_ROWS`; launched as clusters
-        /// of `EXPDEC_PAIR` blocks along x (the PTX header asks for them), so every block's
-        /// partner runs and the grid is a whole number of pairs.
-        #[cfg(target_feature = "sm_90")]
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-            expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, false>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+        $crate::entry! {
+            /// EXPDEC gate/up, each 32-row chunk split over a cluster's two blocks. Launch as the
+            /// other entries with `rb` = `MOE_GU_ROWS` and `EXPDEC_PAIR` blocks a chunk:
+            /// `2 n (n_ff / 32)` blocks of `EXPDEC_THREADS`.
+            ///
+            /// # Safety
+            /// As the other `expdec_gu_*` entries, with `rb` = `MOE_GU_ROWS`; launched as clusters
+            /// of `EXPDEC_PAIR` blocks along x (the PTX header asks for them), so every block's
+            /// partner runs and the grid is a whole number of pairs.
+            #[cfg(target_feature = "sm_90")]
+            pub unsafe fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
+                expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, false>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+            }
         }
     )*};
 }

@@ -83,62 +83,65 @@ unsafe fn range_best(x: *const f32, start: u32, end: u32) -> (f32, u32) {
     block_best(best)
 }
 
-/// One block per row (blocks past `rows`, from a padded grid, return at once).
-///
-/// # Safety
-/// `x`: `rows * n` f32 (`n >= 1`), `idx` and `flag`: `rows` u32.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn argmax_rows_ref(x: *const f32, n: u32, rows: u32, idx: *mut u32, flag: *mut u32) {
-    crate::arch::sync::chain_grids();
-    if index::block_idx() >= rows {
-        return; // the whole block
-    }
-    let row = index::block_idx() as usize;
-    let best = range_best(x.add(row * n as usize), 0, n);
-    if index::thread_idx() == 0 {
-        *idx.add(row) = best.1;
-        *flag.add(row) = best.0.is_nan() as u32;
-    }
-}
-
-/// One block per (row, chunk) of `HEAD_CHUNK` elements: each chunk's best into the scratch.
-///
-/// # Safety
-/// `x`: `rows * n` f32; `part_val`, `part_idx`: `rows * chunks`; at least `rows * chunks`
-/// blocks, `chunks = ceil(n / HEAD_CHUNK)`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn argmax_rows_split(x: *const f32, n: u32, rows: u32, chunks: u32, part_val: *mut f32, part_idx: *mut u32) {
-    crate::arch::sync::chain_grids();
-    let Some((_, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
-    let best = range_best(xr, start, end);
-    if index::thread_idx() == 0 {
-        *part_val.add(index::block_idx() as usize) = best.0;
-        *part_idx.add(index::block_idx() as usize) = best.1;
+crate::entry! {
+    /// One block per row (blocks past `rows`, from a padded grid, return at once).
+    ///
+    /// # Safety
+    /// `x`: `rows * n` f32 (`n >= 1`), `idx` and `flag`: `rows` u32.
+    pub unsafe fn argmax_rows_ref(x: *const f32, n: u32, rows: u32, idx: *mut u32, flag: *mut u32) {
+        crate::arch::sync::chain_grids();
+        if index::block_idx() >= rows {
+            return; // the whole block
+        }
+        let row = index::block_idx() as usize;
+        let best = range_best(x.add(row * n as usize), 0, n);
+        if index::thread_idx() == 0 {
+            *idx.add(row) = best.1;
+            *flag.add(row) = best.0.is_nan() as u32;
+        }
     }
 }
 
-/// One block per row: the best of the row's chunk results.
-///
-/// # Safety
-/// As `argmax_rows_split`'s scratch; `idx`, `flag`: `rows` u32; at least `rows` blocks.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn argmax_rows_final(part_val: *const f32, part_idx: *const u32, rows: u32, chunks: u32, idx: *mut u32, flag: *mut u32) {
-    crate::arch::sync::chain_grids();
-    let row = index::block_idx();
-    if row >= rows {
-        return; // the whole block
+crate::entry! {
+    /// One block per (row, chunk) of `HEAD_CHUNK` elements: each chunk's best into the scratch.
+    ///
+    /// # Safety
+    /// `x`: `rows * n` f32; `part_val`, `part_idx`: `rows * chunks`; at least `rows * chunks`
+    /// blocks, `chunks = ceil(n / HEAD_CHUNK)`.
+    pub unsafe fn argmax_rows_split(x: *const f32, n: u32, rows: u32, chunks: u32, part_val: *mut f32, part_idx: *mut u32) {
+        crate::arch::sync::chain_grids();
+        let Some((_, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
+        let best = range_best(xr, start, end);
+        if index::thread_idx() == 0 {
+            *part_val.add(index::block_idx() as usize) = best.0;
+            *part_idx.add(index::block_idx() as usize) = best.1;
+        }
     }
-    let base = (row * chunks) as usize;
-    let mut best = (f32::NAN, NONE);
-    let mut c = index::thread_idx();
-    while c < chunks {
-        keep_better(&mut best, ld_f32(part_val, base + c as usize), mem::ld_nc_u32(part_idx.add(base + c as usize) as *const u8));
-        c += HEAD_THREADS as u32;
-    }
-    let best = block_best(best);
-    if index::thread_idx() == 0 {
-        *idx.add(row as usize) = best.1;
-        *flag.add(row as usize) = best.0.is_nan() as u32;
+}
+
+crate::entry! {
+    /// One block per row: the best of the row's chunk results.
+    ///
+    /// # Safety
+    /// As `argmax_rows_split`'s scratch; `idx`, `flag`: `rows` u32; at least `rows` blocks.
+    pub unsafe fn argmax_rows_final(part_val: *const f32, part_idx: *const u32, rows: u32, chunks: u32, idx: *mut u32, flag: *mut u32) {
+        crate::arch::sync::chain_grids();
+        let row = index::block_idx();
+        if row >= rows {
+            return; // the whole block
+        }
+        let base = (row * chunks) as usize;
+        let mut best = (f32::NAN, NONE);
+        let mut c = index::thread_idx();
+        while c < chunks {
+            keep_better(&mut best, ld_f32(part_val, base + c as usize), mem::ld_nc_u32(part_idx.add(base + c as usize) as *const u8));
+            c += HEAD_THREADS as u32;
+        }
+        let best = block_best(best);
+        if index::thread_idx() == 0 {
+            *idx.add(row as usize) = best.1;
+            *flag.add(row as usize) = best.0.is_nan() as u32;
+        }
     }
 }
 
@@ -200,76 +203,80 @@ fn prob(total: f32) -> f32 {
     }
 }
 
-/// One block per row, walking the row's chunks in order.
-///
-/// # Safety
-/// `x`: `rows * n` f32 (`n >= 1`); `p`: `rows` f32; at least `rows` blocks.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn row_top_prob_ref(x: *const f32, n: u32, rows: u32, p: *mut f32) {
-    crate::arch::sync::chain_grids();
-    if index::block_idx() >= rows {
-        return; // the whole block
-    }
-    let row = index::block_idx() as usize;
-    let xr = x.add(row * n as usize);
-    let m = range_max(xr, 0, n);
-    let mut total = 0.0f32;
-    let mut start = 0;
-    while start < n {
-        total += chunk_sum(xr, start, (start + HEAD_CHUNK as u32).min(n), m);
-        start += HEAD_CHUNK as u32;
-    }
-    if index::thread_idx() == 0 {
-        *p.add(row) = prob(total);
-    }
-}
-
-/// Split pass 1, one block per (row, chunk): the chunk's maximum.
-///
-/// # Safety
-/// `x`: `rows * n` f32; `part_max`: `rows * chunks`; at least `rows * chunks` blocks.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn row_top_prob_max(x: *const f32, n: u32, rows: u32, chunks: u32, part_max: *mut f32) {
-    crate::arch::sync::chain_grids();
-    let Some((_, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
-    let m = range_max(xr, start, end);
-    if index::thread_idx() == 0 {
-        *part_max.add(index::block_idx() as usize) = m;
-    }
-}
-
-/// Split pass 2, one block per (row, chunk): the row maximum from pass 1 (each thread folds
-/// the row's chunk maxima; exact, so all agree), then the chunk's term sum.
-///
-/// # Safety
-/// As `row_top_prob_max`, plus `part_sum`: `rows * chunks`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn row_top_prob_sum(x: *const f32, n: u32, rows: u32, chunks: u32, part_max: *const f32, part_sum: *mut f32) {
-    crate::arch::sync::chain_grids();
-    let Some((row, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
-    let mut m = f32::NEG_INFINITY;
-    for i in 0..chunks {
-        m = m.max(ld_f32(part_max, (row * chunks + i) as usize));
-    }
-    let s = chunk_sum(xr, start, end, m);
-    if index::thread_idx() == 0 {
-        *part_sum.add(index::block_idx() as usize) = s;
-    }
-}
-
-/// Split pass 3, one block per row: the chunk sums left to right, then `1 / total`.
-///
-/// # Safety
-/// `part_sum`: `rows * chunks`; `p`: `rows`; at least `rows` blocks.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn row_top_prob_final(part_sum: *const f32, rows: u32, chunks: u32, p: *mut f32) {
-    crate::arch::sync::chain_grids();
-    let row = index::block_idx();
-    if row < rows && index::thread_idx() == 0 {
-        let mut total = 0.0f32;
-        for c in 0..chunks {
-            total += ld_f32(part_sum, (row * chunks + c) as usize);
+crate::entry! {
+    /// One block per row, walking the row's chunks in order.
+    ///
+    /// # Safety
+    /// `x`: `rows * n` f32 (`n >= 1`); `p`: `rows` f32; at least `rows` blocks.
+    pub unsafe fn row_top_prob_ref(x: *const f32, n: u32, rows: u32, p: *mut f32) {
+        crate::arch::sync::chain_grids();
+        if index::block_idx() >= rows {
+            return; // the whole block
         }
-        *p.add(row as usize) = prob(total);
+        let row = index::block_idx() as usize;
+        let xr = x.add(row * n as usize);
+        let m = range_max(xr, 0, n);
+        let mut total = 0.0f32;
+        let mut start = 0;
+        while start < n {
+            total += chunk_sum(xr, start, (start + HEAD_CHUNK as u32).min(n), m);
+            start += HEAD_CHUNK as u32;
+        }
+        if index::thread_idx() == 0 {
+            *p.add(row) = prob(total);
+        }
+    }
+}
+
+crate::entry! {
+    /// Split pass 1, one block per (row, chunk): the chunk's maximum.
+    ///
+    /// # Safety
+    /// `x`: `rows * n` f32; `part_max`: `rows * chunks`; at least `rows * chunks` blocks.
+    pub unsafe fn row_top_prob_max(x: *const f32, n: u32, rows: u32, chunks: u32, part_max: *mut f32) {
+        crate::arch::sync::chain_grids();
+        let Some((_, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
+        let m = range_max(xr, start, end);
+        if index::thread_idx() == 0 {
+            *part_max.add(index::block_idx() as usize) = m;
+        }
+    }
+}
+
+crate::entry! {
+    /// Split pass 2, one block per (row, chunk): the row maximum from pass 1 (each thread folds
+    /// the row's chunk maxima; exact, so all agree), then the chunk's term sum.
+    ///
+    /// # Safety
+    /// As `row_top_prob_max`, plus `part_sum`: `rows * chunks`.
+    pub unsafe fn row_top_prob_sum(x: *const f32, n: u32, rows: u32, chunks: u32, part_max: *const f32, part_sum: *mut f32) {
+        crate::arch::sync::chain_grids();
+        let Some((row, xr, start, end)) = split_block(x, n, rows, chunks) else { return }; // whole block
+        let mut m = f32::NEG_INFINITY;
+        for i in 0..chunks {
+            m = m.max(ld_f32(part_max, (row * chunks + i) as usize));
+        }
+        let s = chunk_sum(xr, start, end, m);
+        if index::thread_idx() == 0 {
+            *part_sum.add(index::block_idx() as usize) = s;
+        }
+    }
+}
+
+crate::entry! {
+    /// Split pass 3, one block per row: the chunk sums left to right, then `1 / total`.
+    ///
+    /// # Safety
+    /// `part_sum`: `rows * chunks`; `p`: `rows`; at least `rows` blocks.
+    pub unsafe fn row_top_prob_final(part_sum: *const f32, rows: u32, chunks: u32, p: *mut f32) {
+        crate::arch::sync::chain_grids();
+        let row = index::block_idx();
+        if row < rows && index::thread_idx() == 0 {
+            let mut total = 0.0f32;
+            for c in 0..chunks {
+                total += ld_f32(part_sum, (row * chunks + c) as usize);
+            }
+            *p.add(row as usize) = prob(total);
+        }
     }
 }

@@ -115,28 +115,30 @@ unsafe fn chunks<W: FloatWeight, const N: usize>(wrow: *const u8, x: *const f32,
 /// row slots is not in it, as `mmvq1_*` is to `mmvq_*`).
 macro_rules! matvec_entries {
     ($($name:ident, $one:ident => $w:ty),* $(,)?) => {$(
-        /// `matvec` for one weight type. Launch: `ceil(m / MATVEC_WARPS)` blocks of
-        /// `32 * MATVEC_WARPS` threads.
-        ///
-        /// # Safety
-        /// As `matvec`.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
-            prefetch_row::<$w>(w, m, k);
-            crate::arch::sync::chain_grids();
-            matvec::<$w>(w, x, y, m, k, rows, accumulate)
+        $crate::entry! {
+            /// `matvec` for one weight type. Launch: `ceil(m / MATVEC_WARPS)` blocks of
+            /// `32 * MATVEC_WARPS` threads.
+            ///
+            /// # Safety
+            /// As `matvec`.
+            pub unsafe fn $name(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, rows: u32, accumulate: u32) {
+                prefetch_row::<$w>(w, m, k);
+                crate::arch::sync::chain_grids();
+                matvec::<$w>(w, x, y, m, k, rows, accumulate)
+            }
         }
 
-        /// `matvec` of one activation row (`rows` must be 1; the parameter keeps the signature
-        /// of the entry above). Launch as that entry.
-        ///
-        /// # Safety
-        /// As `matvec` with `rows == 1`.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $one(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, _rows: u32, accumulate: u32) {
-            prefetch_row::<$w>(w, m, k);
-            crate::arch::sync::chain_grids();
-            matvec::<$w>(w, x, y, m, k, 1, accumulate)
+        $crate::entry! {
+            /// `matvec` of one activation row (`rows` must be 1; the parameter keeps the signature
+            /// of the entry above). Launch as that entry.
+            ///
+            /// # Safety
+            /// As `matvec` with `rows == 1`.
+            pub unsafe fn $one(w: *const u8, x: *const f32, y: *mut f32, m: u32, k: u32, _rows: u32, accumulate: u32) {
+                prefetch_row::<$w>(w, m, k);
+                crate::arch::sync::chain_grids();
+                matvec::<$w>(w, x, y, m, k, 1, accumulate)
+            }
         }
     )*};
 }

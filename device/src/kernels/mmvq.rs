@@ -286,50 +286,53 @@ unsafe fn pair_first_groups<F: Block>(w: *const u8, m: u32, groups: u32) -> [blo
 /// (`mmvqs_*`) over the shared bodies.
 macro_rules! mmvq_entries {
     ($($name:ident, $one:ident, $staged:ident => $block:ty),* $(,)?) => {$(
-        /// `mmvq` for one weight format. Launch: `ceil(m / MMVQ_WARPS)` blocks of
-        /// `32 * MMVQ_WARPS` threads.
-        ///
-        /// # Safety
-        /// As `mmvq`: buffers of the documented sizes, `1 <= rows <= 8`, `accumulate` 0 or 1.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
-            let first = warp_first_groups::<$block, MMVQ_WARPS, 1>(w, m, groups);
-            prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
-            crate::arch::sync::chain_grids();
-            mmvq::<$block, 1>(first, w, x, y, m, groups, rows, accumulate)
-        }
-
-        /// `mmvq` of one activation row (`rows` must be 1; the parameter keeps the signature
-        /// of the entry above). Launch as that entry, with `2 * MMVQ_WARPS` rows a block where
-        /// `launch::mmvq1_pairs` ([`mmvq1_pair`]).
-        ///
-        /// # Safety
-        /// As `mmvq` with `rows == 1`.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $one(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, _rows: u32, accumulate: u32) {
-            if launch::mmvq1_pairs(m as usize, groups as usize) {
-                let first = pair_first_groups::<$block>(w, m, groups);
+        $crate::entry! {
+            /// `mmvq` for one weight format. Launch: `ceil(m / MMVQ_WARPS)` blocks of
+            /// `32 * MMVQ_WARPS` threads.
+            ///
+            /// # Safety
+            /// As `mmvq`: buffers of the documented sizes, `1 <= rows <= 8`, `accumulate` 0 or 1.
+            pub unsafe fn $name(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
+                let first = warp_first_groups::<$block, MMVQ_WARPS, 1>(w, m, groups);
+                prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
                 crate::arch::sync::chain_grids();
-                return mmvq1_pair::<$block>(first, w, x, y, m, groups, accumulate);
+                mmvq::<$block, 1>(first, w, x, y, m, groups, rows, accumulate)
             }
-            let first = warp_first_groups::<$block, MMVQ_WARPS, { MMVQ1_AHEAD as usize }>(w, m, groups);
-            prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
-            crate::arch::sync::chain_grids();
-            mmvq::<$block, { MMVQ1_AHEAD as usize }>(first, w, x, y, m, groups, 1, accumulate)
         }
 
-        /// `mmvq` of 2..8 activation rows staged in shared memory. Launch: `ceil(m /
-        /// MMVQS_WARPS)` blocks of `32 * MMVQS_WARPS` threads and `launch::mmvq_launch`'s shared
-        /// memory.
-        ///
-        /// # Safety
-        /// As `mmvq`, and the shared memory above.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $staged(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
-            let first = warp_first_groups::<$block, MMVQS_WARPS, 1>(w, m, groups);
-            prefetch_row::<$block, MMVQS_WARPS>(w, m, groups);
-            crate::arch::sync::chain_grids();
-            mmvqs::<$block>(first, w, x, y, m, groups, rows, accumulate)
+        $crate::entry! {
+            /// `mmvq` of one activation row (`rows` must be 1; the parameter keeps the signature
+            /// of the entry above). Launch as that entry, with `2 * MMVQ_WARPS` rows a block where
+            /// `launch::mmvq1_pairs` ([`mmvq1_pair`]).
+            ///
+            /// # Safety
+            /// As `mmvq` with `rows == 1`.
+            pub unsafe fn $one(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, _rows: u32, accumulate: u32) {
+                if launch::mmvq1_pairs(m as usize, groups as usize) {
+                    let first = pair_first_groups::<$block>(w, m, groups);
+                    crate::arch::sync::chain_grids();
+                    return mmvq1_pair::<$block>(first, w, x, y, m, groups, accumulate);
+                }
+                let first = warp_first_groups::<$block, MMVQ_WARPS, { MMVQ1_AHEAD as usize }>(w, m, groups);
+                prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
+                crate::arch::sync::chain_grids();
+                mmvq::<$block, { MMVQ1_AHEAD as usize }>(first, w, x, y, m, groups, 1, accumulate)
+            }
+        }
+
+        $crate::entry! {
+            /// `mmvq` of 2..8 activation rows staged in shared memory. Launch: `ceil(m /
+            /// MMVQS_WARPS)` blocks of `32 * MMVQS_WARPS` threads and `launch::mmvq_launch`'s shared
+            /// memory.
+            ///
+            /// # Safety
+            /// As `mmvq`, and the shared memory above.
+            pub unsafe fn $staged(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, rows: u32, accumulate: u32) {
+                let first = warp_first_groups::<$block, MMVQS_WARPS, 1>(w, m, groups);
+                prefetch_row::<$block, MMVQS_WARPS>(w, m, groups);
+                crate::arch::sync::chain_grids();
+                mmvqs::<$block>(first, w, x, y, m, groups, rows, accumulate)
+            }
         }
     )*};
 }

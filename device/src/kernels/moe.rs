@@ -19,96 +19,97 @@ pub(super) unsafe fn ld(p: *const u32, i: usize) -> u32 {
     mem::ld_nc_u32(p.add(i) as *const u8)
 }
 
-/// One warp builds the table `moe::group` specifies, lane `l` for the selections `e = l + 32 i`
-/// (at most `MOE_MAX_SELECTIONS`, 8 a lane), in three phases:
-/// 1. whether `e` is its id's first selection, kept in `count[e]` (scratch until phase 3);
-/// 2. for a valid `id = ids[e]`: the valid selections of smaller ids (where `id`'s group starts
-///    in `entries`), the firsts among them (the group's index: distinct valid ids below), the
-///    earlier selections of `id` (`e`'s place in its group) and all of them (the group's count);
-/// 3. after a barrier, each lane writes its entries and, for a first selection, its group; the
-///    unused groups and entries, and the header, as the spec fills them.
-///
-/// Every word has one writer, and the words are those of the one-thread spec whatever the lane
-/// order: `O(n^2 / 32)` loads a lane instead of `O(n * groups)` in one thread.
-///
-/// # Safety
-/// `ids`: `n <= MOE_MAX_SELECTIONS` u32; `table`: `moe::table_words(n)` u32; one block of 32
-/// threads.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn moe_group(ids: *const u32, n: u32, n_expert: u32, table: *mut u32) {
-    crate::arch::sync::chain_grids();
-    if index::block_idx() != 0 {
-        return; // the whole block
-    }
-    let (lane, nu) = (index::lane(), n as usize);
-    let flags = table.add(moe::count(nu));
-    let mut e = lane;
-    while e < n {
-        let id = ld(ids, e as usize);
-        *flags.add(e as usize) = (0..e).all(|f| ld(ids, f as usize) != id) as u32;
-        e += 32;
-    }
-    sync::sync_threads();
-    const SLOTS: usize = MOE_MAX_SELECTIONS / 32;
-    let (mut place, mut group, mut start, mut count) = ([u32::MAX; SLOTS], [u32::MAX; SLOTS], [0u32; SLOTS], [0u32; SLOTS]);
-    let (mut groups, mut filled, mut errors) = (0i32, 0i32, 0i32);
-    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-        let e = lane + 32 * i as u32;
-        if e < n {
+crate::entry! {
+    /// One warp builds the table `moe::group` specifies, lane `l` for the selections `e = l + 32 i`
+    /// (at most `MOE_MAX_SELECTIONS`, 8 a lane), in three phases:
+    /// 1. whether `e` is its id's first selection, kept in `count[e]` (scratch until phase 3);
+    /// 2. for a valid `id = ids[e]`: the valid selections of smaller ids (where `id`'s group starts
+    ///    in `entries`), the firsts among them (the group's index: distinct valid ids below), the
+    ///    earlier selections of `id` (`e`'s place in its group) and all of them (the group's count);
+    /// 3. after a barrier, each lane writes its entries and, for a first selection, its group; the
+    ///    unused groups and entries, and the header, as the spec fills them.
+    ///
+    /// Every word has one writer, and the words are those of the one-thread spec whatever the lane
+    /// order: `O(n^2 / 32)` loads a lane instead of `O(n * groups)` in one thread.
+    ///
+    /// # Safety
+    /// `ids`: `n <= MOE_MAX_SELECTIONS` u32; `table`: `moe::table_words(n)` u32; one block of 32
+    /// threads.
+    pub unsafe fn moe_group(ids: *const u32, n: u32, n_expert: u32, table: *mut u32) {
+        crate::arch::sync::chain_grids();
+        if index::block_idx() != 0 {
+            return; // the whole block
+        }
+        let (lane, nu) = (index::lane(), n as usize);
+        let flags = table.add(moe::count(nu));
+        let mut e = lane;
+        while e < n {
             let id = ld(ids, e as usize);
-            if id >= n_expert {
-                errors += 1;
-            } else {
-                let (mut below, mut distinct_below, mut before, mut same) = (0u32, 0u32, 0u32, 0u32);
-                for f in 0..n {
-                    let other = ld(ids, f as usize);
-                    if other < id {
-                        below += 1;
-                        distinct_below += mem::ld_u32(flags.add(f as usize) as *const u8);
-                    } else if other == id {
-                        same += 1;
-                        before += (f < e) as u32;
+            *flags.add(e as usize) = (0..e).all(|f| ld(ids, f as usize) != id) as u32;
+            e += 32;
+        }
+        sync::sync_threads();
+        const SLOTS: usize = MOE_MAX_SELECTIONS / 32;
+        let (mut place, mut group, mut start, mut count) = ([u32::MAX; SLOTS], [u32::MAX; SLOTS], [0u32; SLOTS], [0u32; SLOTS]);
+        let (mut groups, mut filled, mut errors) = (0i32, 0i32, 0i32);
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let e = lane + 32 * i as u32;
+            if e < n {
+                let id = ld(ids, e as usize);
+                if id >= n_expert {
+                    errors += 1;
+                } else {
+                    let (mut below, mut distinct_below, mut before, mut same) = (0u32, 0u32, 0u32, 0u32);
+                    for f in 0..n {
+                        let other = ld(ids, f as usize);
+                        if other < id {
+                            below += 1;
+                            distinct_below += mem::ld_u32(flags.add(f as usize) as *const u8);
+                        } else if other == id {
+                            same += 1;
+                            before += (f < e) as u32;
+                        }
+                    }
+                    place[i] = below + before;
+                    filled += 1;
+                    if before == 0 {
+                        (group[i], start[i], count[i]) = (distinct_below, below, same);
+                        groups += 1;
                     }
                 }
-                place[i] = below + before;
-                filled += 1;
-                if before == 0 {
-                    (group[i], start[i], count[i]) = (distinct_below, below, same);
-                    groups += 1;
-                }
             }
+        });
+        sync::sync_threads(); // every flag is read
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let e = lane + 32 * i as u32;
+            if place[i] != u32::MAX {
+                *table.add(moe::entries(nu) + place[i] as usize) = e;
+            }
+            if group[i] != u32::MAX {
+                let g = group[i] as usize;
+                *table.add(moe::EXPERT + g) = ld(ids, e as usize);
+                *table.add(moe::start(nu) + g) = start[i];
+                *table.add(moe::count(nu) + g) = count[i];
+            }
+        });
+        let (groups, filled) = (warp::warp_sum_i32(groups) as u32, warp::warp_sum_i32(filled) as u32);
+        let errors = warp::warp_sum_i32(errors) as u32;
+        let mut g = groups + lane;
+        while g < n {
+            *table.add(moe::EXPERT + g as usize) = 0;
+            *table.add(moe::start(nu) + g as usize) = filled;
+            *table.add(moe::count(nu) + g as usize) = 0;
+            g += 32;
         }
-    });
-    sync::sync_threads(); // every flag is read
-    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-        let e = lane + 32 * i as u32;
-        if place[i] != u32::MAX {
-            *table.add(moe::entries(nu) + place[i] as usize) = e;
+        let mut e = filled + lane;
+        while e < n {
+            *table.add(moe::entries(nu) + e as usize) = 0;
+            e += 32;
         }
-        if group[i] != u32::MAX {
-            let g = group[i] as usize;
-            *table.add(moe::EXPERT + g) = ld(ids, e as usize);
-            *table.add(moe::start(nu) + g) = start[i];
-            *table.add(moe::count(nu) + g) = count[i];
+        if lane == 0 {
+            *table.add(moe::N_GROUPS) = groups;
+            *table.add(moe::ERRORS) = errors;
         }
-    });
-    let (groups, filled) = (warp::warp_sum_i32(groups) as u32, warp::warp_sum_i32(filled) as u32);
-    let errors = warp::warp_sum_i32(errors) as u32;
-    let mut g = groups + lane;
-    while g < n {
-        *table.add(moe::EXPERT + g as usize) = 0;
-        *table.add(moe::start(nu) + g as usize) = filled;
-        *table.add(moe::count(nu) + g as usize) = 0;
-        g += 32;
-    }
-    let mut e = filled + lane;
-    while e < n {
-        *table.add(moe::entries(nu) + e as usize) = 0;
-        e += 32;
-    }
-    if lane == 0 {
-        *table.add(moe::N_GROUPS) = groups;
-        *table.add(moe::ERRORS) = errors;
     }
 }
 
@@ -217,53 +218,56 @@ unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: 
     }
 }
 
-/// `out[t][i] = sum over slots s, in order, from +0.0, of weights[t * k + s] * y[t * k + s][i]`,
-/// or with `accumulate` (1) that sum added to `out[t][i]` (the residual add, fused): one thread
-/// per output value.
-///
-/// # Safety
-/// `y`: `tokens * k` rows of `n_embd` f32; `weights`: `tokens * k`; `out`: `tokens * n_embd`,
-/// overlapping neither.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn moe_combine(y: *const f32, weights: *const f32, tokens: u32, k: u32, n_embd: u32, out: *mut f32, accumulate: u32) {
-    crate::arch::sync::chain_grids();
-    let i = index::block_idx() * index::block_dim() + index::thread_idx();
-    if i >= tokens * n_embd {
-        return;
+crate::entry! {
+    /// `out[t][i] = sum over slots s, in order, from +0.0, of weights[t * k + s] * y[t * k + s][i]`,
+    /// or with `accumulate` (1) that sum added to `out[t][i]` (the residual add, fused): one thread
+    /// per output value.
+    ///
+    /// # Safety
+    /// `y`: `tokens * k` rows of `n_embd` f32; `weights`: `tokens * k`; `out`: `tokens * n_embd`,
+    /// overlapping neither.
+    pub unsafe fn moe_combine(y: *const f32, weights: *const f32, tokens: u32, k: u32, n_embd: u32, out: *mut f32, accumulate: u32) {
+        crate::arch::sync::chain_grids();
+        let i = index::block_idx() * index::block_dim() + index::thread_idx();
+        if i >= tokens * n_embd {
+            return;
+        }
+        let (t, col) = (i / n_embd, i % n_embd);
+        let mut acc = 0.0f32;
+        for s in 0..k {
+            let e = (t * k + s) as usize;
+            let w = f32::from_bits(mem::ld_nc_u32(weights.add(e) as *const u8));
+            let v = f32::from_bits(mem::ld_nc_u32(y.add(e * n_embd as usize + col as usize) as *const u8));
+            acc += w * v;
+        }
+        mem::st_f32_acc(out.add(i as usize), acc, accumulate != 0);
     }
-    let (t, col) = (i / n_embd, i % n_embd);
-    let mut acc = 0.0f32;
-    for s in 0..k {
-        let e = (t * k + s) as usize;
-        let w = f32::from_bits(mem::ld_nc_u32(weights.add(e) as *const u8));
-        let v = f32::from_bits(mem::ld_nc_u32(y.add(e * n_embd as usize + col as usize) as *const u8));
-        acc += w * v;
-    }
-    mem::st_f32_acc(out.add(i as usize), acc, accumulate != 0);
 }
 
 macro_rules! moe_entries {
     ($($gu:ident, $down:ident => $block:ty),* $(,)?) => {$(
-        /// Gate/up + SwiGLU + q8_1 for one weight format. Launch: `n * (n_ff / 32)` blocks of
-        /// `32 * MOE_GU_WARPS` threads.
-        ///
-        /// # Safety
-        /// As `gu`.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $gu(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, embd_groups: u32, n_ff: u32, hq: *mut u8) {
-            crate::arch::sync::chain_grids();
-            gu::<$block>(gate, up, expert_bytes, xq, table, n, k, embd_groups, n_ff, hq)
+        $crate::entry! {
+            /// Gate/up + SwiGLU + q8_1 for one weight format. Launch: `n * (n_ff / 32)` blocks of
+            /// `32 * MOE_GU_WARPS` threads.
+            ///
+            /// # Safety
+            /// As `gu`.
+            pub unsafe fn $gu(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, embd_groups: u32, n_ff: u32, hq: *mut u8) {
+                crate::arch::sync::chain_grids();
+                gu::<$block>(gate, up, expert_bytes, xq, table, n, k, embd_groups, n_ff, hq)
+            }
         }
 
-        /// Down for one weight format. Launch: `n * ceil(n_embd / (MMVQ_WARPS * MOE_DOWN_ROWS))`
-        /// blocks of `32 * MMVQ_WARPS` threads.
-        ///
-        /// # Safety
-        /// As `down`.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $down(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, y: *mut f32) {
-            crate::arch::sync::chain_grids();
-            down::<$block>(w, expert_bytes, hq, table, n, ff_groups, n_embd, y)
+        $crate::entry! {
+            /// Down for one weight format. Launch: `n * ceil(n_embd / (MMVQ_WARPS * MOE_DOWN_ROWS))`
+            /// blocks of `32 * MMVQ_WARPS` threads.
+            ///
+            /// # Safety
+            /// As `down`.
+            pub unsafe fn $down(w: *const u8, expert_bytes: u64, hq: *const u8, table: *const u32, n: u32, ff_groups: u32, n_embd: u32, y: *mut f32) {
+                crate::arch::sync::chain_grids();
+                down::<$block>(w, expert_bytes, hq, table, n, ff_groups, n_embd, y)
+            }
         }
     )*};
 }

@@ -23,50 +23,52 @@ fn quant(v: f32, df: f32) -> i32 {
     }
 }
 
-/// Launch: `ceil(groups / QUANTIZE_WARPS)` blocks of `32 * QUANTIZE_WARPS` threads.
-///
-/// # Safety
-/// `x`: `groups * 32` f32 in rows of `k` (a multiple of 32); `scales`: one per row or per
-/// column; `out`: `groups` Q8_0 blocks, not overlapping the inputs.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn quantize_q8_0_scaled(x: *const f32, k: u32, scales: *const f32, per_column: u32, groups: u32, out: *mut u8) {
-    crate::arch::sync::chain_grids();
-    let g = index::block_idx() * QUANTIZE_WARPS + index::warp_in_block();
-    if g >= groups {
-        return; // whole warp
-    }
-    let lane = index::lane();
-    let v = scaled(x, k, scales, per_column, g * GROUP as u32 + lane);
-    let d = convert::f32_to_f16(q8_1_scale(warp::warp_max_f32(v.abs())));
-    let block = out.add(g as usize * q8_0::BYTES);
-    mem::st_u8(block.add(q8_0::OFF_Q + lane as usize), quant(v, convert::f16_to_f32(d)) as i8 as u8);
-    if lane == 0 {
-        mem::st_u16(block.add(q8_0::OFF_D), d);
+crate::entry! {
+    /// Launch: `ceil(groups / QUANTIZE_WARPS)` blocks of `32 * QUANTIZE_WARPS` threads.
+    ///
+    /// # Safety
+    /// `x`: `groups * 32` f32 in rows of `k` (a multiple of 32); `scales`: one per row or per
+    /// column; `out`: `groups` Q8_0 blocks, not overlapping the inputs.
+    pub unsafe fn quantize_q8_0_scaled(x: *const f32, k: u32, scales: *const f32, per_column: u32, groups: u32, out: *mut u8) {
+        crate::arch::sync::chain_grids();
+        let g = index::block_idx() * QUANTIZE_WARPS + index::warp_in_block();
+        if g >= groups {
+            return; // whole warp
+        }
+        let lane = index::lane();
+        let v = scaled(x, k, scales, per_column, g * GROUP as u32 + lane);
+        let d = convert::f32_to_f16(q8_1_scale(warp::warp_max_f32(v.abs())));
+        let block = out.add(g as usize * q8_0::BYTES);
+        mem::st_u8(block.add(q8_0::OFF_Q + lane as usize), quant(v, convert::f16_to_f32(d)) as i8 as u8);
+        if lane == 0 {
+            mem::st_u16(block.add(q8_0::OFF_D), d);
+        }
     }
 }
 
-/// The one-thread-per-block reference. Launch: `ceil(groups / (32 * QUANTIZE_WARPS))` blocks of
-/// `32 * QUANTIZE_WARPS` threads.
-///
-/// # Safety
-/// As [`quantize_q8_0_scaled`].
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn quantize_q8_0_scaled_ref(x: *const f32, k: u32, scales: *const f32, per_column: u32, groups: u32, out: *mut u8) {
-    crate::arch::sync::chain_grids();
-    let g = index::block_idx() * index::block_dim() + index::thread_idx();
-    if g >= groups {
-        return;
+crate::entry! {
+    /// The one-thread-per-block reference. Launch: `ceil(groups / (32 * QUANTIZE_WARPS))` blocks of
+    /// `32 * QUANTIZE_WARPS` threads.
+    ///
+    /// # Safety
+    /// As [`quantize_q8_0_scaled`].
+    pub unsafe fn quantize_q8_0_scaled_ref(x: *const f32, k: u32, scales: *const f32, per_column: u32, groups: u32, out: *mut u8) {
+        crate::arch::sync::chain_grids();
+        let g = index::block_idx() * index::block_dim() + index::thread_idx();
+        if g >= groups {
+            return;
+        }
+        let base = g * GROUP as u32;
+        let mut amax = 0.0f32;
+        for j in 0..GROUP as u32 {
+            amax = amax.max(scaled(x, k, scales, per_column, base + j).abs());
+        }
+        let d = convert::f32_to_f16(q8_1_scale(amax));
+        let df = convert::f16_to_f32(d);
+        let block = out.add(g as usize * q8_0::BYTES);
+        for j in 0..GROUP as u32 {
+            mem::st_u8(block.add(q8_0::OFF_Q + j as usize), quant(scaled(x, k, scales, per_column, base + j), df) as i8 as u8);
+        }
+        mem::st_u16(block.add(q8_0::OFF_D), d);
     }
-    let base = g * GROUP as u32;
-    let mut amax = 0.0f32;
-    for j in 0..GROUP as u32 {
-        amax = amax.max(scaled(x, k, scales, per_column, base + j).abs());
-    }
-    let d = convert::f32_to_f16(q8_1_scale(amax));
-    let df = convert::f16_to_f32(d);
-    let block = out.add(g as usize * q8_0::BYTES);
-    for j in 0..GROUP as u32 {
-        mem::st_u8(block.add(q8_0::OFF_Q + j as usize), quant(scaled(x, k, scales, per_column, base + j), df) as i8 as u8);
-    }
-    mem::st_u16(block.add(q8_0::OFF_D), d);
 }

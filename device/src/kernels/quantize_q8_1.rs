@@ -25,18 +25,19 @@ pub unsafe fn quantize_group(v: f32, block: *mut u8) {
     }
 }
 
-/// `x`: `groups * 32` f32 values (rows laid end to end); `out`: `groups` q8_1 blocks.
-/// Launch: `ceil(groups / QUANTIZE_WARPS)` blocks of `32 * QUANTIZE_WARPS` threads.
-///
-/// # Safety
-/// `x` and `out` must be device buffers of the sizes above; `out` must not overlap `x`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn quantize_q8_1(x: *const f32, out: *mut u8, groups: u32) {
-    crate::arch::sync::chain_grids();
-    let g = index::block_idx() * QUANTIZE_WARPS + index::warp_in_block();
-    if g >= groups {
-        return; // the whole warp leaves together; nothing below needs the others
+crate::entry! {
+    /// `x`: `groups * 32` f32 values (rows laid end to end); `out`: `groups` q8_1 blocks.
+    /// Launch: `ceil(groups / QUANTIZE_WARPS)` blocks of `32 * QUANTIZE_WARPS` threads.
+    ///
+    /// # Safety
+    /// `x` and `out` must be device buffers of the sizes above; `out` must not overlap `x`.
+    pub unsafe fn quantize_q8_1(x: *const f32, out: *mut u8, groups: u32) {
+        crate::arch::sync::chain_grids();
+        let g = index::block_idx() * QUANTIZE_WARPS + index::warp_in_block();
+        if g >= groups {
+            return; // the whole warp leaves together; nothing below needs the others
+        }
+        let v = f32::from_bits(mem::ld_nc_u32(x.add((g * GROUP as u32 + index::lane()) as usize) as *const u8));
+        quantize_group(v, out.add(g as usize * q8_1::BYTES));
     }
-    let v = f32::from_bits(mem::ld_nc_u32(x.add((g * GROUP as u32 + index::lane()) as usize) as *const u8));
-    quantize_group(v, out.add(g as usize * q8_1::BYTES));
 }

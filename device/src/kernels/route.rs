@@ -51,89 +51,90 @@ unsafe fn ranks<const S: usize>(smem: Smem, key: &[u64; ROUTER_PER_THREAD], turn
     rank
 }
 
-/// One block per token (blocks past `tokens`, from a padded grid, return at once).
-///
-/// # Safety
-/// `logits`: `tokens * n_expert` f32 with `1 <= n_expert <= ROUTER_MAX_EXPERTS`;
-/// `ids`, `weights`: `tokens * k` with `1 <= k <= min(ROUTER_MAX_K, n_expert)`; `table`: null,
-/// or for `tokens == 1` the `moe::table_words(k)` u32 of the window's group table;
-/// `ROUTER_SMEM_WORDS` words of shared memory.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn router_topk(logits: *const f32, tokens: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32, table: *mut u32) {
-    crate::arch::sync::chain_grids();
-    let t = index::block_idx();
-    if t >= tokens {
-        return; // the whole block
-    }
-    let (smem, tid, lane, w) = (Smem::dynamic(), index::thread_idx(), index::lane(), index::warp_in_block());
-    let row = logits.add(t as usize * n_expert as usize);
-    let expert = |j: usize| tid + ROUTER_THREADS * j as u32;
-    let mut l = [0.0f32; ROUTER_PER_THREAD];
-    let mut m = f32::NEG_INFINITY;
-    unroll!(j in [0, 1, 2, 3] {
-        if expert(j) < n_expert {
-            l[j] = ld_f32(row, expert(j) as usize);
-            m = m.max(l[j]);
+crate::entry! {
+    /// One block per token (blocks past `tokens`, from a padded grid, return at once).
+    ///
+    /// # Safety
+    /// `logits`: `tokens * n_expert` f32 with `1 <= n_expert <= ROUTER_MAX_EXPERTS`;
+    /// `ids`, `weights`: `tokens * k` with `1 <= k <= min(ROUTER_MAX_K, n_expert)`; `table`: null,
+    /// or for `tokens == 1` the `moe::table_words(k)` u32 of the window's group table;
+    /// `ROUTER_SMEM_WORDS` words of shared memory.
+    pub unsafe fn router_topk(logits: *const f32, tokens: u32, n_expert: u32, k: u32, ids: *mut u32, weights: *mut f32, table: *mut u32) {
+        crate::arch::sync::chain_grids();
+        let t = index::block_idx();
+        if t >= tokens {
+            return; // the whole block
         }
-    });
-    // The row's maximum (exact in any order): the warps' maxima folded.
-    let m = warp::warp_max_f32(m);
-    if lane == 0 {
-        smem.st_u32(ROUTER_MAX_WORD + w, m.to_bits());
-    }
-    sync::sync_threads();
-    crate::trace_mark!(1, "maxed");
-    let mut m = f32::NEG_INFINITY;
-    unroll!(x in [0, 1, 2, 3] {
-        m = m.max(f32::from_bits(smem.ld_u32(ROUTER_MAX_WORD + x as u32)));
-    });
-    // Every slot's key into shared memory, 0 past `n_expert`.
-    let mut key = [0u64; ROUTER_PER_THREAD];
-    unroll!(j in [0, 1, 2, 3] {
-        if expert(j) < n_expert {
-            key[j] = prob_key(top_prob_term(l[j], m), expert(j));
+        let (smem, tid, lane, w) = (Smem::dynamic(), index::thread_idx(), index::lane(), index::warp_in_block());
+        let row = logits.add(t as usize * n_expert as usize);
+        let expert = |j: usize| tid + ROUTER_THREADS * j as u32;
+        let mut l = [0.0f32; ROUTER_PER_THREAD];
+        let mut m = f32::NEG_INFINITY;
+        unroll!(j in [0, 1, 2, 3] {
+            if expert(j) < n_expert {
+                l[j] = ld_f32(row, expert(j) as usize);
+                m = m.max(l[j]);
+            }
+        });
+        // The row's maximum (exact in any order): the warps' maxima folded.
+        let m = warp::warp_max_f32(m);
+        if lane == 0 {
+            smem.st_u32(ROUTER_MAX_WORD + w, m.to_bits());
         }
-        smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j), key[j] as u32);
-        smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j) + 1, (key[j] >> 32) as u32);
-    });
-    sync::sync_threads();
-    crate::trace_mark!(2, "keyed");
-    let slots = n_expert.saturating_sub(tid).div_ceil(ROUTER_THREADS);
-    let turns = n_expert.div_ceil(8);
-    let rank = match slots {
-        0 => [u32::MAX; ROUTER_PER_THREAD],
-        1 => ranks::<1>(smem, &key, turns),
-        2 => ranks::<2>(smem, &key, turns),
-        3 => ranks::<3>(smem, &key, turns),
-        _ => ranks::<4>(smem, &key, turns),
-    };
-    unroll!(j in [0, 1, 2, 3] {
-        if (j as u32) < slots && rank[j] < k {
-            smem.st_u32(ROUTER_PICK_WORD + rank[j], (key[j] >> 32) as u32);
-            smem.st_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + rank[j], expert(j));
+        sync::sync_threads();
+        crate::trace_mark!(1, "maxed");
+        let mut m = f32::NEG_INFINITY;
+        unroll!(x in [0, 1, 2, 3] {
+            m = m.max(f32::from_bits(smem.ld_u32(ROUTER_MAX_WORD + x as u32)));
+        });
+        // Every slot's key into shared memory, 0 past `n_expert`.
+        let mut key = [0u64; ROUTER_PER_THREAD];
+        unroll!(j in [0, 1, 2, 3] {
+            if expert(j) < n_expert {
+                key[j] = prob_key(top_prob_term(l[j], m), expert(j));
+            }
+            smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j), key[j] as u32);
+            smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j) + 1, (key[j] >> 32) as u32);
+        });
+        sync::sync_threads();
+        crate::trace_mark!(2, "keyed");
+        let slots = n_expert.saturating_sub(tid).div_ceil(ROUTER_THREADS);
+        let turns = n_expert.div_ceil(8);
+        let rank = match slots {
+            0 => [u32::MAX; ROUTER_PER_THREAD],
+            1 => ranks::<1>(smem, &key, turns),
+            2 => ranks::<2>(smem, &key, turns),
+            3 => ranks::<3>(smem, &key, turns),
+            _ => ranks::<4>(smem, &key, turns),
+        };
+        unroll!(j in [0, 1, 2, 3] {
+            if (j as u32) < slots && rank[j] < k {
+                smem.st_u32(ROUTER_PICK_WORD + rank[j], (key[j] >> 32) as u32);
+                smem.st_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + rank[j], expert(j));
+            }
+        });
+        sync::sync_threads();
+        crate::trace_mark!(3, "ranked");
+        if w != 0 {
+            return;
         }
-    });
-    sync::sync_threads();
-    crate::trace_mark!(3, "ranked");
-    if w != 0 {
-        return;
-    }
-    // Warp 0: the picks' sum in slot order (every lane), lane `r` stores pick `r`.
-    let pick = |r: u32| (f32::from_bits(smem.ld_u32(ROUTER_PICK_WORD + r)), smem.ld_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + r));
-    let mut sum = 0.0f32;
-    let mut r = 0;
-    while r < k {
-        sum += pick(r).0;
-        r += 1;
-    }
-    let mine = if lane < k { pick(lane) } else { (0.0, 0) };
-    if lane < k {
-        let at = t as usize * k as usize + lane as usize;
-        *ids.add(at) = mine.1;
-        *weights.add(at) = if sum == 0.0 { 0.0 } else { mine.0 / sum };
-    }
-    if !table.is_null() {
-        one_token_table(mine.1, k, table);
+        // Warp 0: the picks' sum in slot order (every lane), lane `r` stores pick `r`.
+        let pick = |r: u32| (f32::from_bits(smem.ld_u32(ROUTER_PICK_WORD + r)), smem.ld_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + r));
+        let mut sum = 0.0f32;
+        let mut r = 0;
+        while r < k {
+            sum += pick(r).0;
+            r += 1;
+        }
+        let mine = if lane < k { pick(lane) } else { (0.0, 0) };
+        if lane < k {
+            let at = t as usize * k as usize + lane as usize;
+            *ids.add(at) = mine.1;
+            *weights.add(at) = if sum == 0.0 { 0.0 } else { mine.0 / sum };
+        }
+        if !table.is_null() {
+            one_token_table(mine.1, k, table);
+        }
     }
 }
 

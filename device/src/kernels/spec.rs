@@ -8,25 +8,26 @@
 use super::moe::ld;
 use crate::arch::index;
 
-/// # Safety
-/// `window`, `next`: `tokens` u32 with `1 <= tokens`; `out`: `tokens + 1` u32; `pos`: one u32;
-/// none overlapping another.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn spec_accept(window: *mut u32, next: *const u32, tokens: u32, out: *mut u32, pos: *mut u32) {
-    crate::arch::sync::chain_grids();
-    if index::block_idx() != 0 || index::thread_idx() != 0 {
-        return;
+crate::entry! {
+    /// # Safety
+    /// `window`, `next`: `tokens` u32 with `1 <= tokens`; `out`: `tokens + 1` u32; `pos`: one u32;
+    /// none overlapping another.
+    pub unsafe fn spec_accept(window: *mut u32, next: *const u32, tokens: u32, out: *mut u32, pos: *mut u32) {
+        crate::arch::sync::chain_grids();
+        if index::block_idx() != 0 || index::thread_idx() != 0 {
+            return;
+        }
+        let mut prev = ld(next, 0);
+        *out.add(1) = prev;
+        let (mut accepted, mut matching) = (1u32, true);
+        for i in 1..tokens as usize {
+            matching = matching && ld(window, i) == prev;
+            accepted += matching as u32;
+            prev = ld(next, i);
+            *out.add(1 + i) = prev;
+        }
+        *out = accepted;
+        *window = *out.add(accepted as usize);
+        *pos += accepted;
     }
-    let mut prev = ld(next, 0);
-    *out.add(1) = prev;
-    let (mut accepted, mut matching) = (1u32, true);
-    for i in 1..tokens as usize {
-        matching = matching && ld(window, i) == prev;
-        accepted += matching as u32;
-        prev = ld(next, i);
-        *out.add(1 + i) = prev;
-    }
-    *out = accepted;
-    *window = *out.add(accepted as usize);
-    *pos += accepted;
 }

@@ -10,6 +10,7 @@
 //! | [`gpu`] | a CUDA driver context + module: what `cuda` and `hip` have in common |
 //! | [`cuda`] | the Rust PTX from `device/` |
 //! | [`hip`] | the `device/hip/*.hip` sources, compiled at run time by NVRTC |
+//! | [`sim`] | the `device/` kernels' own code on CPU threads (the simulator), for tests |
 //! | [`launch`] | one kernel launch: parameters, driver call, programmatic dependent launch |
 //! | [`knobs`] | the kernel knobs (routed experts, attention) and the expert launch plan they give |
 //! | [`mapped`] | pinned device-mapped host memory, `copy_from_mapped_multi` |
@@ -21,6 +22,7 @@ pub mod hip;
 pub mod knobs;
 pub mod launch;
 pub mod mapped;
+pub mod sim;
 pub mod trace;
 
 use crate::error::{Error, Result};
