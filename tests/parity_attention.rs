@@ -218,7 +218,8 @@ fn sim_every_entry_gives_the_replicas_bits() {
             let case = AttnCase::random_heads(&mut SmallRng::seed_from_u64(s), tokens, pos0, heads);
             for band in (1..=attn_max_band(heads.2)).filter(|&b| attn_band_fits(heads.0, heads.1, heads.2, b)) {
                 for lean in if attn_chunk_has_lean(band, heads.2) { [false, true].as_slice() } else { [false].as_slice() } {
-                    let sim = SimBackend { attn_band: Some(band), attn_lean: Some(*lean), ..SimBackend::new(132) };
+                    let mut sim = SimBackend { attn_band: Some(band), ..SimBackend::new(132) };
+                    sim.knobs.attn_minb = if *lean { 4 } else { 2 };
                     let o = attention_case(&[&cpu, &sim], &case, s).unwrap();
                     assert!(o.passed(), "band {band}, lean {lean}: {}", o.explain());
                 }

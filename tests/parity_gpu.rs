@@ -1,5 +1,6 @@
 //! Bitwise parity across backends, written once and instantiated per backend pair: `cuda`
-//! (Rust PTX), `hip` (HIP sources through NVRTC) and `cpu` (the replica). Every output is
+//! (Rust PTX), `hip` (HIP sources through NVRTC), `cpu` (the replica) and `sim` (the Rust
+//! kernels' own code in the simulator, on every machine). Every output is
 //! poisoned before the kernel runs and checked written; a failure prints the first differing
 //! index and both values. Without a GPU these tests report themselves skipped, unless
 //! `STRATA_REQUIRE_GPU=1`, where a missing GPU backend fails them.
@@ -9,6 +10,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use strata::host::backends::cpu::CpuBackend;
+use strata::host::backends::sim::SimBackend;
 use strata::host::parity::{self, Outcome};
 use strata::host::Backend;
 use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
@@ -16,6 +18,7 @@ use strata_gpu_shared::formats::{FloatFormat, WeightFormat};
 fn open(name: &str) -> Option<Box<dyn Backend>> {
     match name {
         "cpu" => Some(Box::new(CpuBackend::new())),
+        "sim" => Some(Box::new(SimBackend::new(132))),
         _ => common::open_gpu(name).map(|b| Box::new(b) as _),
     }
 }
@@ -150,6 +153,7 @@ macro_rules! parity_pair {
 }
 
 parity_pair!(cuda_vs_cpu, "cpu", "cuda");
+parity_pair!(sim_vs_cpu, "cpu", "sim");
 parity_pair!(hip_vs_cpu, "cpu", "hip");
 parity_pair!(cuda_vs_hip, "cuda", "hip");
 

@@ -325,3 +325,10 @@ fn launchers_check_device_buffers() {
     gpu.download("sample_rows", &sid, &mut got).unwrap();
     assert_eq!(got[..rows], sample(&CpuBackend::new(), &x, n, p, 77));
 }
+
+/// The parity suite on the kernels' own code in the simulator, against the replica bit for bit.
+#[test]
+fn sim_matches_cpu() {
+    let seed = common::seed("sim_matches_cpu");
+    common::check_all(parity_cases(&[&CpuBackend::new(), &strata::host::backends::sim::SimBackend::new(132)], seed).unwrap());
+}

@@ -137,3 +137,10 @@ fn launcher_checks_device_buffers() {
     assert_eq!((moved[0], at[0]), (next[2], 43));
     assert_eq!(moved[1..], long(&window)[1..]);
 }
+
+/// The parity suite on the kernel's own code in the simulator, against the replica bit for bit.
+#[test]
+fn sim_matches_cpu() {
+    let seed = common::seed("sim_matches_cpu");
+    common::check_all(parity_cases(&[&CpuBackend::new(), &strata::host::backends::sim::SimBackend::new(132)], seed).unwrap());
+}

@@ -177,3 +177,40 @@ fn integer_twins_follow_the_ptx_definitions() {
     // Unsigned a: 255 * 3 + 2 * -4 + 128 * 5 + 127 * 6 = 765 - 8 + 640 + 762 = 2159.
     assert_eq!(int::dp4a_us(a, b, 0), 2159);
 }
+
+/// A `cp.async` copy lands when its thread waits for it: before, its destination holds what it
+/// held (0xff bytes here); `wait_group 1` lands all but the newest committed group, `wait_all`
+/// the rest.
+#[test]
+fn async_copies_land_at_their_wait() {
+    let src: Vec<u32> = (0..8).collect();
+    let mut out = vec![0u32; 3 * 8];
+    let (from, at) = (Addr(src.as_ptr() as usize), Addr::of(&mut out));
+    let memory = [Region::of(&src, false), Region::of(&out, true)];
+    launch(1, 1, 32, &memory, || {
+        let smem = mem::Smem::dynamic();
+        let read = |round: usize| {
+            for w in 0..8 {
+                // SAFETY: words 0..8 of the 32 bytes; `out` holds 3 rounds of 8.
+                unsafe { mem::st_u32(at.u32().add(8 * round + w) as *mut u8, smem.ld_u32(w as u32)) }
+            }
+        };
+        // SAFETY: 16-byte copies of `src` into the launch's shared memory, aligned.
+        unsafe {
+            mem::cp_async_16(smem.addr(0), from.0 as *const u8);
+            mem::cp_async_commit();
+            mem::cp_async_16(smem.addr(4), (from.0 + 16) as *const u8);
+            mem::cp_async_commit();
+        }
+        read(0);
+        mem::cp_async_wait_groups::<1>();
+        read(1);
+        mem::cp_async_wait_all();
+        read(2);
+    })
+    .unwrap();
+    let poison = [u32::MAX; 4];
+    assert_eq!(out[..8], [poison, poison].concat());
+    assert_eq!(out[8..16], [&src[..4], &poison[..]].concat());
+    assert_eq!(out[16..], src[..]);
+}

@@ -12,19 +12,37 @@
 pub mod arch;
 pub mod kernels;
 
-/// Declares a kernel entry: in the PTX build an unmangled `extern "ptx-kernel"` function, on the
-/// host (the simulator) the same function with the Rust ABI.
+/// Declares a kernel entry: in the PTX build an unmangled `extern "ptx-kernel"` function; on the
+/// host (the simulator) the same function with the Rust ABI, and its [`arch::sim::Entry`] in
+/// [`arch::sim::ENTRIES`] (its name, and a call from a launch's argument list).
 #[macro_export]
 macro_rules! entry {
-    ($(#[$attr:meta])* pub unsafe fn $name:ident($($args:tt)*) $body:block) => {
+    ($(#[$attr:meta])* pub unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         #[cfg(target_arch = "nvptx64")]
         $(#[$attr])*
         #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name($($args)*) $body
+        pub unsafe extern "ptx-kernel" fn $name($($arg: $ty),*) $body
 
         #[cfg(not(target_arch = "nvptx64"))]
         $(#[$attr])*
-        pub unsafe fn $name($($args)*) $body
+        pub unsafe fn $name($($arg: $ty),*) $body
+
+        // (The entry's attributes again: a `cfg` among them leaves its registration out too.)
+        #[cfg(not(target_arch = "nvptx64"))]
+        $(#[$attr])*
+        const _: () = {
+            #[linkme::distributed_slice($crate::arch::sim::ENTRIES)]
+            static ENTRY: $crate::arch::sim::Entry = $crate::arch::sim::Entry {
+                name: stringify!($name),
+                params: &[$(stringify!($arg)),*],
+                call: |args| {
+                    let mut args = args.iter().enumerate();
+                    $(let $arg: $ty = $crate::arch::sim::FromArg::take(&mut args, stringify!($name));)*
+                    // SAFETY: the launcher's contract (`arch::sim::Entry::call`).
+                    unsafe { $name($($arg),*) }
+                },
+            };
+        };
     };
 }
 

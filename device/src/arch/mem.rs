@@ -477,28 +477,29 @@ pub fn prefetch_l2(_: *const u8) {}
 pub fn prefetch_l1(_: *const u8) {}
 
 #[cfg(not(target_arch = "nvptx64"))]
-unsafe fn cp_async(dst: u32, src: *const u8, bytes: usize) {
-    core::ptr::copy_nonoverlapping(sim::global(src, bytes, false), sim::smem(dst as u64, bytes), bytes)
-}
-
-#[cfg(not(target_arch = "nvptx64"))]
 pub unsafe fn cp_async_8(dst: u32, src: *const u8) {
-    cp_async(dst, src, 8)
+    sim::cp_async(dst, src, 8)
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub unsafe fn cp_async_16(dst: u32, src: *const u8) {
-    cp_async(dst, src, 16)
+    sim::cp_async(dst, src, 16)
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn cp_async_wait_all() {}
+pub fn cp_async_wait_all() {
+    sim::cp_async_wait(0, true)
+}
 
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn cp_async_commit() {}
+pub fn cp_async_commit() {
+    sim::cp_async_commit()
+}
 
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn cp_async_wait_groups<const PENDING: u32>() {}
+pub fn cp_async_wait_groups<const PENDING: u32>() {
+    sim::cp_async_wait(PENDING as usize, false)
+}
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl Smem {

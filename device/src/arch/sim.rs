@@ -12,8 +12,9 @@
 //!   slots between two warp barriers. Threads that wait at barriers which can never release
 //!   (a barrier some threads of a block skip) end the launch with an error.
 //! - Shared memory is the block's own buffer, filled with 0xff bytes (a NaN as f32) before the
-//!   block starts, and every access is checked against the launch's size. `cp.async` copies at
-//!   once (so its waits have nothing to wait for).
+//!   block starts, and every access is checked against the launch's size. A `cp.async` copy
+//!   lands only when its thread waits for it (its group, or all), so a read before the wait
+//!   sees what was there before.
 //! - Global memory is the host memory the test's pointers point at: every access is checked to
 //!   lie inside one of the launch's [`Region`]s (a store, inside a writable one) and aligned to
 //!   its size. Prefetches and grid chaining do nothing.
@@ -65,7 +66,90 @@ impl Barrier {
 
 struct Warp {
     barrier: Barrier,
-    slots: [Cell<u32>; 32],
+    /// A shuffle's values, in the set of its barrier's generation's parity: a lane writes the
+    /// set of a later shuffle only after the barrier between (every lane has read this one).
+    slots: [[Cell<u32>; 32]; 2],
+}
+
+/// A kernel entry the simulator can launch by name (every `crate::entry!` adds its own).
+pub struct Entry {
+    pub name: &'static str,
+    /// The parameters' names, in order.
+    pub params: &'static [&'static str],
+    /// Calls the entry with `args` (one a parameter, in order, of its type: a launch's argument
+    /// list, as the cuda backend pushes it). The caller's contract is the entry's: the buffers
+    /// and sizes it names; a missing or mistyped argument fails the launch.
+    pub call: fn(&[Arg]),
+}
+
+/// Every entry of the kernels.
+#[linkme::distributed_slice]
+pub static ENTRIES: [Entry];
+
+/// The entry `name`.
+pub fn entry(name: &str) -> Option<&'static Entry> {
+    ENTRIES.iter().find(|e| e.name == name)
+}
+
+/// One argument of a launch.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// A buffer's address (or 0: a null pointer).
+    Ptr(usize),
+    U32(u32),
+    U64(u64),
+    I32(i32),
+    F32(f32),
+}
+
+/// A parameter's value from its [`Arg`].
+pub trait FromArg: Sized {
+    fn from_arg(a: Arg) -> Option<Self>;
+
+    /// The next argument of `entry`'s list as this parameter; a failure of the launch where it
+    /// is missing or of another kind.
+    fn take<'a>(args: &mut impl Iterator<Item = (usize, &'a Arg)>, entry: &str) -> Self {
+        match args.next() {
+            Some((i, a)) => Self::from_arg(*a).unwrap_or_else(|| panic!("{entry}: argument {i} is {a:?}, not a {}", std::any::type_name::<Self>())),
+            None => panic!("{entry}: too few arguments"),
+        }
+    }
+}
+
+impl<T> FromArg for *const T {
+    fn from_arg(a: Arg) -> Option<Self> {
+        if let Arg::Ptr(p) = a { Some(p as *const T) } else { None }
+    }
+}
+
+impl<T> FromArg for *mut T {
+    fn from_arg(a: Arg) -> Option<Self> {
+        if let Arg::Ptr(p) = a { Some(p as *mut T) } else { None }
+    }
+}
+
+impl FromArg for u32 {
+    fn from_arg(a: Arg) -> Option<Self> {
+        if let Arg::U32(v) = a { Some(v) } else { None }
+    }
+}
+
+impl FromArg for u64 {
+    fn from_arg(a: Arg) -> Option<Self> {
+        if let Arg::U64(v) = a { Some(v) } else { None }
+    }
+}
+
+impl FromArg for i32 {
+    fn from_arg(a: Arg) -> Option<Self> {
+        if let Arg::I32(v) = a { Some(v) } else { None }
+    }
+}
+
+impl FromArg for f32 {
+    fn from_arg(a: Arg) -> Option<Self> {
+        if let Arg::F32(v) = a { Some(v) } else { None }
+    }
 }
 
 /// Host memory a launch may access: `bytes` bytes from `start`, stored to only if `writable`.
@@ -83,9 +167,8 @@ impl Region {
     }
 }
 
-/// What a simulated thread knows of itself and its block (the thread-local of the coroutine
-/// running now, set before each resume).
-#[derive(Clone, Copy)]
+/// What a simulated thread knows of itself and its block (the thread-local points at the
+/// running coroutine's, set before each resume).
 struct Thread {
     thread: u32,
     block: u32,
@@ -95,18 +178,34 @@ struct Thread {
     barrier: *const Barrier,
     warp: *const Warp,
     memory: *const [Region],
-    yielder: *const Yielder<(), ()>,
+    /// The region of the thread's last global access (where the next is likely).
+    last_region: Cell<usize>,
+    yielder: Cell<*const Yielder<(), ()>>,
+    /// The thread's `cp.async` copies not yet waited for: committed groups (oldest first), then
+    /// those since the last commit.
+    copies: *const std::cell::RefCell<Copies>,
+}
+
+/// A thread's copies in flight: `(to, from, bytes)`.
+#[derive(Default)]
+struct Copies {
+    committed: std::collections::VecDeque<Vec<(*mut u8, *const u8, usize)>>,
+    open: Vec<(*mut u8, *const u8, usize)>,
 }
 
 thread_local! {
-    static THREAD: Cell<Option<Thread>> = const { Cell::new(None) };
+    static THREAD: Cell<*const Thread> = const { Cell::new(std::ptr::null()) };
     /// Stacks of coroutines that ended, for the next blocks (mapping one costs more than a
     /// short kernel's run).
     static STACKS: std::cell::RefCell<Vec<DefaultStack>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn me() -> Thread {
-    THREAD.with(|t| t.get()).expect("a device operation outside a simulated launch (strata_device::arch::sim::launch)")
+fn me() -> &'static Thread {
+    let t = THREAD.with(|t| t.get());
+    assert!(!t.is_null(), "a device operation outside a simulated launch (strata_device::arch::sim::launch)");
+    // SAFETY: set by `run_block` to the running coroutine's record, which outlives the
+    // coroutine's run (the `'static` never leaves this module's functions).
+    unsafe { &*t }
 }
 
 pub fn thread_idx() -> u32 {
@@ -123,10 +222,8 @@ pub fn block_dim() -> u32 {
 
 /// Hands the host thread to the block's next coroutine until the scheduler resumes this one.
 fn suspend() {
-    let t = me();
     // SAFETY: the yielder is this coroutine's, which is running (it called this).
-    unsafe { (*t.yielder).suspend(()) };
-    THREAD.with(|c| c.set(Some(t)));
+    unsafe { (*me().yielder.get()).suspend(()) };
 }
 
 pub fn sync_threads() {
@@ -144,11 +241,10 @@ pub fn shfl(v: u32, src: u32) -> u32 {
     let t = me();
     // SAFETY: as `sync_threads`.
     let warp = unsafe { &*t.warp };
-    warp.slots[(t.thread % 32) as usize].set(v);
+    let set = &warp.slots[(warp.barrier.generation.get() % 2) as usize];
+    set[(t.thread % 32) as usize].set(v);
     warp.barrier.wait();
-    let r = warp.slots[(src % 32) as usize].get();
-    warp.barrier.wait(); // no lane stores its next value before every lane has read this one
-    r
+    set[(src % 32) as usize].get()
 }
 
 /// The host address of `bytes` bytes at byte `at` of the block's shared memory, aligned to
@@ -165,9 +261,15 @@ pub fn smem(at: u64, bytes: usize) -> *mut u8 {
 pub fn global<T>(p: *const T, bytes: usize, store: bool) -> *const T {
     assert!(p as usize % bytes == 0, "misaligned {bytes}-byte global access at {p:p}");
     // SAFETY: the regions outlive the launch's coroutines (`run_block` drops them first).
-    let memory = unsafe { &*me().memory };
-    let at = p as usize;
-    match memory.iter().find(|r| at >= r.start && at + bytes <= r.start + r.bytes) {
+    let (t, at) = (me(), p as usize);
+    let memory = unsafe { &*t.memory };
+    let inside = |r: &Region| at >= r.start && at + bytes <= r.start + r.bytes;
+    let last = t.last_region.get();
+    let found = if memory.get(last).is_some_and(inside) { Some(last) } else { memory.iter().position(inside) };
+    if let Some(i) = found {
+        t.last_region.set(i);
+    }
+    match found.map(|i| &memory[i]) {
         Some(r) if store && !r.writable => panic!("a {bytes}-byte store at {p:p}, into a read-only buffer ({} bytes at {:#x})", r.bytes, r.start),
         Some(_) => p,
         None => panic!("a {bytes}-byte global {} at {p:p}, outside every buffer of the launch", if store { "store" } else { "load" }),
@@ -188,6 +290,40 @@ pub unsafe fn load<T: Copy>(p: *const T) -> T {
 /// As [`load`].
 pub unsafe fn store<T: Copy>(p: *mut T, v: T) {
     core::ptr::write_volatile(p, v)
+}
+
+/// Starts a `cp.async` of `bytes` bytes from global `src` to shared address `dst` (both checked
+/// now); it lands when the thread waits for it.
+pub fn cp_async(dst: u32, src: *const u8, bytes: usize) {
+    let (to, from) = (smem(dst as u64, bytes), global(src, bytes, false));
+    // SAFETY: the thread's own queue, alive as long as its block.
+    unsafe { (*me().copies).borrow_mut().open.push((to, from, bytes)) }
+}
+
+/// Closes the thread's open copies into a group.
+pub fn cp_async_commit() {
+    // SAFETY: as `cp_async`.
+    let mut c = unsafe { (*me().copies).borrow_mut() };
+    let open = std::mem::take(&mut c.open);
+    c.committed.push_back(open);
+}
+
+/// Lands every copy of the thread but the newest `pending` committed groups (`all`: and the
+/// open ones, as `cp.async.wait_all`).
+pub fn cp_async_wait(pending: usize, all: bool) {
+    // SAFETY: as `cp_async`.
+    let mut c = unsafe { (*me().copies).borrow_mut() };
+    let mut landing = Vec::new();
+    while c.committed.len() > if all { 0 } else { pending } {
+        landing.extend(c.committed.pop_front().into_iter().flatten());
+    }
+    if all {
+        landing.append(&mut c.open);
+    }
+    for (to, from, bytes) in landing {
+        // SAFETY: both checked when the copy started; the source is read-only to the launch.
+        unsafe { core::ptr::copy_nonoverlapping(from, to, bytes) };
+    }
 }
 
 pub fn trap() -> ! {
@@ -212,7 +348,8 @@ fn run_block(block: u32, threads: u32, smem_bytes: usize, memory: &[Region], ker
     let warps: Vec<Warp> = (0..threads.div_ceil(32))
         .map(|w| Warp { barrier: Barrier::new((threads - 32 * w).min(32)), slots: Default::default() })
         .collect();
-    let mut me: Vec<Thread> = (0..threads)
+    let copies: Vec<std::cell::RefCell<Copies>> = (0..threads).map(|_| Default::default()).collect();
+    let records: Vec<Thread> = (0..threads)
         .map(|thread| Thread {
             thread,
             block,
@@ -222,7 +359,9 @@ fn run_block(block: u32, threads: u32, smem_bytes: usize, memory: &[Region], ker
             barrier: &barrier,
             warp: &warps[(thread / 32) as usize],
             memory,
-            yielder: std::ptr::null(),
+            last_region: Cell::new(0),
+            yielder: Cell::new(std::ptr::null()),
+            copies: &copies[thread as usize],
         })
         .collect();
     let mut coroutines = Vec::with_capacity(threads as usize);
@@ -235,7 +374,7 @@ fn run_block(block: u32, threads: u32, smem_bytes: usize, memory: &[Region], ker
         // dropped below, before this function returns.
         coroutines.push(Some(unsafe {
             Coroutine::with_stack_unchecked(stack, |yielder: &Yielder<(), ()>, ()| {
-                THREAD.with(|c| c.set(c.get().map(|t| Thread { yielder, ..t })));
+                me().yielder.set(yielder);
                 kernel();
             })
         }));
@@ -248,9 +387,9 @@ fn run_block(block: u32, threads: u32, smem_bytes: usize, memory: &[Region], ker
         let before = (releases(), running);
         for (t, slot) in coroutines.iter_mut().enumerate() {
             let Some(co) = slot else { continue };
-            THREAD.with(|c| c.set(Some(me[t])));
+            THREAD.with(|c| c.set(&records[t]));
             let ran = catch_unwind(AssertUnwindSafe(|| co.resume(())));
-            me[t] = THREAD.with(|c| c.take()).unwrap_or(me[t]);
+            THREAD.with(|c| c.set(std::ptr::null()));
             match ran {
                 Ok(CoroutineResult::Yield(())) => {}
                 Ok(CoroutineResult::Return(())) => {

@@ -9,12 +9,12 @@ use rand::{Rng, SeedableRng};
 use crate::backends::cpu::CpuBackend;
 use crate::error::{Error, Result};
 use crate::backends::gpu::GpuBackend;
-use crate::backends::sim::{At, SimBackend};
+use crate::backends::sim::{Args as SimArgs, SimBackend};
 use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunk_kernel, attn_chunks, attn_lean_wanted, attn_split, attn_max_band, attn_band_min_blocks, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
+use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunks, attn_lean_wanted, attn_split, attn_max_band, attn_band_min_blocks, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
 use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
 
 const PREP: &str = "attn_prep";
@@ -445,22 +445,6 @@ impl AttentionOps for GpuBackend {
     }
 }
 
-/// An `attn_chunk` entry's parameters (every entry has the same).
-type ChunkEntry = unsafe fn(*const f32, *const u16, *const u16, u32, u32, u32, u32, *const u32, f32, u32, u32, u32, *mut f32, *mut f32, *mut u8);
-
-/// The simulator's function for the `attn_chunk` entry `name` ([`attn_chunk_kernel`]'s names).
-fn sim_chunk_entry(name: &str) -> ChunkEntry {
-    use strata_device::kernels::attention as k;
-    match name {
-        "attn_chunk_one" => k::attn_chunk_one,
-        "attn_chunk_two" => k::attn_chunk_two,
-        "attn_chunk_two_128" => k::attn_chunk_two_128,
-        "attn_chunk_128" => k::attn_chunk_128,
-        "attn_chunk_128_m4" => k::attn_chunk_128_m4,
-        _ => k::attn_chunk,
-    }
-}
-
 /// The cuda backend's launches (`attn_prep_queue`, `attention_queue` with the bound the host
 /// slices' window gives) run by the simulator.
 impl AttentionOps for SimBackend {
@@ -488,17 +472,12 @@ impl AttentionOps for SimBackend {
         check_prep(shape, strides, pos0, lens, true)?;
         let s = shape;
         let pos = [pos0 as u32];
-        let mut m = Vec::new();
-        let (q, k, v, qn, kn, rope, pos) = (At::input(q, &mut m), At::input(k, &mut m), At::input(v, &mut m), At::input(q_norm, &mut m), At::input(k_norm, &mut m), At::input(rope, &mut m), At::input(&pos, &mut m));
-        let (q_out, kc, vc) = (At::output(q_out, &mut m), At::output(k_cache, &mut m), At::output(v_cache, &mut m));
+        let mut a = SimArgs::new();
+        a.input(q).input(k).input(v).input(q_norm).input(k_norm).input(rope);
+        a.u32(s.tokens as u32).u32(s.n_q as u32).u32(s.n_kv as u32).u32(s.hd as u32).u32(s.n_rot as u32).u32(strides.q as u32).u32(strides.kv as u32).input(&pos).u32(s.n_ctx as u32).f32(eps);
+        a.output(q_out).output(k_cache).output(v_cache);
         let rows = s.tokens * (s.n_q + 2 * s.n_kv);
-        self.launch(PREP, rows.div_ceil(ATTN_PREP_WARPS as usize), &m, || {
-            let (tokens, n_q, n_kv, hd, n_rot, n_ctx) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_rot as u32, s.n_ctx as u32);
-            // SAFETY: the parameters in order over the buffers checked above, as the cuda launch.
-            unsafe {
-                strata_device::kernels::attention::attn_prep(q.get(), k.get(), v.get(), qn.get(), kn.get(), rope.get(), tokens, n_q, n_kv, hd, n_rot, strides.q as u32, strides.kv as u32, pos.get(), n_ctx, eps, q_out.get(), kc.get(), vc.get())
-            }
-        })
+        self.run(PREP, rows.div_ceil(ATTN_PREP_WARPS as usize) as u32, None, &a)
     }
 
     fn attention(&self, q: &[f32], k_cache: &[u16], v_cache: &[u16], shape: AttnShape, pos0: usize, scale: f32, out: &mut [f32]) -> Result<()> {
@@ -510,29 +489,26 @@ impl AttentionOps for SimBackend {
         if !attn_band_fits(s.n_q, s.n_kv, s.hd, band) {
             return Err(Error::Shape { kernel: CHUNK, detail: format!("a band of {band} query heads does not fit {} heads of {} values over {} groups", s.n_q, s.hd, s.n_kv) });
         }
-        let lean = self.attn_lean.unwrap_or_else(|| attn_lean_wanted(s.tokens, s.n_q, band, split, self.sms));
-        let kernel = attn_chunk_kernel(band, s.hd, lean);
+        let wanted = attn_lean_wanted(s.tokens, s.n_q, band, split, self.sms);
+        // The simulator compiles the lean entry, as the cuda backend's sm_90 image has it.
+        let kernel = self.knobs.attn_chunk_entry(band, s.hd, true, wanted).map_err(|e| Error::Request(format!("sim: {CHUNK}: kernel knobs: {e}")))?;
         let direct = ctx_bound <= ATTN_CHUNK;
         // Poisoned, as on the cuda backend: a part the merge reads but no block wrote shows.
         let mut part = vec![f32::from_bits(POISON_F32); attn_part_len(s)];
         let pos = [pos0 as u32];
-        let mut m = Vec::new();
-        let (dq, dk, dv, dpos) = (At::input(q, &mut m), At::input(k_cache, &mut m), At::input(v_cache, &mut m), At::input(&pos, &mut m));
-        let (dpart, dout) = (At::output(&mut part, &mut m), At::output(out, &mut m));
         let (tokens, n_q, n_kv, hd, n_ctx) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_ctx as u32);
-        let entry = sim_chunk_entry(kernel);
-        let chunk_out = if direct { dout } else { At::null() };
-        self.launch(kernel, s.tokens * (s.n_q / band) * split, &m, || {
-            // SAFETY: as the cuda launch in `attention_queue`.
-            unsafe { entry(dq.get(), dk.get(), dv.get(), tokens, n_q, n_kv, hd, dpos.get(), scale, n_ctx, split as u32, band as u32, dpart.get(), chunk_out.get(), At::<u8>::null().get()) }
-        })?;
+        let blocks = (s.tokens * (s.n_q / band) * split) as u32;
+        let mut a = SimArgs::new();
+        a.input(q).input(k_cache).input(v_cache).u32(tokens).u32(n_q).u32(n_kv).u32(hd).input(&pos).f32(scale).u32(n_ctx).u32(split as u32).u32(band as u32);
         if direct {
-            return Ok(());
+            a.output(&mut part).output(out).null();
+            return self.run(kernel, blocks, None, &a);
         }
-        self.launch(MERGE, s.tokens * s.n_q, &m, || {
-            // SAFETY: as the cuda launch in `attention_queue`.
-            unsafe { strata_device::kernels::attention::attn_merge(dpart.get(), tokens, n_q, hd, dpos.get(), n_ctx, dout.get(), At::<u8>::null().get()) }
-        })
+        a.output(&mut part).null().null();
+        self.run(kernel, blocks, None, &a)?;
+        let mut a = SimArgs::new();
+        a.input(&part).u32(tokens).u32(n_q).u32(hd).input(&pos).u32(n_ctx).output(out).null();
+        self.run(MERGE, tokens * n_q, None, &a)
     }
 }
 

@@ -13,6 +13,7 @@ use crate::backends::{exact_len, shape_err};
 use crate::error::Result;
 use crate::gguf::GgmlType;
 use crate::backends::gpu::{holds, GpuBackend};
+use crate::backends::sim::{Args as SimArgs, SimBackend};
 use crate::parity::{compare_bits, note_unwritten, random_weights, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::{nmse, rms_norm_f64};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, GROUP};
@@ -351,6 +352,55 @@ impl NormOps for GpuBackend {
         self.add_into_queue(&mut acc, &db, a.len())?;
         self.synchronize(ADD)?;
         self.download_out(ADD, &acc, out)
+    }
+}
+
+/// The cuda backend's launches run by the simulator.
+impl NormOps for SimBackend {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn embed_rows(&self, table: &[u8], ty: GgmlType, n_rows: usize, n: usize, ids: &[u32], out: &mut [f32]) -> Result<()> {
+        let t = embed_slices(table, ty, n_rows, n, ids, out)?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let (_, row_bytes) = check_embed(ty, n_rows, n, ids.len())?;
+        let (tokens, n) = (ids.len() as u32, n as u32);
+        let mut a = SimArgs::new();
+        a.input(table).u64(row_bytes as u64).u32(n_rows as u32).input(ids).u32(tokens).u32(n).output(out);
+        self.run(t.kernel(), tokens * n.div_ceil(EMBED_THREADS), None, &a)
+    }
+
+    fn rms_norm(&self, x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]) -> Result<()> {
+        let rows = rms_slices(x, w, n, out)? as u32;
+        if rows == 0 {
+            return Ok(());
+        }
+        self.run(RMS, rows.div_ceil(NORM_WARPS), None, SimArgs::new().input(x).input(w).output(out).u32(rows).u32(n as u32).f32(eps))
+    }
+
+    fn rms_norm_q8_1(&self, x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32], xq: &mut [u8]) -> Result<()> {
+        let rows = nq_slices(x, w, n, out, xq)? as u32;
+        if rows == 0 {
+            return Ok(());
+        }
+        let mut a = SimArgs::new();
+        a.input(x).input(w).output(out).output(xq).u32(rows).u32(n as u32).f32(eps);
+        self.run(NQ, rows * nq_parts(n as u32), Some(nq_smem(n)), &a)
+    }
+
+    /// The step's in-place path, as on the cuda backend: `a` copied into `out`, then `out`
+    /// passed as both `a` and `out`.
+    fn add(&self, a: &[f32], b: &[f32], out: &mut [f32]) -> Result<()> {
+        add_slices(a, b, out)?;
+        if a.is_empty() {
+            return Ok(());
+        }
+        out.copy_from_slice(a);
+        let (acc, n) = (out.as_ptr() as usize, a.len() as u32);
+        self.run(ADD, n.div_ceil(ADD_THREADS), None, SimArgs::new().address(acc).input(b).output(out).u32(n))
     }
 }
 

@@ -10,6 +10,7 @@ use crate::backends::cpu::CpuBackend;
 use crate::backends::{exact_len, shape_err};
 use crate::error::{Error, Result};
 use crate::backends::gpu::holds;
+use crate::backends::sim::{Args as SimArgs, SimBackend};
 use crate::backends::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, random_logits, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
@@ -266,6 +267,28 @@ impl RouteOps for GpuBackend {
         self.sample_rows_queue(&dl, rows, n, p, &dpos, &mut di)?;
         self.synchronize(SAMPLE)?;
         self.download_out(SAMPLE, &di, ids)
+    }
+}
+
+/// The cuda backend's launches run by the simulator.
+impl RouteOps for SimBackend {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn router_topk(&self, logits: &[f32], n_expert: usize, k: usize, ids: &mut [u32], weights: &mut [f32]) -> Result<()> {
+        let tokens = router_tokens(logits, n_expert, k, ids, weights)? as u32;
+        let mut a = SimArgs::new();
+        a.input(logits).u32(tokens).u32(n_expert as u32).u32(k as u32).output(ids).output(weights).null();
+        self.run(ROUTER, tokens, None, &a)
+    }
+
+    fn sample_rows(&self, logits: &[f32], n: usize, p: SampleParams, pos0: usize, ids: &mut [u32]) -> Result<()> {
+        let rows = sample_count(logits, n, p, pos0, ids)? as u32;
+        let pos = [pos0 as u32];
+        let mut a = SimArgs::new();
+        a.input(logits).u32(rows).u32(n as u32).u32(p.top_k as u32).f32(p.top_p).f32(p.inv_temp()).u32(p.seed as u32).u32((p.seed >> 32) as u32).input(&pos).output(ids);
+        self.run(SAMPLE, rows, None, &a)
     }
 }
 

@@ -8,6 +8,7 @@ use crate::backends::{exact_len, shape_err};
 use crate::backends::cpu::CpuBackend;
 use crate::error::Result;
 use crate::backends::gpu::{holds, GpuBackend};
+use crate::backends::sim::{Args as SimArgs, SimBackend};
 use crate::parity::{compare_bits, note_unwritten, Outcome, NMSE_MAX};
 use strata_gpu_shared::launch::spec::SPEC_MAX_TOKENS;
 use strata_gpu_shared::replica;
@@ -88,6 +89,21 @@ impl SpecOps for GpuBackend {
         self.download(SPEC, &dw, window)?;
         let mut p = [0u32];
         self.download(SPEC, &dpos, &mut p)?;
+        *pos = p[0];
+        Ok(())
+    }
+}
+
+/// The cuda backend's launch run by the simulator.
+impl SpecOps for SimBackend {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn spec_accept(&self, window: &mut [u32], next: &[u32], out: &mut [u32], pos: &mut u32) -> Result<()> {
+        let tokens = window_rows(window, next, out)? as u32;
+        let mut p = [*pos];
+        self.run(SPEC, 1, None, SimArgs::new().output(window).input(next).u32(tokens).output(out).output(&mut p))?;
         *pos = p[0];
         Ok(())
     }
