@@ -703,3 +703,10 @@ fn cuda_matches_cpu() {
 fn hip_matches_cpu() {
     gpu_matches_cpu("hip");
 }
+
+/// The parity suite on the kernels' own code in the simulator, against the replica bit for bit.
+#[test]
+fn sim_matches_cpu() {
+    let seed = common::seed("sim_matches_cpu");
+    common::check_all(parity_cases(&[&CpuBackend::new(), &strata::host::backends::sim::SimBackend::new(132)], seed).unwrap());
+}

@@ -7,8 +7,8 @@
 //! docs/simulator.md.
 //!
 //! Families it runs: the [`Backend`] trait's (quantize, mmvq, matvec, the head's argmax and top
-//! probability, the q8_0 quantizer, the routed experts), attention (`ops::attention`) and the
-//! norms (`ops::norm`).
+//! probability, the q8_0 quantizer, the routed experts) here, and in `ops` beside the cuda
+//! backend's: attention, the norms, the router and sampler, `spec_accept` and the gdn family.
 use std::marker::PhantomData;
 
 use crate::backends::knobs::KernelKnobs;

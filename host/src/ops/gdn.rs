@@ -19,6 +19,7 @@ use crate::backends::{exact_len, shape_err};
 use crate::backends::cpu::CpuBackend;
 use crate::error::Result;
 use crate::backends::gpu::{holds, GpuBackend};
+use crate::backends::sim::{Args as SimArgs, SimBackend};
 use crate::parity::{compare_bits, note_unwritten, Outcome, NMSE_MAX, NMSE_MIN_VALUES, POISON_F32};
 use crate::reference::nmse;
 use strata_gpu_shared::launch::gdn::{gdn_conv_ring, GATE_THREADS, GDN_CONV_THREADS, GDN_MAX_CONV, GDN_MAX_D, GDN_STATE_SLOTS, GDN_WARPS};
@@ -641,6 +642,93 @@ impl GdnOps for GpuBackend {
         self.download_out(CONCAT, &dout, out)
     }
 }
+
+/// The cuda backend's launches run by the simulator.
+impl GdnOps for SimBackend {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn gdn_conv(&self, x: &[f32], w: &[f32], ring: &mut [f32], out: &mut [f32], pos: u32, channels: usize, d_conv: usize) -> Result<()> {
+        let tokens = conv_slices(x, w, ring, out, pos, channels, d_conv)?;
+        let (p, c) = ([pos], channels as u32);
+        let mut a = SimArgs::new();
+        a.input(x).input(w).output(ring).output(out).input(&p).u32(tokens as u32).u32(c).u32(d_conv as u32);
+        self.run(CONV, c.div_ceil(GDN_CONV_THREADS), None, &a)
+    }
+
+    fn gdn_recur(
+        &self,
+        conv: &[f32],
+        alpha: &[f32],
+        beta: &[f32],
+        dt_bias: &[f32],
+        a: &[f32],
+        state: &mut [f32],
+        out: &mut [f32],
+        pos: u32,
+        shape: RecurShape,
+        eps: f32,
+        scale: f32,
+    ) -> Result<()> {
+        recur_slices(conv, alpha, beta, dt_bias, a, state, out, pos, shape)?;
+        let (s, p) = (shape, [pos]);
+        let mut args = SimArgs::new();
+        args.input(conv).input(alpha).input(beta).input(dt_bias).input(a).output(state).output(out).input(&p);
+        args.u32(s.tokens as u32).u32(s.n_k as u32).u32(s.n_v as u32).u32(s.d as u32).f32(eps).f32(scale);
+        self.run(RECUR, ((s.n_v * s.d) as u32).div_ceil(GDN_WARPS), None, &args)
+    }
+
+    fn rms_norm_gated(&self, x: &[f32], w: &[f32], z: &[f32], n: usize, eps: f32, out: &mut [f32]) -> Result<()> {
+        let rows = norm_gated_slices(x, w, z, n, out)? as u32;
+        if rows == 0 {
+            return Ok(());
+        }
+        self.run(NORM_GATED, rows.div_ceil(NORM_WARPS), None, SimArgs::new().input(x).input(w).input(z).output(out).u32(rows).u32(n as u32).f32(eps))
+    }
+
+    /// The step's in-place path, as on the cuda backend: `a` copied into `out`, then `out`
+    /// passed as both `a` and `out`.
+    fn sigmoid_mul(&self, a: &[f32], g: &[f32], out: &mut [f32]) -> Result<()> {
+        elem_slices(SIGMOID_MUL, "gate", a, g, out)?;
+        if a.is_empty() {
+            return Ok(());
+        }
+        out.copy_from_slice(a);
+        let (acc, n) = (out.as_ptr() as usize, a.len() as u32);
+        self.run(SIGMOID_MUL, n.div_ceil(GATE_THREADS), None, SimArgs::new().address(acc).input(g).output(out).u32(n))
+    }
+
+    fn swiglu(&self, g: &[f32], u: &[f32], out: &mut [f32]) -> Result<()> {
+        elem_slices(SWIGLU, "up", g, u, out)?;
+        if g.is_empty() {
+            return Ok(());
+        }
+        let n = g.len() as u32;
+        self.run(SWIGLU, n.div_ceil(GATE_THREADS), None, SimArgs::new().input(g).input(u).output(out).u32(n))
+    }
+
+    /// The step's in-place path: `acc` copied into `out`, the gated `y` added there.
+    fn add_gated(&self, acc: &[f32], y: &[f32], s: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+        let rows = add_gated_slices(acc, y, s, n, out)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        out.copy_from_slice(acc);
+        let values = (rows * n) as u32;
+        self.run(ADD_GATED, values.div_ceil(GATE_THREADS), None, SimArgs::new().output(out).input(y).input(s).u32(rows as u32).u32(n as u32))
+    }
+
+    fn concat_rows(&self, a: &[f32], b: &[f32], n_a: usize, n_b: usize, out: &mut [f32]) -> Result<()> {
+        let rows = concat_slices(a, b, n_a, n_b, out)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let values = (rows * (n_a + n_b)) as u32;
+        self.run(CONCAT, values.div_ceil(GATE_THREADS), None, SimArgs::new().input(a).input(b).output(out).u32(rows as u32).u32(n_a as u32).u32(n_b as u32))
+    }
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // Float64 references: the math each kernel approximates, from the spec's formulas in float64
