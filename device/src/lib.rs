@@ -38,7 +38,7 @@ macro_rules! entry {
                 call: |args| {
                     let mut args = args.iter().enumerate();
                     $(let $arg: $ty = $crate::arch::sim::FromArg::take(&mut args, stringify!($name));)*
-                    // SAFETY: the launcher's contract (`arch::sim::Entry::call`).
+                    // SAFETY: `Entry::call`'s contract is the entry's, passed on.
                     unsafe { $name($($arg),*) }
                 },
             };

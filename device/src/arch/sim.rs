@@ -1,23 +1,23 @@
 //! The simulator: outside the PTX build (any target but nvptx64) the [`arch`](super) operations
-//! run on the CPU, one host thread per GPU thread, so that a test can run a kernel's own code
-//! where no GPU is at hand (`strata-device-sim`, `tests/sim_*.rs`). It checks a kernel's logic:
-//! its indices, barriers, shared-memory layout and reduction orders, bit for bit against the
-//! replica. It says nothing of speed, of the code ptxas makes, or of races that need the
-//! GPU's timing to show.
+//! run on the CPU, so that a test can run a kernel's own code where no GPU is at hand (the
+//! `strata-device-sim` package; the host's `sim` backend; docs/simulator.md). It checks a
+//! kernel's logic: its indices, barriers, shared-memory layout and reduction orders, bit for bit
+//! against the replica. It says nothing of speed, of the code ptxas makes, or of races that need
+//! the GPU's timing to show.
 //!
 //! - A block's threads are coroutines on the calling thread (`corosensei`), each running until
 //!   it waits at a barrier, in turn; the blocks of a grid run one after another.
 //! - Block and warp barriers wait for every thread that has not returned (a thread that has
 //!   returned counts as arrived, as on the GPU). A shuffle is a store to the warp's exchange
-//!   slots between two warp barriers. Threads that wait at barriers which can never release
+//!   slots, a warp barrier, and a load. Threads that wait at barriers which can never release
 //!   (a barrier some threads of a block skip) end the launch with an error.
 //! - Shared memory is the block's own buffer, filled with 0xff bytes (a NaN as f32) before the
 //!   block starts, and every access is checked against the launch's size. A `cp.async` copy
 //!   lands only when its thread waits for it (its group, or all), so a read before the wait
 //!   sees what was there before.
-//! - Global memory is the host memory the test's pointers point at: every access is checked to
-//!   lie inside one of the launch's [`Region`]s (a store, inside a writable one) and aligned to
-//!   its size. Prefetches and grid chaining do nothing.
+//! - Global memory is the host memory the test's pointers point at: every access through
+//!   `arch::mem` is checked to lie inside one of the launch's [`Region`]s (a store, inside a
+//!   writable one) and aligned to its size. Prefetches and grid chaining do nothing.
 //! - A trap, an access out of bounds or misaligned, or an integer overflow the test build checks
 //!   ends the launch with an error naming the block, the thread and the cause.
 use corosensei::stack::DefaultStack;
@@ -77,9 +77,12 @@ pub struct Entry {
     /// The parameters' names, in order.
     pub params: &'static [&'static str],
     /// Calls the entry with `args` (one a parameter, in order, of its type: a launch's argument
-    /// list, as the cuda backend pushes it). The caller's contract is the entry's: the buffers
-    /// and sizes it names; a missing or mistyped argument fails the launch.
-    pub call: fn(&[Arg]),
+    /// list, as the cuda backend pushes it); a missing or mistyped argument fails the launch.
+    ///
+    /// # Safety
+    /// The entry's: its pointers are buffers of the sizes it names (and inside the launch's
+    /// regions, which the simulator checks only for the accesses made through `arch::mem`).
+    pub call: unsafe fn(&[Arg]),
 }
 
 /// Every entry of the kernels.
@@ -128,29 +131,17 @@ impl<T> FromArg for *mut T {
     }
 }
 
-impl FromArg for u32 {
-    fn from_arg(a: Arg) -> Option<Self> {
-        if let Arg::U32(v) = a { Some(v) } else { None }
-    }
+/// `FromArg` for each scalar type and its [`Arg`] variant.
+macro_rules! scalar_args {
+    ($($t:ty => $v:ident),*) => {$(
+        impl FromArg for $t {
+            fn from_arg(a: Arg) -> Option<Self> {
+                if let Arg::$v(v) = a { Some(v) } else { None }
+            }
+        }
+    )*};
 }
-
-impl FromArg for u64 {
-    fn from_arg(a: Arg) -> Option<Self> {
-        if let Arg::U64(v) = a { Some(v) } else { None }
-    }
-}
-
-impl FromArg for i32 {
-    fn from_arg(a: Arg) -> Option<Self> {
-        if let Arg::I32(v) = a { Some(v) } else { None }
-    }
-}
-
-impl FromArg for f32 {
-    fn from_arg(a: Arg) -> Option<Self> {
-        if let Arg::F32(v) = a { Some(v) } else { None }
-    }
-}
+scalar_args!(u32 => U32, u64 => U64, i32 => I32, f32 => F32);
 
 /// Host memory a launch may access: `bytes` bytes from `start`, stored to only if `writable`.
 #[derive(Clone, Copy, Debug)]

@@ -54,8 +54,10 @@ impl SimBackend {
 
     /// Launches the entry `kernel` over `blocks` blocks of its launch bounds' threads (the sm_90
     /// image's: the simulator compiles its entries but the cluster ones), with `smem` bytes of
-    /// dynamic shared memory (`None`: its bounds'), and `args`.
-    pub fn run(&self, kernel: &'static str, blocks: u32, smem: Option<u32>, args: &Args) -> Result<()> {
+    /// dynamic shared memory (`None`: its bounds'), and `args`. Crate-internal as the cuda
+    /// backend's `run`: every caller pushes exactly the entry's parameters, over buffers its
+    /// family's shape checks sized.
+    pub(crate) fn run(&self, kernel: &'static str, blocks: u32, smem: Option<u32>, args: &Args) -> Result<()> {
         let fail = |detail: String| Error::Simulated { kernel: kernel.into(), detail };
         let bounds = image_bounds("sm_90").find(|b| b.kernel == kernel).ok_or_else(|| fail("no launch bounds for this entry".into()))?;
         let entry = sim::entry(kernel).ok_or_else(|| fail("no such entry in the simulator's build".into()))?;
@@ -63,14 +65,17 @@ impl SimBackend {
             return Err(fail(format!("{} arguments for the parameters {:?}", args.args.len(), entry.params)));
         }
         let memory = [args.memory.as_slice(), &module_constants()].concat();
-        sim::launch(blocks, bounds.threads, smem.unwrap_or(bounds.smem_bytes) as usize, &memory, || (entry.call)(&args.args)).map_err(fail)
+        // SAFETY: every caller pushes the entry's parameters over buffers sized by the family's
+        // shape checks, as the cuda launches do; the simulator checks each access through
+        // `arch::mem` against those buffers.
+        sim::launch(blocks, bounds.threads, smem.unwrap_or(bounds.smem_bytes) as usize, &memory, || unsafe { (entry.call)(&args.args) }).map_err(fail)
     }
 }
 
 /// A launch's arguments, pushed in the entry's parameter order as the cuda backend pushes them,
 /// and the buffers among them (what the launch may touch). Borrows each buffer for `'a`.
 #[derive(Default)]
-pub struct Args<'a> {
+pub(crate) struct Args<'a> {
     args: Vec<Arg>,
     memory: Vec<Region>,
     buffers: PhantomData<&'a mut [u8]>,
