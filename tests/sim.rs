@@ -1,8 +1,8 @@
 //! The simulator itself (`strata_device::arch::sim`, what the `sim` backend runs kernels on):
 //! shuffles and barriers mean what they mean on the GPU, and a kernel's faults (an access
 //! outside its buffers, a store into an input, a misaligned access, a barrier some threads
-//! skip, a trap) end the launch with an error naming the block and thread, not a crash or a
-//! hang. Each launch below is a small kernel written here against `arch`.
+//! skip, a copy read before it landed, a shuffle from a returned lane, a trap) end the launch
+//! with an error naming the block and thread. Each launch below is a small kernel written here against `arch`.
 use strata_device::arch::sim::{launch, Region};
 use strata_device::arch::{index, int, mem, sync, warp};
 
@@ -178,39 +178,60 @@ fn integer_twins_follow_the_ptx_definitions() {
     assert_eq!(int::dp4a_us(a, b, 0), 2159);
 }
 
-/// A `cp.async` copy lands when its thread waits for it: before, its destination holds what it
-/// held (0xff bytes here); `wait_group 1` lands all but the newest committed group, `wait_all`
-/// the rest.
+/// A `cp.async` copy lands when its thread waits for it: `wait_group 1` lands all but the newest
+/// committed group, `wait_all` the rest; touching a destination before its copy landed (a
+/// missing wait, or a buffer refilled while still read) fails the launch.
 #[test]
 fn async_copies_land_at_their_wait() {
     let src: Vec<u32> = (0..8).collect();
-    let mut out = vec![0u32; 3 * 8];
+    let mut out = vec![0u32; 8];
     let (from, at) = (Addr(src.as_ptr() as usize), Addr::of(&mut out));
     let memory = [Region::of(&src, false), Region::of(&out, true)];
-    launch(1, 1, 32, &memory, || {
+    let copy_two_groups = || {
         let smem = mem::Smem::dynamic();
-        let read = |round: usize| {
-            for w in 0..8 {
-                // SAFETY: words 0..8 of the 32 bytes; `out` holds 3 rounds of 8.
-                unsafe { mem::st_u32(at.u32().add(8 * round + w) as *mut u8, smem.ld_u32(w as u32)) }
-            }
-        };
-        // SAFETY: 16-byte copies of `src` into the launch's shared memory, aligned.
+        // SAFETY: 16-byte copies of `src` into the launch's 32 bytes of shared memory, aligned.
         unsafe {
             mem::cp_async_16(smem.addr(0), from.0 as *const u8);
             mem::cp_async_commit();
             mem::cp_async_16(smem.addr(4), (from.0 + 16) as *const u8);
             mem::cp_async_commit();
         }
-        read(0);
+        smem
+    };
+    let read = |smem: mem::Smem, words: std::ops::Range<usize>| {
+        for w in words {
+            // SAFETY: `out` holds 8 words.
+            unsafe { mem::st_u32(at.u32().add(w) as *mut u8, smem.ld_u32(w as u32)) }
+        }
+    };
+    launch(1, 1, 32, &memory, || {
+        let smem = copy_two_groups();
         mem::cp_async_wait_groups::<1>();
-        read(1);
+        read(smem, 0..4);
         mem::cp_async_wait_all();
-        read(2);
+        read(smem, 4..8);
     })
     .unwrap();
-    let poison = [u32::MAX; 4];
-    assert_eq!(out[..8], [poison, poison].concat());
-    assert_eq!(out[8..16], [&src[..4], &poison[..]].concat());
-    assert_eq!(out[16..], src[..]);
+    assert_eq!(out, src);
+    let e = launch(1, 1, 32, &memory, || {
+        let smem = copy_two_groups();
+        mem::cp_async_wait_groups::<1>();
+        read(smem, 4..5); // the second group is still in flight
+    })
+    .expect_err("a read of a copy in flight");
+    assert!(e.contains("in flight"), "{e}");
+}
+
+/// A shuffle that reads a lane which has returned fails the launch (on the GPU it reads an
+/// undefined value or hangs).
+#[test]
+fn shuffles_from_returned_lanes_fail() {
+    let e = launch(1, 32, 0, &[], || {
+        if index::lane() == 3 {
+            return;
+        }
+        warp::shfl_u32(7, 3);
+    })
+    .expect_err("a shuffle from a returned lane");
+    assert!(e.contains("lane 3, which has returned"), "{e}");
 }

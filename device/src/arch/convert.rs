@@ -79,9 +79,15 @@ pub fn f32_to_i32_rne(x: f32) -> i32 {
     x.round_ties_even() as i32
 }
 
+/// (A NaN result is `sqrt.rn`'s canonical NaN, 0x7fffffff, where the host's would keep a sign.)
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn sqrt_rn(x: f32) -> f32 {
-    x.sqrt()
+    let r = x.sqrt();
+    if r.is_nan() {
+        f32::from_bits(0x7fff_ffff)
+    } else {
+        r
+    }
 }
 
 #[cfg(not(target_arch = "nvptx64"))]

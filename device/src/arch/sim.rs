@@ -66,9 +66,11 @@ impl Barrier {
 
 struct Warp {
     barrier: Barrier,
-    /// A shuffle's values, in the set of its barrier's generation's parity: a lane writes the
-    /// set of a later shuffle only after the barrier between (every lane has read this one).
-    slots: [[Cell<u32>; 32]; 2],
+    /// A shuffle's values with the barrier generation they were written for, in the set of that
+    /// generation's parity: a lane writes the set of a later shuffle only after the barrier
+    /// between (every lane has read this one). A slot of another generation is a lane that did
+    /// not take part (it returned), which on the GPU is undefined.
+    slots: [[Cell<(u32, u64)>; 32]; 2],
 }
 
 /// A kernel entry the simulator can launch by name (every `crate::entry!` adds its own).
@@ -146,9 +148,9 @@ scalar_args!(u32 => U32, u64 => U64, i32 => I32, f32 => F32);
 /// Host memory a launch may access: `bytes` bytes from `start`, stored to only if `writable`.
 #[derive(Clone, Copy, Debug)]
 pub struct Region {
-    pub start: usize,
-    pub bytes: usize,
-    pub writable: bool,
+    start: usize,
+    bytes: usize,
+    writable: bool,
 }
 
 impl Region {
@@ -175,6 +177,8 @@ struct Thread {
     /// The thread's `cp.async` copies not yet waited for: committed groups (oldest first), then
     /// those since the last commit.
     copies: *const std::cell::RefCell<Copies>,
+    /// The block's shared words a copy in flight will write (a count a word).
+    pending: *const [Cell<u8>],
 }
 
 /// A thread's copies in flight: `(to, from, bytes)`.
@@ -232,10 +236,13 @@ pub fn shfl(v: u32, src: u32) -> u32 {
     let t = me();
     // SAFETY: as `sync_threads`.
     let warp = unsafe { &*t.warp };
-    let set = &warp.slots[(warp.barrier.generation.get() % 2) as usize];
-    set[(t.thread % 32) as usize].set(v);
+    let generation = warp.barrier.generation.get();
+    let set = &warp.slots[(generation % 2) as usize];
+    set[(t.thread % 32) as usize].set((v, generation));
     warp.barrier.wait();
-    set[(src % 32) as usize].get()
+    let (r, written) = set[(src % 32) as usize].get();
+    assert!(written == generation, "a shuffle reads lane {}, which has returned", src % 32);
+    r
 }
 
 /// The host address of `bytes` bytes at byte `at` of the block's shared memory, aligned to
@@ -244,6 +251,10 @@ pub fn smem(at: u64, bytes: usize) -> *mut u8 {
     let t = me();
     assert!(at % bytes as u64 == 0, "misaligned {bytes}-byte shared-memory access at byte {at}");
     assert!(at + bytes as u64 <= t.smem_bytes as u64, "shared-memory access at bytes {at}..{} past the launch's {}", at + bytes as u64, t.smem_bytes);
+    // SAFETY: the block's map, alive as long as its coroutines.
+    let pending = unsafe { &*t.pending };
+    let words = at as usize / 4..(at as usize + bytes).div_ceil(4);
+    assert!(pending[words].iter().all(|w| w.get() == 0), "shared-memory access at bytes {at}..{} while a cp.async copy into them is in flight (not waited for)", at + bytes as u64);
     // SAFETY: inside the block's buffer (checked above).
     unsafe { t.smem.add(at as usize) }
 }
@@ -284,16 +295,30 @@ pub unsafe fn store<T: Copy>(p: *mut T, v: T) {
 }
 
 /// Starts a `cp.async` of `bytes` bytes from global `src` to shared address `dst` (both checked
-/// now); it lands when the thread waits for it.
-pub fn cp_async(dst: u32, src: *const u8, bytes: usize) {
+/// now); it lands when the thread waits for it, and until then any access to its destination
+/// fails the launch.
+///
+/// # Safety
+/// The launch's regions are the test's live buffers (what `launch`'s caller promises).
+pub unsafe fn cp_async(dst: u32, src: *const u8, bytes: usize) {
     let (to, from) = (smem(dst as u64, bytes), global(src, bytes, false));
-    // SAFETY: the thread's own queue, alive as long as its block.
-    unsafe { (*me().copies).borrow_mut().open.push((to, from, bytes)) }
+    let t = me();
+    (*t.copies).borrow_mut().open.push((to, from, bytes));
+    mark_pending(t, dst as usize, bytes, true);
+}
+
+/// Counts the shared words of a copy in flight (`on`), or uncounts them as it lands.
+fn mark_pending(t: &Thread, at: usize, bytes: usize, on: bool) {
+    // SAFETY: the block's map, alive as long as its coroutines.
+    let pending = unsafe { &*t.pending };
+    for w in &pending[at / 4..(at + bytes).div_ceil(4)] {
+        w.set(if on { w.get() + 1 } else { w.get() - 1 });
+    }
 }
 
 /// Closes the thread's open copies into a group.
 pub fn cp_async_commit() {
-    // SAFETY: as `cp_async`.
+    // SAFETY: the thread's own queue, alive as long as its block.
     let mut c = unsafe { (*me().copies).borrow_mut() };
     let open = std::mem::take(&mut c.open);
     c.committed.push_back(open);
@@ -302,8 +327,9 @@ pub fn cp_async_commit() {
 /// Lands every copy of the thread but the newest `pending` committed groups (`all`: and the
 /// open ones, as `cp.async.wait_all`).
 pub fn cp_async_wait(pending: usize, all: bool) {
-    // SAFETY: as `cp_async`.
-    let mut c = unsafe { (*me().copies).borrow_mut() };
+    let t = me();
+    // SAFETY: as `cp_async_commit`.
+    let mut c = unsafe { (*t.copies).borrow_mut() };
     let mut landing = Vec::new();
     while c.committed.len() > if all { 0 } else { pending } {
         landing.extend(c.committed.pop_front().into_iter().flatten());
@@ -311,8 +337,11 @@ pub fn cp_async_wait(pending: usize, all: bool) {
     if all {
         landing.append(&mut c.open);
     }
+    let base = t.smem as usize;
     for (to, from, bytes) in landing {
-        // SAFETY: both checked when the copy started; the source is read-only to the launch.
+        mark_pending(t, to as usize - base, bytes, false);
+        // SAFETY: both ends checked when the copy started (`cp_async`'s contract: the regions
+        // are live buffers), the destination inside the block's shared memory.
         unsafe { core::ptr::copy_nonoverlapping(from, to, bytes) };
     }
 }
@@ -337,9 +366,10 @@ fn run_block(block: u32, threads: u32, smem_bytes: usize, memory: &[Region], ker
     let mut smem = vec![u128::MAX; smem_bytes.div_ceil(16)];
     let barrier = Barrier::new(threads);
     let warps: Vec<Warp> = (0..threads.div_ceil(32))
-        .map(|w| Warp { barrier: Barrier::new((threads - 32 * w).min(32)), slots: Default::default() })
+        .map(|w| Warp { barrier: Barrier::new((threads - 32 * w).min(32)), slots: std::array::from_fn(|_| std::array::from_fn(|_| Cell::new((0, u64::MAX)))) })
         .collect();
     let copies: Vec<std::cell::RefCell<Copies>> = (0..threads).map(|_| Default::default()).collect();
+    let pending: Vec<Cell<u8>> = (0..smem_bytes.div_ceil(4)).map(|_| Cell::new(0)).collect();
     let records: Vec<Thread> = (0..threads)
         .map(|thread| Thread {
             thread,
@@ -353,6 +383,7 @@ fn run_block(block: u32, threads: u32, smem_bytes: usize, memory: &[Region], ker
             last_region: Cell::new(0),
             yielder: Cell::new(std::ptr::null()),
             copies: &copies[thread as usize],
+            pending: pending.as_slice(),
         })
         .collect();
     let mut coroutines = Vec::with_capacity(threads as usize);
@@ -376,7 +407,11 @@ fn run_block(block: u32, threads: u32, smem_bytes: usize, memory: &[Region], ker
     let mut running = threads;
     while running > 0 {
         let before = (releases(), running);
-        for (t, slot) in coroutines.iter_mut().enumerate() {
+        // Odd blocks take their threads in reverse order: between two barriers a thread that
+        // reads what a later one writes (a missing barrier) then sees it unwritten in one order.
+        for i in 0..threads as usize {
+            let t = if block % 2 == 1 { threads as usize - 1 - i } else { i };
+            let slot = &mut coroutines[t];
             let Some(co) = slot else { continue };
             THREAD.with(|c| c.set(&records[t]));
             let ran = catch_unwind(AssertUnwindSafe(|| co.resume(())));

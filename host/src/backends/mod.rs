@@ -22,6 +22,7 @@ pub mod hip;
 pub mod knobs;
 pub mod launch;
 pub mod mapped;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod trace;
 

@@ -2,9 +2,9 @@
 //! `strata-device-sim` crate) run on CPU coroutines by the simulator (`strata_device::arch::sim`),
 //! launched as the cuda backend launches them: the same entries, grids, plans and arguments in
 //! the same order. For tests where no GPU is at hand: a kernel's logic bit for bit against the
-//! replica, every global access checked against the launch's buffers, every shared access
-//! against its size, and a missing `cp.async` wait seen. It says nothing of speed.
-//! docs/simulator.md.
+//! replica, every global access through `arch::mem` checked against the launch's buffers,
+//! every shared access against its size, and a missing `cp.async` wait seen. It says nothing of
+//! speed. Built only with the `sim` feature (the tests'). docs/simulator.md.
 //!
 //! Families it runs: the [`Backend`] trait's (quantize, mmvq, matvec, the head's argmax and top
 //! probability, the q8_0 quantizer, the routed experts) here, and in `ops` beside the cuda

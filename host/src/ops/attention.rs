@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use crate::backends::cpu::CpuBackend;
 use crate::error::{Error, Result};
 use crate::backends::gpu::GpuBackend;
+#[cfg(feature = "sim")]
 use crate::backends::sim::{Args as SimArgs, SimBackend};
 use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::nmse;
@@ -447,6 +448,7 @@ impl AttentionOps for GpuBackend {
 
 /// The cuda backend's launches (`attn_prep_queue`, `attention_queue` with the bound the host
 /// slices' window gives) run by the simulator.
+#[cfg(feature = "sim")]
 impl AttentionOps for SimBackend {
     fn name(&self) -> &'static str {
         "sim"

@@ -19,6 +19,7 @@ use crate::backends::{exact_len, shape_err};
 use crate::backends::cpu::CpuBackend;
 use crate::error::Result;
 use crate::backends::gpu::{holds, GpuBackend};
+#[cfg(feature = "sim")]
 use crate::backends::sim::{Args as SimArgs, SimBackend};
 use crate::parity::{compare_bits, note_unwritten, Outcome, NMSE_MAX, NMSE_MIN_VALUES, POISON_F32};
 use crate::reference::nmse;
@@ -644,6 +645,7 @@ impl GdnOps for GpuBackend {
 }
 
 /// The cuda backend's launches run by the simulator.
+#[cfg(feature = "sim")]
 impl GdnOps for SimBackend {
     fn name(&self) -> &'static str {
         "sim"

@@ -13,6 +13,7 @@ use crate::backends::{exact_len, shape_err};
 use crate::error::Result;
 use crate::gguf::GgmlType;
 use crate::backends::gpu::{holds, GpuBackend};
+#[cfg(feature = "sim")]
 use crate::backends::sim::{Args as SimArgs, SimBackend};
 use crate::parity::{compare_bits, note_unwritten, random_weights, Outcome, NMSE_MAX, POISON_F32};
 use crate::reference::{nmse, rms_norm_f64};
@@ -356,6 +357,7 @@ impl NormOps for GpuBackend {
 }
 
 /// The cuda backend's launches run by the simulator.
+#[cfg(feature = "sim")]
 impl NormOps for SimBackend {
     fn name(&self) -> &'static str {
         "sim"

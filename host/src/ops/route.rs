@@ -10,6 +10,7 @@ use crate::backends::cpu::CpuBackend;
 use crate::backends::{exact_len, shape_err};
 use crate::error::{Error, Result};
 use crate::backends::gpu::holds;
+#[cfg(feature = "sim")]
 use crate::backends::sim::{Args as SimArgs, SimBackend};
 use crate::backends::gpu::GpuBackend;
 use crate::parity::{compare_bits, note_unwritten, random_logits, Outcome, NMSE_MAX, POISON_F32};
@@ -271,6 +272,7 @@ impl RouteOps for GpuBackend {
 }
 
 /// The cuda backend's launches run by the simulator.
+#[cfg(feature = "sim")]
 impl RouteOps for SimBackend {
     fn name(&self) -> &'static str {
         "sim"

@@ -8,6 +8,7 @@ use crate::backends::{exact_len, shape_err};
 use crate::backends::cpu::CpuBackend;
 use crate::error::Result;
 use crate::backends::gpu::{holds, GpuBackend};
+#[cfg(feature = "sim")]
 use crate::backends::sim::{Args as SimArgs, SimBackend};
 use crate::parity::{compare_bits, note_unwritten, Outcome, NMSE_MAX};
 use strata_gpu_shared::launch::spec::SPEC_MAX_TOKENS;
@@ -95,6 +96,7 @@ impl SpecOps for GpuBackend {
 }
 
 /// The cuda backend's launch run by the simulator.
+#[cfg(feature = "sim")]
 impl SpecOps for SimBackend {
     fn name(&self) -> &'static str {
         "sim"
