@@ -354,14 +354,14 @@ pub fn trap() -> ! {
 /// dynamic shared memory and the global `memory` given: every [`arch`](super) operation
 /// `kernel` calls acts for its thread. `Err` names the first thread that failed (a trap, a
 /// failed check above, an overflow) and why.
-pub fn launch(grid: u32, threads: u32, smem_bytes: usize, memory: &[Region], kernel: impl Fn() + Sync) -> Result<(), String> {
+pub fn launch(grid: u32, threads: u32, smem_bytes: usize, memory: &[Region], kernel: impl Fn()) -> Result<(), String> {
     for block in 0..grid {
         run_block(block, threads, smem_bytes, memory, &kernel)?;
     }
     Ok(())
 }
 
-fn run_block(block: u32, threads: u32, smem_bytes: usize, memory: &[Region], kernel: &(impl Fn() + Sync)) -> Result<(), String> {
+fn run_block(block: u32, threads: u32, smem_bytes: usize, memory: &[Region], kernel: &impl Fn()) -> Result<(), String> {
     // 16-byte words, so the buffer is aligned as the GPU's shared window is.
     let mut smem = vec![u128::MAX; smem_bytes.div_ceil(16)];
     let barrier = Barrier::new(threads);

@@ -109,12 +109,12 @@ fn check_add(n: usize) -> Result<()> {
     Ok(())
 }
 
-/// The host-slice `embed_rows` call's sizes, exact; returns the table type.
-fn embed_slices(table: &[u8], ty: GgmlType, n_rows: usize, n: usize, ids: &[u32], out: &[f32]) -> Result<EmbedTable> {
+/// The host-slice `embed_rows` call's sizes, exact; returns the table type and its row bytes.
+fn embed_slices(table: &[u8], ty: GgmlType, n_rows: usize, n: usize, ids: &[u32], out: &[f32]) -> Result<(EmbedTable, usize)> {
     let (t, row_bytes) = check_embed(ty, n_rows, n, ids.len())?;
     exact_len(t.kernel(), "table", table.len(), n_rows.saturating_mul(row_bytes))?;
     exact_len(t.kernel(), "output", out.len(), ids.len() * n)?;
-    Ok(t)
+    Ok((t, row_bytes))
 }
 
 /// The host-slice `rms_norm` call's sizes, exact; returns the number of rows.
@@ -154,7 +154,7 @@ impl NormOps for CpuBackend {
     }
 
     fn embed_rows(&self, table: &[u8], ty: GgmlType, n_rows: usize, n: usize, ids: &[u32], out: &mut [f32]) -> Result<()> {
-        let t = embed_slices(table, ty, n_rows, n, ids, out)?;
+        let (t, _) = embed_slices(table, ty, n_rows, n, ids, out)?;
         self.par_chunks(out, n, |first, chunk| replica::embed::embed_rows(t, table, n, &ids[first..first + chunk.len() / n], chunk));
         Ok(())
     }
@@ -305,7 +305,7 @@ impl NormOps for GpuBackend {
     }
 
     fn embed_rows(&self, table: &[u8], ty: GgmlType, n_rows: usize, n: usize, ids: &[u32], out: &mut [f32]) -> Result<()> {
-        let kernel = embed_slices(table, ty, n_rows, n, ids, out)?.kernel();
+        let kernel = embed_slices(table, ty, n_rows, n, ids, out)?.0.kernel();
         if ids.is_empty() {
             return Ok(());
         }
@@ -364,11 +364,10 @@ impl NormOps for SimBackend {
     }
 
     fn embed_rows(&self, table: &[u8], ty: GgmlType, n_rows: usize, n: usize, ids: &[u32], out: &mut [f32]) -> Result<()> {
-        let t = embed_slices(table, ty, n_rows, n, ids, out)?;
+        let (t, row_bytes) = embed_slices(table, ty, n_rows, n, ids, out)?;
         if ids.is_empty() {
             return Ok(());
         }
-        let (_, row_bytes) = check_embed(ty, n_rows, n, ids.len())?;
         let (tokens, n) = (ids.len() as u32, n as u32);
         let mut a = SimArgs::new();
         a.input(table).u64(row_bytes as u64).u32(n_rows as u32).input(ids).u32(tokens).u32(n).output(out);
