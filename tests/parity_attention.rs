@@ -424,3 +424,20 @@ fn one_chunk_contexts_finish_in_the_chunk_kernel() {
         }
     }
 }
+
+/// `attn_chunk` computes a chunk's first cache row in 32 bits, so a cache of 2^32 values or
+/// more is a shape error naming that bound (on every backend, before any buffer is looked at);
+/// one position fewer passes that check and fails only on the buffers' lengths.
+#[test]
+fn caches_of_2_pow_32_values_are_refused() {
+    let (n_kv, hd) = (8, 256);
+    let at = |n_ctx: usize| {
+        let shape = AttnShape { tokens: 1, n_q: 8, n_kv, hd, n_rot: hd, n_ctx };
+        let err = CpuBackend::new().attention(&[], &[], &[], shape, 0, 1.0, &mut []).expect_err("empty buffers");
+        assert!(matches!(err, Error::Shape { .. }), "{err}");
+        err.to_string()
+    };
+    let full = (1usize << 32) / (n_kv * hd);
+    assert!(at(full).contains("2^32"), "{}", at(full));
+    assert!(!at(full - 1).contains("2^32"), "{}", at(full - 1));
+}

@@ -18,6 +18,8 @@ const _: () = assert!(ATTN_MAX_BAND == 8 && ATTN_SET_HEADS == 4);
 use strata_gpu_shared::math::exp_neg;
 
 const WARPS: u32 = ATTN_THREADS / 32;
+/// Stages of a chunk whose rows `attn_chunk` asks L2 for ahead of their copies.
+const STAGES_ASKED: u32 = 3;
 /// Value rows a thread of `attn_chunk_one` loads before adding their terms.
 const ATTN_V_AHEAD: u32 = 8;
 /// Chunks' values a thread of `attn_merge` loads before folding them, one chunk a lane for
@@ -362,7 +364,7 @@ unsafe fn ask_l2_one_chunk(k_cache: *const u16, v_cache: *const u16, tokens: u32
     }
     let (band, _) = Band::of_block(tokens, n_q, n_kv, hd, heads, false);
     let len = context_len(mem::ld_cg_u32(pos as *const u8), band.t, n_ctx);
-    band.rows(k_cache, v_cache, len, 0); // asks L2 for them
+    band.rows(k_cache, v_cache, len, 0, true, u32::MAX); // asks L2 for them
 }
 
 /// Where a chunk's results go: part slots (`part`, `n_chunks` a head), or with `out` the final
@@ -470,7 +472,9 @@ impl Band {
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn chunk<const W: usize, const HW: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, dest: Dest) {
-        let ChunkRows { keys, values, n, stride } = self.rows(k_cache, v_cache, len, c);
+        // L2 is asked for the first `STAGES_ASKED` stages' keys here, each later stage's rows as
+        // the stage `STAGES_ASKED` before it starts (`Stages::next`).
+        let ChunkRows { keys, values, n, stride } = self.rows(k_cache, v_cache, len, c, false, STAGES_ASKED * attn_key_stage(self.hd as usize));
         let (hd, heads, tid) = (self.hd, self.heads, index::thread_idx());
         let stages = Stages::new(smem, keys, values, stride, n, hd);
         let key_stages = stages.key_stages;
@@ -546,20 +550,23 @@ impl Band {
     /// token's `len`, asked of L2 at once (the loops then wait on L2, not DRAM). The whole block
     /// calls it.
     #[inline(always)]
-    unsafe fn rows(&self, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32) -> ChunkRows {
+    unsafe fn rows(&self, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, ask_values: bool, ask_keys: u32) -> ChunkRows {
         let start = c * ATTN_CHUNK as u32;
         let n = (len - start).min(ATTN_CHUNK as u32);
         let hd = self.hd as usize;
         let stride = self.n_kv as usize * hd;
-        let g = self.g + self.fresh(c) as usize;
-        let keys = k_cache.add(start as usize * stride + g * hd);
-        let values = v_cache.add(start as usize * stride + g * hd);
+        // The chunk's first row in 32 bits (a cache holds fewer than 2^32 values, `AttnShape`'s
+        // check): a register less than a 64-bit product, which the lean entry spilled.
+        let first = start * (self.n_kv * self.hd) + (self.g as u32 + self.fresh(c)) * self.hd;
+        let (keys, values) = (k_cache.add(first as usize), v_cache.add(first as usize));
         let row_lines = (hd * 2).div_ceil(128);
         let mut i = (index::thread_idx() + self.fresh(c)) as usize;
-        while i < n as usize * row_lines {
+        while i < n.min(ask_keys) as usize * row_lines {
             let at = (i / row_lines) * stride * 2 + (i % row_lines) * 128;
             mem::prefetch_l2((keys as *const u8).wrapping_add(at));
-            mem::prefetch_l2((values as *const u8).wrapping_add(at));
+            if ask_values {
+                mem::prefetch_l2((values as *const u8).wrapping_add(at));
+            }
             i += ATTN_THREADS as usize;
         }
         ChunkRows { keys, values, n, stride }
@@ -592,7 +599,7 @@ impl Band {
     /// (`Q_WORD + d`).
     #[inline(always)]
     unsafe fn chunk_one_head(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, dest: Dest) {
-        let ChunkRows { keys, values, n, stride } = self.rows(k_cache, v_cache, len, c);
+        let ChunkRows { keys, values, n, stride } = self.rows(k_cache, v_cache, len, c, true, u32::MAX);
         let (hd, lane, w, tid) = (self.hd, index::lane(), index::warp_in_block(), index::thread_idx());
         let per_lane = hd / 32;
         let ld_f16 = |p: *const u16, i: usize| convert::f16_to_f32(mem::ld_nc_u16(p.add(i) as *const u8));
@@ -801,7 +808,7 @@ impl Stages {
         }
         let values = s >= self.key_stages;
         let (base, rows) = self.span(s);
-        let src = if values { self.values } else { self.keys }.add(base as usize * self.stride);
+        let src = if values { self.values } else { self.keys }.add((base * self.stride as u32) as usize);
         let dst = self.smem.addr(self.buffer(s));
         // 8-byte pieces of the keys' padded rows, 16-byte pieces of the values'.
         let (piece_halves, row_bytes) = if values { (8, 2 * self.hd) } else { (4, 2 * self.hd + 8) };
@@ -809,7 +816,9 @@ impl Stages {
         // The thread's pieces are `tid, tid + ATTN_THREADS, ...` of the stage's `rows * pieces`,
         // walked with the piece's row and both addresses stepped, not divided out (a divide by
         // the run-time `pieces` and the addresses from it were 29 instructions a piece).
-        let stride_bytes = 2 * self.stride;
+        // (`zero_in(s)`: the thread's first row offset is computed here each stage, not hoisted
+        // out of the chunk's loops into registers they need.)
+        let stride_bytes = 2 * self.stride + int::zero_in(s) as usize;
         let tid = index::thread_idx();
         let (mut row, mut piece) = (tid / pieces, tid % pieces);
         let (row_step, piece_step) = (ATTN_THREADS / pieces, ATTN_THREADS % pieces);
@@ -839,6 +848,23 @@ impl Stages {
         mem::cp_async_wait_all();
         sync::sync_threads();
         self.copy(s + 1);
+        self.ask_l2(s + STAGES_ASKED);
+    }
+
+    /// Asks L2 for stage `s`'s rows (past the last value stage: nothing), a line a thread.
+    #[inline(always)]
+    unsafe fn ask_l2(&self, s: u32) {
+        if s >= 2 * self.key_stages {
+            return;
+        }
+        let (base, rows) = self.span(s);
+        let stride = self.stride;
+        let src = if s >= self.key_stages { self.values } else { self.keys }.add((base * stride as u32) as usize);
+        let row_lines = (2 * self.hd).div_ceil(128);
+        let i = index::thread_idx();
+        if i < rows * row_lines {
+            mem::prefetch_l2((src as *const u8).wrapping_add((i / row_lines) as usize * stride * 2 + (i % row_lines) as usize * 128));
+        }
     }
 }
 

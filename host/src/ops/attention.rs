@@ -117,6 +117,10 @@ impl AttnShape {
         if pos0.checked_add(s.tokens).is_none_or(|end| end > s.n_ctx) {
             return bad(format!("window {pos0}..{pos0}+{} does not fit a cache of {} positions", s.tokens, s.n_ctx));
         }
+        // `attn_chunk` computes a chunk's first cache row in 32 bits.
+        if s.n_ctx.checked_mul(s.n_kv * s.hd).is_none_or(|values| values > u32::MAX as usize) {
+            return bad(format!("caches of {} positions of {} x {} values exceed 2^32 - 1 values", s.n_ctx, s.n_kv, s.hd));
+        }
         let rows = s.tokens * (s.n_q + 2 * s.n_kv);
         if s.n_ctx > MAX_BLOCKS || rows > MAX_BLOCKS || s.tokens * s.n_q * attn_chunks(s.n_ctx) > MAX_BLOCKS {
             return bad(format!("{rows} head rows over {} positions exceed one launch", s.n_ctx));
