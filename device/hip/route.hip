@@ -20,9 +20,12 @@ STRATA_FN uint64_t router_smem_key(uint32_t e) {
   return (uint64_t)strata_smem[STRATA_ROUTER_KEY_WORD + 2 * e] | (uint64_t)strata_smem[STRATA_ROUTER_KEY_WORD + 2 * e + 1] << 32;
 }
 
-// How many of the first 8 turns keys in shared memory beat each of the thread's S keys.
+// How many of the first 8 turns keys in shared memory beat each of the thread's S keys. Each of a
+// turn's eight keys counts into a counter of its own, summed at the end (integer adds: the same
+// rank in any order), so the comparisons are not one chain of dependent increments.
 template <uint32_t S>
 STRATA_FN void router_ranks(const uint64_t (&key)[STRATA_ROUTER_PER_THREAD], uint32_t turns, uint32_t (&rank)[STRATA_ROUTER_PER_THREAD]) {
+  uint32_t count[STRATA_ROUTER_PER_THREAD][8] = {};
   for (uint32_t i = 0; i < turns; i++) {
     uint64_t other[8];
 #pragma unroll
@@ -30,15 +33,24 @@ STRATA_FN void router_ranks(const uint64_t (&key)[STRATA_ROUTER_PER_THREAD], uin
 #pragma unroll
     for (uint32_t u = 0; u < 8; u++) {
 #pragma unroll
-      for (uint32_t j = 0; j < S; j++) rank[j] += other[u] > key[j] ? 1u : 0u;
+      for (uint32_t j = 0; j < S; j++) count[j][u] += other[u] > key[j] ? 1u : 0u;
     }
+  }
+#pragma unroll
+  for (uint32_t j = 0; j < S; j++) {
+#pragma unroll
+    for (uint32_t u = 0; u < 8; u++) rank[j] += count[j][u];
   }
 }
 
 // moe::group's table of one token's k picks (distinct ids below n_expert), lane r holding pick r.
 STRATA_FN void one_token_table(uint32_t id, uint32_t k, uint32_t* table) {
-  uint32_t ln = lane(), rank = 0;
-  for (uint32_t r = 0; r < k; r++) rank += shfl_u32(id, r) < id ? 1u : 0u;
+  // Every lane's id shuffled before the counting (k <= STRATA_ROUTER_MAX_K).
+  uint32_t ln = lane(), rank = 0, ids[STRATA_ROUTER_MAX_K];
+#pragma unroll
+  for (uint32_t r = 0; r < STRATA_ROUTER_MAX_K; r++) ids[r] = shfl_u32(id, r);
+#pragma unroll
+  for (uint32_t r = 0; r < STRATA_ROUTER_MAX_K; r++) rank += r < k && ids[r] < id ? 1u : 0u;
   if (ln < k) {
     table[MOE_EXPERT(k) + rank] = id;
     table[MOE_START(k) + rank] = rank;
@@ -98,8 +110,13 @@ STRATA_KERNEL(router_topk)(const float* logits, uint32_t tokens, uint32_t n_expe
   sync_threads();
   if (w != 0) return;
   // Warp 0: the picks' sum in slot order (every lane), lane r stores pick r.
+  // Every pick's probability loaded before the first add, then added in slot order.
+  float probs[STRATA_ROUTER_MAX_K];
+#pragma unroll
+  for (uint32_t r = 0; r < STRATA_ROUTER_MAX_K; r++) probs[r] = r < k ? __builtin_bit_cast(float, strata_smem[STRATA_ROUTER_PICK_WORD + r]) : 0.0f;
   float sum = 0.0f;
-  for (uint32_t r = 0; r < k; r++) sum = sum + __builtin_bit_cast(float, strata_smem[STRATA_ROUTER_PICK_WORD + r]);
+#pragma unroll
+  for (uint32_t r = 0; r < STRATA_ROUTER_MAX_K; r++) if (r < k) sum = sum + probs[r];
   float mine_p = 0.0f;
   uint32_t mine_id = 0;
   if (ln < k) {

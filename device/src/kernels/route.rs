@@ -31,9 +31,13 @@ const _: () = assert!(ROUTER_PER_THREAD == 4 && ROUTER_THREADS == 128);
 
 /// How many of the first `8 * turns` keys in shared memory beat each of the thread's `S` keys.
 /// Keys past `n_expert` are 0, below every expert's.
+///
+/// Each of a turn's eight keys counts into a counter of its own, summed once at the end (integer
+/// adds: any order gives the same rank): one counter a slot made every comparison wait on the
+/// previous one's increment, a chain of 128 dependent steps a thread for 128 experts.
 #[inline(always)]
 unsafe fn ranks<const S: usize>(smem: Smem, key: &[u64; ROUTER_PER_THREAD], turns: u32) -> [u32; ROUTER_PER_THREAD] {
-    let mut rank = [0u32; ROUTER_PER_THREAD];
+    let mut count = [[0u32; 8]; ROUTER_PER_THREAD];
     let mut i = 0;
     while i < turns {
         let at = ROUTER_KEY_WORD + 16 * i;
@@ -42,13 +46,13 @@ unsafe fn ranks<const S: usize>(smem: Smem, key: &[u64; ROUTER_PER_THREAD], turn
             let other = w[u / 2][2 * (u % 2)] as u64 | (w[u / 2][2 * (u % 2) + 1] as u64) << 32;
             unroll!(j in [0, 1, 2, 3] {
                 if j < S {
-                    rank[j] += (other > key[j]) as u32;
+                    count[j][u] += (other > key[j]) as u32;
                 }
             });
         });
         i += 1;
     }
-    rank
+    count.map(|c| c.iter().sum())
 }
 
 crate::entry! {
@@ -120,11 +124,14 @@ crate::entry! {
         }
         // Warp 0: the picks' sum in slot order (every lane), lane `r` stores pick `r`.
         let pick = |r: u32| (f32::from_bits(smem.ld_u32(ROUTER_PICK_WORD + r)), smem.ld_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + r));
+        // Every pick's probability loaded before the first add (the loop over a runtime `k` made
+        // each load wait on the add before it), then added in slot order.
+        let probs: [f32; ROUTER_MAX_K] = core::array::from_fn(|r| if (r as u32) < k { pick(r as u32).0 } else { 0.0 });
         let mut sum = 0.0f32;
-        let mut r = 0;
-        while r < k {
-            sum += pick(r).0;
-            r += 1;
+        for (r, p) in probs.into_iter().enumerate() {
+            if (r as u32) < k {
+                sum += p;
+            }
         }
         let mine = if lane < k { pick(lane) } else { (0.0, 0) };
         if lane < k {
@@ -144,11 +151,12 @@ crate::entry! {
 #[inline(always)]
 unsafe fn one_token_table(id: u32, k: u32, table: *mut u32) {
     let (lane, n) = (index::lane(), k as usize);
+    // Every lane's id shuffled before the counting (`k <= ROUTER_MAX_K`): a loop over a runtime `k`
+    // made each shuffle wait on the count before it.
+    let ids: [u32; ROUTER_MAX_K] = core::array::from_fn(|r| warp::shfl_u32(id, r as u32));
     let mut rank = 0u32;
-    let mut r = 0;
-    while r < k {
-        rank += (warp::shfl_u32(id, r) < id) as u32;
-        r += 1;
+    for (r, other) in ids.into_iter().enumerate() {
+        rank += ((r as u32) < k && other < id) as u32;
     }
     if lane < k {
         let g = rank as usize;
