@@ -15,20 +15,28 @@
 STRATA_FN uint32_t ld_u32w(const uint32_t* p, uint64_t i) { return ld_nc_u32((const uint8_t*)(p + i)); }
 
 // moe::group (groups in increasing expert id, entries in increasing selection index), built by
-// one warp, lane l for the selections e = l + 32 i (at most STRATA_MOE_MAX_SELECTIONS): (1)
-// whether e is its id's first selection, kept in count[e] as scratch; (2) for a valid id: the
-// valid selections of smaller ids (the group's start), the firsts among them (the group's
-// index), the earlier selections of id (e's place in the group) and all of them (the count);
-// (3) after a barrier, each lane writes its entries and, for a first selection, its group.
-// Every word has one writer.
+// one warp from the ids staged in shared memory (padded to a multiple of 4 with 0xffffffff, which
+// equals and precedes no valid id; the scans read 16 bytes at a time), lane l for the selections
+// e = l + 32 i (at most STRATA_MOE_MAX_SELECTIONS): (1) whether e is its id's first selection,
+// kept beside the ids; (2) for a valid id: the valid selections of smaller ids (the group's
+// start), the firsts among them (the group's index), the earlier selections of id (e's place in
+// the group) and all of them (the count); (3) each lane writes its entries and, for a first
+// selection, its group. Every word has one writer. 8 * STRATA_MOE_MAX_SELECTIONS bytes of shared
+// memory (launch::MOE_GROUP_SMEM).
 STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uint32_t* table) {
   if (block_idx() != 0) return;  // the whole block
-  uint32_t l = lane();
-  uint32_t* flags = table + MOE_COUNT(n);
-  for (uint32_t e = l; e < n; e += 32) {
-    uint32_t id = ld_u32w(ids, e), first = 1;
-    for (uint32_t f = 0; f < e; f++) first &= ld_u32w(ids, f) != id ? 1u : 0u;
-    flags[e] = first;
+  const uint32_t l = lane(), padded = (n + 3u) / 4u * 4u, first_at = STRATA_MOE_MAX_SELECTIONS;
+  for (uint32_t e = l; e < padded; e += 32) strata_smem[e] = e < n ? ld_u32w(ids, e) : 0xffffffffu;
+  sync_threads();
+  for (uint32_t e = l; e < padded; e += 32) {
+    uint32_t id = strata_smem[e], first = e < n ? 1u : 0u;
+    for (uint32_t f = 0; f < e; f += 4) {
+      uint32_t other[4];
+      smem_ld_v4(f, other);
+#pragma unroll
+      for (uint32_t j = 0; j < 4; j++) first &= (f + j >= e || other[j] != id) ? 1u : 0u;
+    }
+    strata_smem[first_at + e] = first;
   }
   sync_threads();
   constexpr uint32_t SLOTS = STRATA_MOE_MAX_SELECTIONS / 32;
@@ -40,20 +48,25 @@ STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uin
     start[i] = count[i] = 0;
     uint32_t e = l + 32 * i;
     if (e >= n) continue;
-    uint32_t id = ld_u32w(ids, e);
+    uint32_t id = strata_smem[e];
     if (id >= n_expert) {
       errors++;
       continue;
     }
     uint32_t below = 0, distinct_below = 0, before = 0, same = 0;
-    for (uint32_t f = 0; f < n; f++) {
-      uint32_t other = ld_u32w(ids, f);
-      if (other < id) {
-        below++;
-        distinct_below += flags[f];
-      } else if (other == id) {
-        same++;
-        before += f < e ? 1u : 0u;
+    for (uint32_t f = 0; f < padded; f += 4) {
+      uint32_t other[4], firsts[4];
+      smem_ld_v4(f, other);
+      smem_ld_v4(first_at + f, firsts);
+#pragma unroll
+      for (uint32_t j = 0; j < 4; j++) {
+        if (other[j] < id) {
+          below++;
+          distinct_below += firsts[j];
+        } else if (other[j] == id) {
+          same++;
+          before += f + j < e ? 1u : 0u;
+        }
       }
     }
     place[i] = below + before;
@@ -65,13 +78,12 @@ STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uin
       groups++;
     }
   }
-  sync_threads();  // every flag is read
 #pragma unroll
   for (uint32_t i = 0; i < SLOTS; i++) {
     uint32_t e = l + 32 * i;
     if (place[i] != 0xffffffffu) table[MOE_ENTRIES(n) + place[i]] = e;
     if (group[i] != 0xffffffffu) {
-      table[MOE_EXPERT(n) + group[i]] = ld_u32w(ids, e);
+      table[MOE_EXPERT(n) + group[i]] = strata_smem[e];
       table[MOE_START(n) + group[i]] = start[i];
       table[MOE_COUNT(n) + group[i]] = count[i];
     }

@@ -325,6 +325,12 @@ STRATA_FN void ld_nc_v2(const uint8_t* p, uint32_t* v) {
   v[0] = ld_nc_u32(p), v[1] = ld_nc_u32(p + 4);
 #endif
 }
+// v = shared words word .. word + 3, word a multiple of 4.
+STRATA_FN void smem_ld_v4(uint32_t word, uint32_t* v) {
+  StrataU32x4 c = *(const StrataU32x4*)(strata_smem + word);
+#pragma unroll
+  for (int k = 0; k < 4; k++) v[k] = c.w[k];
+}
 // Shared words word .. word + 3 = v, word a multiple of 4.
 STRATA_FN void smem_st_v4(uint32_t word, const uint32_t* v) {
   StrataU32x4 c;

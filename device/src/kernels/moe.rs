@@ -21,31 +21,50 @@ pub(super) unsafe fn ld(p: *const u32, i: usize) -> u32 {
 
 crate::entry! {
     /// One warp builds the table `moe::group` specifies, lane `l` for the selections `e = l + 32 i`
-    /// (at most `MOE_MAX_SELECTIONS`, 8 a lane), in three phases:
-    /// 1. whether `e` is its id's first selection, kept in `count[e]` (scratch until phase 3);
+    /// (at most `MOE_MAX_SELECTIONS`, 8 a lane), from the ids staged in shared memory (padded to
+    /// a multiple of 4 with `u32::MAX`, which equals and precedes no valid id, so that every scan
+    /// reads 16 bytes at a time), in three phases:
+    /// 1. whether `e` is its id's first selection, kept in shared memory beside the ids;
     /// 2. for a valid `id = ids[e]`: the valid selections of smaller ids (where `id`'s group starts
     ///    in `entries`), the firsts among them (the group's index: distinct valid ids below), the
     ///    earlier selections of `id` (`e`'s place in its group) and all of them (the group's count);
-    /// 3. after a barrier, each lane writes its entries and, for a first selection, its group; the
-    ///    unused groups and entries, and the header, as the spec fills them.
+    /// 3. each lane writes its entries and, for a first selection, its group; the unused groups
+    ///    and entries, and the header, as the spec fills them.
     ///
     /// Every word has one writer, and the words are those of the one-thread spec whatever the lane
-    /// order: `O(n^2 / 32)` loads a lane instead of `O(n * groups)` in one thread.
+    /// order: `O(n^2 / 32)` shared-memory reads a lane instead of `O(n * groups)` in one thread.
     ///
     /// # Safety
     /// `ids`: `n <= MOE_MAX_SELECTIONS` u32; `table`: `moe::table_words(n)` u32; one block of 32
-    /// threads.
+    /// threads with `MOE_GROUP_SMEM` bytes of dynamic shared memory.
     pub unsafe fn moe_group(ids: *const u32, n: u32, n_expert: u32, table: *mut u32) {
         crate::arch::sync::chain_grids();
         if index::block_idx() != 0 {
             return; // the whole block
         }
-        let (lane, nu) = (index::lane(), n as usize);
-        let flags = table.add(moe::count(nu));
+        let (lane, nu, padded) = (index::lane(), n as usize, n.next_multiple_of(4));
+        // Words `0..padded`: the ids; `FIRST..FIRST + padded`: the first flags (0 past `n`).
+        const FIRST: u32 = MOE_MAX_SELECTIONS as u32;
+        let smem = Smem::dynamic();
         let mut e = lane;
-        while e < n {
-            let id = ld(ids, e as usize);
-            *flags.add(e as usize) = (0..e).all(|f| ld(ids, f as usize) != id) as u32;
+        while e < padded {
+            smem.st_u32(e, if e < n { ld(ids, e as usize) } else { u32::MAX });
+            e += 32;
+        }
+        sync::sync_threads();
+        let mut e = lane;
+        while e < padded {
+            let id = smem.ld_u32(e);
+            let mut first = (e < n) as u32;
+            let mut f = 0;
+            while f < e {
+                let other = smem.ld_v4(f);
+                for (j, o) in other.into_iter().enumerate() {
+                    first &= (f + j as u32 >= e || o != id) as u32;
+                }
+                f += 4;
+            }
+            smem.st_u32(FIRST + e, first);
             e += 32;
         }
         sync::sync_threads();
@@ -55,20 +74,25 @@ crate::entry! {
         crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
             let e = lane + 32 * i as u32;
             if e < n {
-                let id = ld(ids, e as usize);
+                let id = smem.ld_u32(e);
                 if id >= n_expert {
                     errors += 1;
                 } else {
                     let (mut below, mut distinct_below, mut before, mut same) = (0u32, 0u32, 0u32, 0u32);
-                    for f in 0..n {
-                        let other = ld(ids, f as usize);
-                        if other < id {
-                            below += 1;
-                            distinct_below += mem::ld_u32(flags.add(f as usize) as *const u8);
-                        } else if other == id {
-                            same += 1;
-                            before += (f < e) as u32;
+                    let mut f = 0;
+                    while f < padded {
+                        let (other, firsts) = (smem.ld_v4(f), smem.ld_v4(FIRST + f));
+                        for j in 0..4 {
+                            let o = other[j];
+                            if o < id {
+                                below += 1;
+                                distinct_below += firsts[j];
+                            } else if o == id {
+                                same += 1;
+                                before += (f + (j as u32) < e) as u32;
+                            }
                         }
+                        f += 4;
                     }
                     place[i] = below + before;
                     filled += 1;
@@ -79,7 +103,6 @@ crate::entry! {
                 }
             }
         });
-        sync::sync_threads(); // every flag is read
         crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
             let e = lane + 32 * i as u32;
             if place[i] != u32::MAX {
@@ -87,7 +110,7 @@ crate::entry! {
             }
             if group[i] != u32::MAX {
                 let g = group[i] as usize;
-                *table.add(moe::EXPERT + g) = ld(ids, e as usize);
+                *table.add(moe::EXPERT + g) = smem.ld_u32(e);
                 *table.add(moe::start(nu) + g) = start[i];
                 *table.add(moe::count(nu) + g) = count[i];
             }

@@ -33,6 +33,8 @@ pub const MOE_GU_ROWS: u32 = 32;
 /// The most (token, slot) selections of one routed-expert window (8 tokens x up to 32 slots):
 /// `moe_group`'s warp keeps 8 a lane.
 pub const MOE_MAX_SELECTIONS: usize = 256;
+/// Dynamic shared memory of `moe_group`: the window's ids and their first flags, a word each.
+pub const MOE_GROUP_SMEM: u32 = 8 * MOE_MAX_SELECTIONS as u32;
 /// Consecutive down rows a `moe_down_*` warp takes (`MMVQ_WARPS` warps a block). A group of one
 /// entry (every group of a one-token window, most under uniform routing) has each lane load its
 /// groups of all the warp's rows before it uses the first, so a warp waits on one memory latency
@@ -304,7 +306,7 @@ const BASE: [Bounds; 85] = [
     head("row_top_prob_sum"),
     head("row_top_prob_final"),
     Bounds { kernel: "copy_from_mapped_multi", threads: 256, min_blocks: 4, smem_bytes: 0 },
-    Bounds { kernel: "moe_group", threads: 32, min_blocks: 1, smem_bytes: 0 },
+    Bounds { kernel: "moe_group", threads: 32, min_blocks: 1, smem_bytes: MOE_GROUP_SMEM },
     Bounds { kernel: "moe_combine", threads: 256, min_blocks: 4, smem_bytes: 0 },
     moe_gu("moe_gu_q8_0"),
     moe_gu("moe_gu_q6_k"),
