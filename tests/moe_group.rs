@@ -1,4 +1,4 @@
-//! `moe_group` (the routed-expert window's selections to groups, one warp on the device) against
+//! `moe_group` (the routed-expert window's selections to groups, one block on the device) against
 //! the one-thread spec `moe::group`: the whole table, word for word, on random selections with
 //! repeated experts and out-of-range ids, from 1 to `MOE_MAX_SELECTIONS` selections. And the
 //! table `router_topk` writes for a one-token window, against `moe::group` of the ids it picked.

@@ -17,87 +17,98 @@ STRATA_FN uint32_t ld_u32w(const uint32_t* p, uint64_t i) { return ld_nc_u32((co
 // moe::group (groups in increasing expert id, entries in increasing selection index), built by
 // one warp from the ids staged in shared memory (padded to a multiple of 4 with 0xffffffff, which
 // equals and precedes no valid id; the scans read 16 bytes at a time), lane l for the selections
-// e = l + 32 i (at most STRATA_MOE_MAX_SELECTIONS): (1) whether e is its id's first selection,
-// kept beside the ids; (2) for a valid id: the valid selections of smaller ids (the group's
-// start), the firsts among them (the group's index), the earlier selections of id (e's place in
-// the group) and all of them (the count); (3) each lane writes its entries and, for a first
-// selection, its group. Every word has one writer. 8 * STRATA_MOE_MAX_SELECTIONS bytes of shared
-// memory (launch::MOE_GROUP_SMEM).
+// Selection e has P = moe_group_parts(n) adjacent threads (t = e * P + part), each scanning the
+// quads part, part + P, .. of the ids staged in shared memory (padded with 0xffffffff); shuffles
+// join their counts. (1) whether e is its id's first selection, kept beside the ids; (2) for a
+// valid id: the valid selections of smaller ids (the group's start), the firsts among them (the
+// group's index), the earlier selections of id (e's place in the group) and all of them (the
+// count); (3) the selection's first thread writes its entry and, for a first selection, its
+// group; the block's totals (a word a warp) place the rest. Every word has one writer.
+// launch::MOE_GROUP_SMEM bytes of shared memory.
+STRATA_FN uint32_t moe_group_parts(uint32_t n) {
+  uint32_t parts = 32;
+  while (parts > 1 && n * parts > STRATA_MOE_GROUP_THREADS) parts /= 2;
+  return parts;
+}
+
 STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uint32_t* table) {
   if (block_idx() != 0) return;  // the whole block
-  const uint32_t l = lane(), padded = (n + 3u) / 4u * 4u, first_at = STRATA_MOE_MAX_SELECTIONS;
-  for (uint32_t e = l; e < padded; e += 32) strata_smem[e] = e < n ? ld_u32w(ids, e) : 0xffffffffu;
-  sync_threads();
-  for (uint32_t e = l; e < padded; e += 32) {
-    uint32_t id = strata_smem[e], first = e < n ? 1u : 0u;
-    for (uint32_t f = 0; f < e; f += 4) {
-      uint32_t other[4];
-      smem_ld_v4(f, other);
-#pragma unroll
-      for (uint32_t j = 0; j < 4; j++) first &= (f + j >= e || other[j] != id) ? 1u : 0u;
-    }
-    strata_smem[first_at + e] = first;
+  const uint32_t t = thread_idx(), padded = (n + 3u) / 4u * 4u, parts = moe_group_parts(n);
+  const uint32_t e = t / parts, part = t % parts;
+  const uint32_t first_at = STRATA_MOE_MAX_SELECTIONS, counts_at = 2 * STRATA_MOE_MAX_SELECTIONS;
+  if (t < padded) {
+    strata_smem[t] = t < n ? ld_u32w(ids, t) : 0xffffffffu;
+    if (t >= n) strata_smem[first_at + t] = 0;
   }
   sync_threads();
-  constexpr uint32_t SLOTS = STRATA_MOE_MAX_SELECTIONS / 32;
-  uint32_t place[SLOTS], group[SLOTS], start[SLOTS], count[SLOTS];
-  int32_t groups = 0, filled = 0, errors = 0;
+  const bool live = e < n;
+  const uint32_t id = live ? strata_smem[e] : 0xffffffffu;
+  uint32_t seen = 0;
+  for (uint32_t f = 4 * part; f < (live ? e : 0u); f += 4 * parts) {
+    uint32_t other[4];
+    smem_ld_v4(f, other);
 #pragma unroll
-  for (uint32_t i = 0; i < SLOTS; i++) {
-    place[i] = group[i] = 0xffffffffu;
-    start[i] = count[i] = 0;
-    uint32_t e = l + 32 * i;
-    if (e >= n) continue;
-    uint32_t id = strata_smem[e];
-    if (id >= n_expert) {
-      errors++;
-      continue;
-    }
-    uint32_t below = 0, distinct_below = 0, before = 0, same = 0;
-    for (uint32_t f = 0; f < padded; f += 4) {
+    for (uint32_t j = 0; j < 4; j++) seen |= (f + j < e && other[j] == id) ? 1u : 0u;
+  }
+  for (uint32_t m = 1; m < parts; m <<= 1) seen |= shfl_xor_u32(seen, m);
+  if (part == 0 && live) strata_smem[first_at + e] = seen == 0 ? 1u : 0u;
+  sync_threads();
+  // Two counts a word (each at most 256): below | same << 16, distinct_below | before << 16.
+  uint32_t below_same = 0, distinct_before = 0;
+  if (live && id < n_expert) {
+    for (uint32_t f = 4 * part; f < padded; f += 4 * parts) {
       uint32_t other[4], firsts[4];
       smem_ld_v4(f, other);
       smem_ld_v4(first_at + f, firsts);
 #pragma unroll
       for (uint32_t j = 0; j < 4; j++) {
         if (other[j] < id) {
-          below++;
-          distinct_below += firsts[j];
+          below_same += 1;
+          distinct_before += firsts[j];
         } else if (other[j] == id) {
-          same++;
-          before += f + j < e ? 1u : 0u;
+          below_same += 1u << 16;
+          distinct_before += (f + j < e ? 1u : 0u) << 16;
         }
       }
     }
-    place[i] = below + before;
-    filled++;
-    if (before == 0) {
-      group[i] = distinct_below;
-      start[i] = below;
-      count[i] = same;
-      groups++;
+  }
+  for (uint32_t m = 1; m < parts; m <<= 1) {
+    below_same += shfl_xor_u32(below_same, m);
+    distinct_before += shfl_xor_u32(distinct_before, m);
+  }
+  // Totals packed groups | filled << 10 | errors << 20 (each at most 256).
+  uint32_t totals = 0;
+  if (part == 0 && live) {
+    if (id >= n_expert) {
+      totals = 1u << 20;
+    } else {
+      const uint32_t below = below_same & 0xffffu, same = below_same >> 16;
+      const uint32_t distinct_below = distinct_before & 0xffffu, before = distinct_before >> 16;
+      table[MOE_ENTRIES(n) + below + before] = e;
+      totals = 1u << 10;
+      if (before == 0) {
+        table[MOE_EXPERT(n) + distinct_below] = id;
+        table[MOE_START(n) + distinct_below] = below;
+        table[MOE_COUNT(n) + distinct_below] = same;
+        totals += 1;
+      }
     }
   }
-#pragma unroll
-  for (uint32_t i = 0; i < SLOTS; i++) {
-    uint32_t e = l + 32 * i;
-    if (place[i] != 0xffffffffu) table[MOE_ENTRIES(n) + place[i]] = e;
-    if (group[i] != 0xffffffffu) {
-      table[MOE_EXPERT(n) + group[i]] = strata_smem[e];
-      table[MOE_START(n) + group[i]] = start[i];
-      table[MOE_COUNT(n) + group[i]] = count[i];
-    }
-  }
-  uint32_t g_total = (uint32_t)warp_sum_i32(groups), f_total = (uint32_t)warp_sum_i32(filled), e_total = (uint32_t)warp_sum_i32(errors);
-  for (uint32_t g = g_total + l; g < n; g += 32) {
+  totals = (uint32_t)warp_sum_i32((int32_t)totals);
+  if (lane() == 0) strata_smem[counts_at + warp_in_block()] = totals;
+  sync_threads();
+  totals = 0;
+  for (uint32_t w = 0; w < STRATA_MOE_GROUP_THREADS / 32; w++) totals += strata_smem[counts_at + w];
+  const uint32_t groups = totals & 0x3ffu, filled = (totals >> 10) & 0x3ffu, errors = totals >> 20;
+  for (uint32_t g = groups + t; g < n; g += STRATA_MOE_GROUP_THREADS) {
     table[MOE_EXPERT(n) + g] = 0;
-    table[MOE_START(n) + g] = f_total;
+    table[MOE_START(n) + g] = filled;
     table[MOE_COUNT(n) + g] = 0;
   }
-  for (uint32_t e = f_total + l; e < n; e += 32) table[MOE_ENTRIES(n) + e] = 0;
-  if (l == 0) {
-    table[0] = g_total;
-    table[1] = e_total;
+  for (uint32_t i = filled + t; i < n; i += STRATA_MOE_GROUP_THREADS) table[MOE_ENTRIES(n) + i] = 0;
+  if (t == 0) {
+    table[0] = groups;
+    table[1] = errors;
   }
 }
 

@@ -1,6 +1,6 @@
 //! The routed-expert window: how a window's (token, slot) expert selections become groups, the
 //! layout of the group table every expert kernel reads, and SwiGLU. [`group`] is the spec of the
-//! table (the replica runs it; the device's `moe_group` builds the same words with one warp).
+//! table (the replica runs it; the device's `moe_group` builds the same words with one block).
 //!
 //! Group table (u32 words), for `n = tokens * k` selections:
 //! - word 0: number of groups `G` (distinct experts); word 1: selections whose expert id was out

@@ -13,6 +13,22 @@ pub fn sync_threads() {
     unsafe { core::arch::nvptx::_syncthreads() }
 }
 
+/// Block-wide barrier that the lanes of a warp may reach at different instructions
+/// (`barrier.sync 0`, without `.aligned`). For kernels whose branches before and after a barrier
+/// test the same condition: LLVM may then thread the branch through the barrier and duplicate
+/// it into both paths, which the aligned `bar.sync` of [`sync_threads`] does not allow (the
+/// warp's lanes wait at two `WARPSYNC.ALL`s: `moe_group` by a block hung so on an H100).
+#[inline(always)]
+pub fn sync_threads_split() {
+    // SAFETY: as `sync_threads`, except that the threads need not be converged.
+    #[cfg(target_arch = "nvptx64")]
+    unsafe {
+        asm!("barrier.sync 0;", options(nostack))
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    sync_threads();
+}
+
 /// Barrier that only orders shared-memory (LDS) traffic. On NVIDIA `bar.sync` already orders
 /// shared memory, so this is `bar.sync 0`; the HIP twin must wait for LDS explicitly on AMD
 /// (`s_wait_dscnt 0` / `s_waitcnt lgkmcnt(0)`), which is why it is a separate name.

@@ -11,7 +11,7 @@ use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
 use crate::arch::{index, mem, sync, warp};
 use strata_gpu_shared::formats::{q8_1, GROUP};
-use strata_gpu_shared::launch::{MMVQ_WARPS, MOE_DOWN_ROWS, MOE_ENTRY_PASS, MOE_GU_ROWS, MOE_GU_WARPS, MOE_MAX_SELECTIONS};
+use strata_gpu_shared::launch::{moe_group_parts, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_ENTRY_PASS, MOE_GROUP_THREADS, MOE_GU_ROWS, MOE_GU_WARPS, MOE_MAX_SELECTIONS};
 use strata_gpu_shared::moe;
 
 #[inline(always)]
@@ -20,116 +20,135 @@ pub(super) unsafe fn ld(p: *const u32, i: usize) -> u32 {
 }
 
 crate::entry! {
-    /// One warp builds the table `moe::group` specifies, lane `l` for the selections `e = l + 32 i`
-    /// (at most `MOE_MAX_SELECTIONS`, 8 a lane), from the ids staged in shared memory (padded to
-    /// a multiple of 4 with `u32::MAX`, which equals and precedes no valid id, so that every scan
-    /// reads 16 bytes at a time), in three phases:
+    /// One block builds the table `moe::group` specifies. Selection `e` has `P =
+    /// moe_group_parts(n)` adjacent threads (`t = e * P + part`), each scanning the ids' quads
+    /// `part, part + P, ..` in shared memory (padded to a multiple of 4 with `u32::MAX`, which
+    /// equals and precedes no valid id, so that every scan reads 16 bytes at a time), and their
+    /// integer counts are joined by shuffles. Three phases:
     /// 1. whether `e` is its id's first selection, kept in shared memory beside the ids;
     /// 2. for a valid `id = ids[e]`: the valid selections of smaller ids (where `id`'s group starts
     ///    in `entries`), the firsts among them (the group's index: distinct valid ids below), the
     ///    earlier selections of `id` (`e`'s place in its group) and all of them (the group's count);
-    /// 3. each lane writes its entries and, for a first selection, its group; the unused groups
-    ///    and entries, and the header, as the spec fills them.
+    /// 3. the selection's first thread writes its entry and, for a first selection, its group;
+    ///    the block's totals (through a word a warp) place the unused groups and entries and the
+    ///    header, as the spec fills them.
     ///
-    /// Every word has one writer, and the words are those of the one-thread spec whatever the lane
-    /// order: `O(n^2 / 32)` shared-memory reads a lane instead of `O(n * groups)` in one thread.
+    /// Every word has one writer, and the words are those of the one-thread spec whatever the
+    /// thread order. The barriers are [`sync::sync_threads_split`]: the phases' branches test
+    /// the same selection conditions on both sides of them. A thread's scans are `n / (4 P)` quad reads: the chain a window of 8 waits on
+    /// is 16 times shorter than one warp's with 8 selections a lane.
     ///
     /// # Safety
-    /// `ids`: `n <= MOE_MAX_SELECTIONS` u32; `table`: `moe::table_words(n)` u32; one block of 32
-    /// threads with `MOE_GROUP_SMEM` bytes of dynamic shared memory.
+    /// `ids`: `n <= MOE_MAX_SELECTIONS` u32; `table`: `moe::table_words(n)` u32; one block of
+    /// `MOE_GROUP_THREADS` threads with `MOE_GROUP_SMEM` bytes of dynamic shared memory.
     pub unsafe fn moe_group(ids: *const u32, n: u32, n_expert: u32, table: *mut u32) {
         crate::arch::sync::chain_grids();
         if index::block_idx() != 0 {
             return; // the whole block
         }
-        let (lane, nu, padded) = (index::lane(), n as usize, n.next_multiple_of(4));
-        // Words `0..padded`: the ids; `FIRST..FIRST + padded`: the first flags (0 past `n`).
+        let (t, nu, padded) = (index::thread_idx(), n as usize, n.next_multiple_of(4));
+        let parts = moe_group_parts(n);
+        let (e, part) = (t / parts, t % parts);
+        // Words `0..padded`: the ids; `FIRST..FIRST + padded`: the first flags (0 past `n`);
+        // `COUNTS + w`: warp `w`'s packed totals.
         const FIRST: u32 = MOE_MAX_SELECTIONS as u32;
+        const COUNTS: u32 = 2 * MOE_MAX_SELECTIONS as u32;
         let smem = Smem::dynamic();
-        let mut e = lane;
-        while e < padded {
-            smem.st_u32(e, if e < n { ld(ids, e as usize) } else { u32::MAX });
-            e += 32;
-        }
-        sync::sync_threads();
-        let mut e = lane;
-        while e < padded {
-            let id = smem.ld_u32(e);
-            let mut first = (e < n) as u32;
-            let mut f = 0;
-            while f < e {
-                let other = smem.ld_v4(f);
-                for (j, o) in other.into_iter().enumerate() {
-                    first &= (f + j as u32 >= e || o != id) as u32;
-                }
-                f += 4;
+        if t < padded {
+            smem.st_u32(t, if t < n { ld(ids, t as usize) } else { u32::MAX });
+            if t >= n {
+                smem.st_u32(FIRST + t, 0);
             }
-            smem.st_u32(FIRST + e, first);
-            e += 32;
         }
-        sync::sync_threads();
-        const SLOTS: usize = MOE_MAX_SELECTIONS / 32;
-        let (mut place, mut group, mut start, mut count) = ([u32::MAX; SLOTS], [u32::MAX; SLOTS], [0u32; SLOTS], [0u32; SLOTS]);
-        let (mut groups, mut filled, mut errors) = (0i32, 0i32, 0i32);
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-            let e = lane + 32 * i as u32;
-            if e < n {
-                let id = smem.ld_u32(e);
-                if id >= n_expert {
-                    errors += 1;
-                } else {
-                    let (mut below, mut distinct_below, mut before, mut same) = (0u32, 0u32, 0u32, 0u32);
-                    let mut f = 0;
-                    while f < padded {
-                        let (other, firsts) = (smem.ld_v4(f), smem.ld_v4(FIRST + f));
-                        for j in 0..4 {
-                            let o = other[j];
-                            if o < id {
-                                below += 1;
-                                distinct_below += firsts[j];
-                            } else if o == id {
-                                same += 1;
-                                before += (f + (j as u32) < e) as u32;
-                            }
-                        }
-                        f += 4;
-                    }
-                    place[i] = below + before;
-                    filled += 1;
-                    if before == 0 {
-                        (group[i], start[i], count[i]) = (distinct_below, below, same);
-                        groups += 1;
+        sync::sync_threads_split();
+        let live = e < n;
+        let id = if live { smem.ld_u32(e) } else { u32::MAX };
+        // Phase 1 scans the selections before `e`.
+        let (mut seen, before_e) = (0, if live { e } else { 0 });
+        let mut f = 4 * part;
+        while f < before_e {
+            let other = smem.ld_v4(f);
+            for (j, o) in other.into_iter().enumerate() {
+                seen |= (f + (j as u32) < e && o == id) as u32;
+            }
+            f += 4 * parts;
+        }
+        let mut m = 1;
+        while m < parts {
+            seen |= warp::shfl_xor_u32(seen, m);
+            m <<= 1;
+        }
+        if part == 0 && live {
+            smem.st_u32(FIRST + e, (seen == 0) as u32);
+        }
+        sync::sync_threads_split();
+        // Two counts a word (each at most 256): `below | same << 16`, `distinct_below | before << 16`.
+        let (mut below_same, mut distinct_before) = (0u32, 0u32);
+        if live && id < n_expert {
+            let mut f = 4 * part;
+            while f < padded {
+                let (other, firsts) = (smem.ld_v4(f), smem.ld_v4(FIRST + f));
+                for j in 0..4 {
+                    let o = other[j];
+                    if o < id {
+                        below_same += 1;
+                        distinct_before += firsts[j];
+                    } else if o == id {
+                        below_same += 1 << 16;
+                        distinct_before += ((f + (j as u32) < e) as u32) << 16;
                     }
                 }
+                f += 4 * parts;
             }
-        });
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-            let e = lane + 32 * i as u32;
-            if place[i] != u32::MAX {
-                *table.add(moe::entries(nu) + place[i] as usize) = e;
+        }
+        let mut m = 1;
+        while m < parts {
+            below_same += warp::shfl_xor_u32(below_same, m);
+            distinct_before += warp::shfl_xor_u32(distinct_before, m);
+            m <<= 1;
+        }
+        // Totals packed `groups | filled << 10 | errors << 20` (each at most 256).
+        let mut totals = 0u32;
+        if part == 0 && live {
+            if id >= n_expert {
+                totals = 1 << 20;
+            } else {
+                let (below, same) = (below_same & 0xffff, below_same >> 16);
+                let (distinct_below, before) = (distinct_before & 0xffff, distinct_before >> 16);
+                *table.add(moe::entries(nu) + (below + before) as usize) = e;
+                totals = 1 << 10;
+                if before == 0 {
+                    let g = distinct_below as usize;
+                    *table.add(moe::EXPERT + g) = id;
+                    *table.add(moe::start(nu) + g) = below;
+                    *table.add(moe::count(nu) + g) = same;
+                    totals += 1;
+                }
             }
-            if group[i] != u32::MAX {
-                let g = group[i] as usize;
-                *table.add(moe::EXPERT + g) = smem.ld_u32(e);
-                *table.add(moe::start(nu) + g) = start[i];
-                *table.add(moe::count(nu) + g) = count[i];
-            }
-        });
-        let (groups, filled) = (warp::warp_sum_i32(groups) as u32, warp::warp_sum_i32(filled) as u32);
-        let errors = warp::warp_sum_i32(errors) as u32;
-        let mut g = groups + lane;
+        }
+        let totals = warp::warp_sum_i32(totals as i32) as u32;
+        if index::lane() == 0 {
+            smem.st_u32(COUNTS + index::warp_in_block(), totals);
+        }
+        sync::sync_threads_split();
+        let mut totals = 0;
+        for w in 0..MOE_GROUP_THREADS / 32 {
+            totals += smem.ld_u32(COUNTS + w);
+        }
+        let (groups, filled, errors) = (totals & 0x3ff, (totals >> 10) & 0x3ff, totals >> 20);
+        let mut g = groups + t;
         while g < n {
             *table.add(moe::EXPERT + g as usize) = 0;
             *table.add(moe::start(nu) + g as usize) = filled;
             *table.add(moe::count(nu) + g as usize) = 0;
-            g += 32;
+            g += MOE_GROUP_THREADS;
         }
-        let mut e = filled + lane;
+        let mut e = filled + t;
         while e < n {
             *table.add(moe::entries(nu) + e as usize) = 0;
-            e += 32;
+            e += MOE_GROUP_THREADS;
         }
-        if lane == 0 {
+        if t == 0 {
             *table.add(moe::N_GROUPS) = groups;
             *table.add(moe::ERRORS) = errors;
         }

@@ -31,10 +31,24 @@ pub const MOE_GU_WARPS: u32 = 8;
 /// `n_ff` rows per `moe_gu_*` block: one q8_1 group of the SwiGLU output.
 pub const MOE_GU_ROWS: u32 = 32;
 /// The most (token, slot) selections of one routed-expert window (8 tokens x up to 32 slots):
-/// `moe_group`'s warp keeps 8 a lane.
+/// one `moe_group` thread or more for each.
 pub const MOE_MAX_SELECTIONS: usize = 256;
-/// Dynamic shared memory of `moe_group`: the window's ids and their first flags, a word each.
-pub const MOE_GROUP_SMEM: u32 = 8 * MOE_MAX_SELECTIONS as u32;
+/// Threads of the `moe_group` block.
+pub const MOE_GROUP_THREADS: u32 = 256;
+const _: () = assert!(MOE_MAX_SELECTIONS as u32 <= MOE_GROUP_THREADS && MOE_GROUP_THREADS % 32 == 0);
+/// Threads of `moe_group` that share one selection's scans for `n` selections (`1..=256`): the
+/// most, a power of two up to a warp, that still gives every selection its own threads. The
+/// threads of a selection are adjacent lanes of one warp, so shuffles join their counts.
+pub const fn moe_group_parts(n: u32) -> u32 {
+    let mut parts = 32;
+    while parts > 1 && n * parts > MOE_GROUP_THREADS {
+        parts /= 2;
+    }
+    parts
+}
+/// Dynamic shared memory of `moe_group`: the window's ids and their first flags, a word each,
+/// and a word of packed counts for each warp.
+pub const MOE_GROUP_SMEM: u32 = 4 * (2 * MOE_MAX_SELECTIONS as u32 + MOE_GROUP_THREADS / 32);
 /// Consecutive down rows a `moe_down_*` warp takes (`MMVQ_WARPS` warps a block). A group of one
 /// entry (every group of a one-token window, most under uniform routing) has each lane load its
 /// groups of all the warp's rows before it uses the first, so a warp waits on one memory latency
@@ -306,7 +320,7 @@ const BASE: [Bounds; 85] = [
     head("row_top_prob_sum"),
     head("row_top_prob_final"),
     Bounds { kernel: "copy_from_mapped_multi", threads: 256, min_blocks: 4, smem_bytes: 0 },
-    Bounds { kernel: "moe_group", threads: 32, min_blocks: 1, smem_bytes: MOE_GROUP_SMEM },
+    Bounds { kernel: "moe_group", threads: MOE_GROUP_THREADS, min_blocks: 1, smem_bytes: MOE_GROUP_SMEM },
     Bounds { kernel: "moe_combine", threads: 256, min_blocks: 4, smem_bytes: 0 },
     moe_gu("moe_gu_q8_0"),
     moe_gu("moe_gu_q6_k"),
