@@ -15,16 +15,15 @@
 STRATA_FN uint32_t ld_u32w(const uint32_t* p, uint64_t i) { return ld_nc_u32((const uint8_t*)(p + i)); }
 
 // moe::group (groups in increasing expert id, entries in increasing selection index), built by
-// one warp from the ids staged in shared memory (padded to a multiple of 4 with 0xffffffff, which
-// equals and precedes no valid id; the scans read 16 bytes at a time), lane l for the selections
-// Selection e has P = moe_group_parts(n) adjacent threads (t = e * P + part), each scanning the
-// quads part, part + P, .. of the ids staged in shared memory (padded with 0xffffffff); shuffles
-// join their counts. (1) whether e is its id's first selection, kept beside the ids; (2) for a
-// valid id: the valid selections of smaller ids (the group's start), the firsts among them (the
-// group's index), the earlier selections of id (e's place in the group) and all of them (the
-// count); (3) the selection's first thread writes its entry and, for a first selection, its
-// group; the block's totals (a word a warp) place the rest. Every word has one writer.
-// launch::MOE_GROUP_SMEM bytes of shared memory.
+// one block from the ids staged in shared memory (padded to a multiple of 4 with 0xffffffff, which
+// equals and precedes no valid id; the scans read 16 bytes at a time). Selection e has P =
+// moe_group_parts(n) (launch::moe_group_parts) adjacent threads, t = e * P + part, each scanning
+// the quads part, part + P, ..; shuffles join their counts. (1) whether e is its id's first
+// selection, kept beside the ids; (2) for a valid id: the valid selections of smaller ids (the
+// group's start), the firsts among them (the group's index), the earlier selections of id (e's
+// place in the group) and all of them (the count); (3) the selection's first thread writes its
+// entry and, for a first selection, its group; the block's totals (a word a warp) place the rest.
+// Every word has one writer. launch::MOE_GROUP_SMEM bytes of shared memory.
 STRATA_FN uint32_t moe_group_parts(uint32_t n) {
   uint32_t parts = 32;
   while (parts > 1 && n * parts > STRATA_MOE_GROUP_THREADS) parts /= 2;
