@@ -610,6 +610,18 @@ mod tests {
     }
 
     #[test]
+    fn moe_group_gives_every_selection_its_threads() {
+        let parts = [1, 8, 9, 64, 65, 128, 129, 256].map(moe_group_parts);
+        assert_eq!(parts, [32, 32, 16, 4, 2, 2, 1, 1]);
+        for n in 1..=MOE_MAX_SELECTIONS as u32 {
+            let p = moe_group_parts(n);
+            // Adjacent lanes of one warp, every selection its own, and no more would fit.
+            assert!(p.is_power_of_two() && p <= 32 && n * p <= MOE_GROUP_THREADS, "{n} selections: {p}");
+            assert!(p == 32 || 2 * n * p > MOE_GROUP_THREADS, "{n} selections: {p}");
+        }
+    }
+
+    #[test]
     fn waves_per_eu_rule() {
         assert_eq!(amd_waves_per_eu(256, 4), 8);
         assert_eq!(amd_waves_per_eu(256, 2), 4);
