@@ -34,9 +34,10 @@ crate::entry! {
     ///    header, as the spec fills them.
     ///
     /// Every word has one writer, and the words are those of the one-thread spec whatever the
-    /// thread order. The barriers are [`sync::sync_threads_split`]: the phases' branches test
-    /// the same selection conditions on both sides of them. A thread's scans are `n / (4 P)` quad reads: the chain a window of 8 waits on
-    /// is 16 times shorter than one warp's with 8 selections a lane.
+    /// thread order. A thread's scans are `n / (4 P)` quad reads a phase: 4 in a window of 8
+    /// tokens of 8 slots, where each lane of one warp read 32 (two selections of 16). The
+    /// barriers are [`sync::sync_threads_split`]: the phases' branches test the same selection
+    /// conditions on both sides of them.
     ///
     /// # Safety
     /// `ids`: `n <= MOE_MAX_SELECTIONS` u32; `table`: `moe::table_words(n)` u32; one block of
