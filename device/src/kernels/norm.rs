@@ -177,7 +177,10 @@ crate::entry! {
         if g >= groups {
             return; // the whole warp, after the block's only barrier
         }
-        let xs = |j: u32| f32::from_bits(smem.ld_u32(j));
+        // 32-bit shared addresses: `row + 4 * (j + 32 i)` folds to one address and immediate
+        // offsets, where a 64-bit one widened every index (three instructions a load).
+        let row = smem.addr(0);
+        let xs = |j: u32| f32::from_bits(mem::Smem::ld_u32_at(row + 4 * j));
         let scale = warp_rms_scale_of::<{ NORM_AHEAD as usize }>(xs, n, eps);
         crate::trace_mark!(2, "scaled");
         let v = (xs(j) * scale) * wj;
