@@ -5,7 +5,7 @@
 //! words per block.
 use crate::arch::mem::Smem;
 use crate::arch::{index, mem, sync, warp};
-use strata_gpu_shared::launch::HEAD_CHUNK;
+use strata_gpu_shared::launch::{HEAD_AHEAD, HEAD_CHUNK};
 use strata_gpu_shared::order::{argmax_better, top_prob_term, HEAD_THREADS};
 
 const WARPS: u32 = HEAD_THREADS as u32 / 32;
@@ -74,11 +74,23 @@ pub(crate) unsafe fn block_best(best: (f32, u32)) -> (f32, u32) {
 /// The best of `x[start..end]` (indices absolute), valid in thread 0.
 #[inline(always)]
 unsafe fn range_best(x: *const f32, start: u32, end: u32) -> (f32, u32) {
+    const T: u32 = HEAD_THREADS as u32;
     let mut best = (f32::NAN, NONE);
     let mut j = start + index::thread_idx();
+    // `HEAD_AHEAD` loads in flight, then folded in the order of their indices (any order gives
+    // the same best: `argmax_better` is a total order).
     while j < end {
-        keep_better(&mut best, ld_f32(x, j as usize), j);
-        j += HEAD_THREADS as u32;
+        let v: [f32; HEAD_AHEAD as usize] = core::array::from_fn(|u| {
+            let i = j + T * u as u32;
+            if i < end { ld_f32(x, i as usize) } else { f32::NAN }
+        });
+        for (u, v) in v.into_iter().enumerate() {
+            let i = j + T * u as u32;
+            if i < end {
+                keep_better(&mut best, v, i);
+            }
+        }
+        j += T * HEAD_AHEAD;
     }
     block_best(best)
 }

@@ -11,7 +11,7 @@ use super::quantize_q8_1::quantize_group;
 use crate::arch::mem::Smem;
 use crate::arch::{index, mem, sync, warp};
 use strata_gpu_shared::formats::{q8_1, GROUP};
-use strata_gpu_shared::launch::{moe_group_parts, MMVQ_WARPS, MOE_DOWN_ROWS, MOE_ENTRY_PASS, MOE_GROUP_THREADS, MOE_GU_ROWS, MOE_GU_WARPS, MOE_MAX_SELECTIONS};
+use strata_gpu_shared::launch::{moe_group_parts, MMVQ_WARPS, MOE_COMBINE_AHEAD, MOE_DOWN_ROWS, MOE_ENTRY_PASS, MOE_GROUP_THREADS, MOE_GU_ROWS, MOE_GU_WARPS, MOE_MAX_SELECTIONS};
 use strata_gpu_shared::moe;
 
 #[inline(always)]
@@ -277,11 +277,25 @@ crate::entry! {
         }
         let (t, col) = (i / n_embd, i % n_embd);
         let mut acc = 0.0f32;
-        for s in 0..k {
-            let e = (t * k + s) as usize;
-            let w = f32::from_bits(mem::ld_nc_u32(weights.add(e) as *const u8));
-            let v = f32::from_bits(mem::ld_nc_u32(y.add(e * n_embd as usize + col as usize) as *const u8));
-            acc += w * v;
+        // `MOE_COMBINE_AHEAD` slots' weights and values loaded before the first add, then added
+        // in slot order.
+        let mut s0 = 0;
+        while s0 < k {
+            let wv: [(f32, f32); MOE_COMBINE_AHEAD as usize] = core::array::from_fn(|u| {
+                let s = s0 + u as u32;
+                if s >= k {
+                    return (0.0, 0.0);
+                }
+                let e = (t * k + s) as usize;
+                let w = f32::from_bits(mem::ld_nc_u32(weights.add(e) as *const u8));
+                (w, f32::from_bits(mem::ld_nc_u32(y.add(e * n_embd as usize + col as usize) as *const u8)))
+            });
+            for (u, (w, v)) in wv.into_iter().enumerate() {
+                if s0 + (u as u32) < k {
+                    acc += w * v;
+                }
+            }
+            s0 += MOE_COMBINE_AHEAD;
         }
         mem::st_f32_acc(out.add(i as usize), acc, accumulate != 0);
     }

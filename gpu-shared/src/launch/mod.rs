@@ -26,6 +26,13 @@ pub const QUANTIZE_WARPS: u32 = 4;
 /// Elements per block of the split head kernels (`argmax_rows`, `row_top_prob`): a 151,936
 /// vocabulary is 38 blocks per row.
 pub const HEAD_CHUNK: usize = 4096;
+/// Elements a thread of `range_best` (the argmax entries) loads before it folds the first: a
+/// `HEAD_CHUNK` block's share in one round, where folding each load before the next was a chain
+/// of 16 L2 latencies a thread.
+pub const HEAD_AHEAD: u32 = (HEAD_CHUNK / crate::order::HEAD_THREADS) as u32;
+/// Slots a `moe_combine` thread loads (weight and row value) before it adds the first, in slot
+/// order: one round for the usual top-8 instead of a chain of 8 L2 latencies.
+pub const MOE_COMBINE_AHEAD: u32 = 8;
 /// Warps of a `moe_gu_*` block; each computes 4 of the block's 32 `n_ff` rows.
 pub const MOE_GU_WARPS: u32 = 8;
 /// `n_ff` rows per `moe_gu_*` block: one q8_1 group of the SwiGLU output.
