@@ -31,7 +31,8 @@ pub const HEAD_CHUNK: usize = 4096;
 /// of 16 L2 latencies a thread.
 pub const HEAD_AHEAD: u32 = (HEAD_CHUNK / crate::order::HEAD_THREADS) as u32;
 /// Slots a `moe_combine` thread loads (weight and row value) before it adds the first, in slot
-/// order: one round for the usual top-8 instead of a chain of 8 L2 latencies.
+/// order: one round of L2 latency for the usual top-8, where the compiler's unrolling of a loop
+/// over a runtime `k` by four made two.
 pub const MOE_COMBINE_AHEAD: u32 = 8;
 /// Warps of a `moe_gu_*` block; each computes 4 of the block's 32 `n_ff` rows.
 pub const MOE_GU_WARPS: u32 = 8;
