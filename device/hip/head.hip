@@ -52,7 +52,22 @@ STRATA_FN Best block_best(Best b) {
 
 STRATA_FN Best range_best(const float* x, uint32_t start, uint32_t end) {
   Best b{__builtin_bit_cast(float, 0x7fc00000u), NONE};
-  for (uint32_t j = start + thread_idx(); j < end; j += STRATA_HEAD_THREADS) keep_better(b, ld_f32(x, j), j);
+  // STRATA_HEAD_AHEAD loads in flight, then folded in the order of their indices. Offsets from
+  // x + j and bounds against end - j are constants a load (indices widened one by one took a
+  // register pair each and spilled).
+  for (uint32_t j = start + thread_idx(); j < end; j += STRATA_HEAD_THREADS * STRATA_HEAD_AHEAD) {
+    const float* xj = x + j;
+    uint32_t left = end - j;
+    float v[STRATA_HEAD_AHEAD];
+#pragma unroll
+    for (uint32_t u = 0; u < STRATA_HEAD_AHEAD; u++) {
+      v[u] = STRATA_HEAD_THREADS * u < left ? ld_f32(xj, STRATA_HEAD_THREADS * u) : __builtin_bit_cast(float, 0x7fc00000u);
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < STRATA_HEAD_AHEAD; u++) {
+      if (STRATA_HEAD_THREADS * u < left) keep_better(b, v[u], j + STRATA_HEAD_THREADS * u);
+    }
+  }
   return block_best(b);
 }
 

@@ -208,11 +208,20 @@ STRATA_KERNEL(moe_combine)(const float* y, const float* weights, uint32_t tokens
   if (i >= tokens * n_embd) return;
   uint32_t t = i / n_embd, col = i % n_embd;
   float acc = 0.0f;
-  for (uint32_t s = 0; s < k; s++) {
-    uint64_t e = (uint64_t)t * k + s;
-    float w = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(weights + e)));
-    float v = __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(y + e * n_embd + col)));
-    acc = acc + w * v;
+  // STRATA_MOE_COMBINE_AHEAD slots' weights and values loaded before the first add, then added in
+  // slot order.
+  for (uint32_t s0 = 0; s0 < k; s0 += STRATA_MOE_COMBINE_AHEAD) {
+    float w[STRATA_MOE_COMBINE_AHEAD], v[STRATA_MOE_COMBINE_AHEAD];
+#pragma unroll
+    for (uint32_t u = 0; u < STRATA_MOE_COMBINE_AHEAD; u++) {
+      uint64_t e = (uint64_t)t * k + s0 + u;
+      w[u] = s0 + u < k ? __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(weights + e))) : 0.0f;
+      v[u] = s0 + u < k ? __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(y + e * n_embd + col))) : 0.0f;
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < STRATA_MOE_COMBINE_AHEAD; u++) {
+      if (s0 + u < k) acc = acc + w[u] * v[u];
+    }
   }
   store_f32(out + i, acc, accumulate != 0);
 }

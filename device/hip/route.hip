@@ -3,13 +3,14 @@
 // gpu-shared/src/replica/route.rs. Uses head.hip's top_prob_term and ld_f32 and moe.hip's table
 // offsets (earlier in the translation unit).
 //
-// Thread i holds experts i, i + STRATA_ROUTER_THREADS, ... and stores each one's prob_key
-// (order::prob_key: the probability's bits above the inverted id, whose integer order is
-// argmax_better's) into shared memory, 0 past n_expert. An expert's selection slot is its rank,
-// the number of keys that beat its own: each thread counts that for its experts against every
-// key, 8 a turn, and an expert of rank r < k writes pick r. Warp 0 adds the picks in slot order
-// and stores them. With table not null (a one-token window) it also writes the window's group
-// table: k groups of one pick in increasing id, lane r's group its pick's rank among the picks.
+// Thread i holds expert i and stores its prob_key (order::prob_key: the probability's bits above
+// the inverted id, whose integer order is argmax_better's) into shared memory, 0 past n_expert. An
+// expert's selection slot is its rank, the number of keys that beat its own: the block's
+// STRATA_ROUTER_PARTS parts count it over a range of the keys each (ranker h of a part takes
+// experts h, h + STRATA_ROUTER_RANKERS, ..., 8 keys a turn), each expert adds its parts' counts,
+// and an expert of rank r < k writes pick r. Warp 0 adds the picks in slot order and stores them.
+// With table not null (a one-token window) it also writes the window's group table: k groups of
+// one pick in increasing id, lane r's group its pick's rank among the picks.
 #include "strata_hip.h"
 
 STRATA_FN uint64_t prob_key(float p, uint32_t i) {
@@ -20,26 +21,33 @@ STRATA_FN uint64_t router_smem_key(uint32_t e) {
   return (uint64_t)strata_smem[STRATA_ROUTER_KEY_WORD + 2 * e] | (uint64_t)strata_smem[STRATA_ROUTER_KEY_WORD + 2 * e + 1] << 32;
 }
 
-// How many of the first 8 turns keys in shared memory beat each of the thread's S keys. Each of a
+// How many of the keys of turns from..to (8 keys a turn) in shared memory beat each of ranker h's S
+// experts h, h + STRATA_ROUTER_RANKERS, .... It counts the keys that do not, by the sign of
+// other + ~key = other - key - 1 (mod 2^64): every key is below 2^63 (a probability's bits, at most
+// 1.0's, above 32 bits of id), so that difference is negative exactly when other <= key. Each of a
 // turn's eight keys counts into a counter of its own, summed at the end (integer adds: the same
-// rank in any order), so the comparisons are not one chain of dependent increments.
+// count in any order), so the adds are not one chain.
 template <uint32_t S>
-STRATA_FN void router_ranks(const uint64_t (&key)[STRATA_ROUTER_PER_THREAD], uint32_t turns, uint32_t (&rank)[STRATA_ROUTER_PER_THREAD]) {
-  uint32_t count[STRATA_ROUTER_PER_THREAD][8] = {};
-  for (uint32_t i = 0; i < turns; i++) {
+STRATA_FN void router_ranks(uint32_t h, uint32_t from, uint32_t to, uint32_t (&rank)[STRATA_ROUTER_PER_RANKER]) {
+  uint64_t not_key[STRATA_ROUTER_PER_RANKER] = {};
+#pragma unroll
+  for (uint32_t j = 0; j < S; j++) not_key[j] = ~router_smem_key(h + STRATA_ROUTER_RANKERS * j);
+  uint32_t below[STRATA_ROUTER_PER_RANKER][8] = {};
+  for (uint32_t i = from; i < to; i++) {
     uint64_t other[8];
 #pragma unroll
     for (uint32_t u = 0; u < 8; u++) other[u] = router_smem_key(8 * i + u);
 #pragma unroll
     for (uint32_t u = 0; u < 8; u++) {
 #pragma unroll
-      for (uint32_t j = 0; j < S; j++) count[j][u] += other[u] > key[j] ? 1u : 0u;
+      for (uint32_t j = 0; j < S; j++) below[j][u] += (uint32_t)((other[u] + not_key[j]) >> 63);
     }
   }
 #pragma unroll
   for (uint32_t j = 0; j < S; j++) {
+    rank[j] = to > from ? 8 * (to - from) : 0;
 #pragma unroll
-    for (uint32_t u = 0; u < 8; u++) rank[j] += count[j][u];
+    for (uint32_t u = 0; u < 8; u++) rank[j] -= below[j][u];
   }
 }
 
@@ -66,45 +74,43 @@ STRATA_KERNEL(router_topk)(const float* logits, uint32_t tokens, uint32_t n_expe
   if (t >= tokens) return;  // padded grid: the whole block
   const float* row = logits + (uint64_t)t * n_expert;
   uint32_t tid = thread_idx(), ln = lane(), w = warp_in_block();
-  float l[STRATA_ROUTER_PER_THREAD];
-  float m = __builtin_bit_cast(float, 0xff800000u);
-#pragma unroll
-  for (uint32_t j = 0; j < STRATA_ROUTER_PER_THREAD; j++) {
-    l[j] = 0.0f;
-    if (tid + STRATA_ROUTER_THREADS * j < n_expert) {
-      l[j] = ld_f32(row, tid + STRATA_ROUTER_THREADS * j);
-      m = max_f32(m, l[j]);
-    }
-  }
-  // The row's maximum (exact in any order): the warps' maxima folded.
-  m = warp_max_f32(m);
+  bool held = tid < n_expert;
+  float l = held ? ld_f32(row, tid) : __builtin_bit_cast(float, 0xff800000u);
+  // The row's maximum (maxNum: NaN ignored; exact in any order): the warps' maxima folded.
+  float m = warp_max_f32(max_f32(__builtin_bit_cast(float, 0xff800000u), l));
   if (ln == 0) strata_smem[STRATA_ROUTER_MAX_WORD + w] = __builtin_bit_cast(uint32_t, m);
   sync_threads();
   m = __builtin_bit_cast(float, 0xff800000u);
 #pragma unroll
   for (uint32_t x = 0; x < STRATA_ROUTER_THREADS / 32; x++) m = max_f32(m, __builtin_bit_cast(float, strata_smem[STRATA_ROUTER_MAX_WORD + x]));
-  // Every slot's key into shared memory, 0 past n_expert.
-  uint64_t key[STRATA_ROUTER_PER_THREAD];
+  // Every expert's key into shared memory, 0 past n_expert.
+  uint64_t key = held ? prob_key(top_prob_term(l, m), tid) : 0;
+  strata_smem[STRATA_ROUTER_KEY_WORD + 2 * tid] = (uint32_t)key;
+  strata_smem[STRATA_ROUTER_KEY_WORD + 2 * tid + 1] = (uint32_t)(key >> 32);
+  sync_threads();
+  // Ranker h of part q: its experts' counts over the part's turns, into shared memory.
+  uint32_t h = tid % STRATA_ROUTER_RANKERS, q = tid / STRATA_ROUTER_RANKERS;
+  uint32_t turns = (n_expert + 7) / 8, per_part = (turns + STRATA_ROUTER_PARTS - 1) / STRATA_ROUTER_PARTS;
+  uint32_t from = q * per_part, to = turns < (q + 1) * per_part ? turns : (q + 1) * per_part;
+  uint32_t slots = n_expert > h ? (n_expert - h + STRATA_ROUTER_RANKERS - 1) / STRATA_ROUTER_RANKERS : 0;
+  uint32_t count[STRATA_ROUTER_PER_RANKER] = {0, 0, 0, 0};
+  if (slots == 1) router_ranks<1>(h, from, to, count);
+  else if (slots == 2) router_ranks<2>(h, from, to, count);
+  else if (slots == 3) router_ranks<3>(h, from, to, count);
+  else if (slots >= 4) router_ranks<4>(h, from, to, count);
 #pragma unroll
-  for (uint32_t j = 0; j < STRATA_ROUTER_PER_THREAD; j++) {
-    uint32_t e = tid + STRATA_ROUTER_THREADS * j;
-    key[j] = e < n_expert ? prob_key(top_prob_term(l[j], m), e) : 0;
-    strata_smem[STRATA_ROUTER_KEY_WORD + 2 * e] = (uint32_t)key[j];
-    strata_smem[STRATA_ROUTER_KEY_WORD + 2 * e + 1] = (uint32_t)(key[j] >> 32);
+  for (uint32_t j = 0; j < STRATA_ROUTER_PER_RANKER; j++) {
+    if (j < slots) strata_smem[STRATA_ROUTER_COUNT_WORD + q * STRATA_ROUTER_MAX_EXPERTS + h + STRATA_ROUTER_RANKERS * j] = count[j];
   }
   sync_threads();
-  uint32_t slots = n_expert > tid ? (n_expert - tid + STRATA_ROUTER_THREADS - 1) / STRATA_ROUTER_THREADS : 0;
-  uint32_t turns = (n_expert + 7) / 8;
-  uint32_t rank[STRATA_ROUTER_PER_THREAD] = {0, 0, 0, 0};
-  if (slots == 1) router_ranks<1>(key, turns, rank);
-  else if (slots == 2) router_ranks<2>(key, turns, rank);
-  else if (slots == 3) router_ranks<3>(key, turns, rank);
-  else if (slots >= 4) router_ranks<4>(key, turns, rank);
+  // Each expert's rank: its parts' counts added.
+  if (held) {
+    uint32_t rank = 0;
 #pragma unroll
-  for (uint32_t j = 0; j < STRATA_ROUTER_PER_THREAD; j++) {
-    if (j < slots && rank[j] < k) {
-      strata_smem[STRATA_ROUTER_PICK_WORD + rank[j]] = (uint32_t)(key[j] >> 32);
-      strata_smem[STRATA_ROUTER_PICK_WORD + STRATA_ROUTER_MAX_K + rank[j]] = tid + STRATA_ROUTER_THREADS * j;
+    for (uint32_t p = 0; p < STRATA_ROUTER_PARTS; p++) rank += strata_smem[STRATA_ROUTER_COUNT_WORD + p * STRATA_ROUTER_MAX_EXPERTS + tid];
+    if (rank < k) {
+      strata_smem[STRATA_ROUTER_PICK_WORD + rank] = (uint32_t)(key >> 32);
+      strata_smem[STRATA_ROUTER_PICK_WORD + STRATA_ROUTER_MAX_K + rank] = tid;
     }
   }
   sync_threads();

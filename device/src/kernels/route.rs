@@ -1,16 +1,18 @@
 //! `router_topk`: the MoE router's softmax, top-k and renormalisation, one block of
 //! `ROUTER_THREADS` per token. Spec: `strata_gpu_shared::replica::route`.
 //!
-//! Thread `i` holds experts `i, i + ROUTER_THREADS, ...` (`ROUTER_PER_THREAD` slots) and turns
-//! each into its [`prob_key`], whose integer order is the spec's [`argmax_better`] order on
-//! `(probability, id)`, into shared memory. An expert's selection slot is then its **rank**: how
-//! many keys beat its own (a total order, so every expert has its own rank and the `k` of rank
-//! below `k` are the spec's picks, slot by slot). Each thread counts that for its experts
-//! against every key, 8 a turn, all threads at once; an expert of rank `r < k` writes pick `r`.
+//! Thread `i` holds expert `i` and turns it into its [`prob_key`], whose integer order is the
+//! spec's [`argmax_better`] order on `(probability, id)`, into shared memory. An expert's
+//! selection slot is then its **rank**: how many keys beat its own (a total order, so every
+//! expert has its own rank and the `k` of rank below `k` are the spec's picks, slot by slot).
+//! The block's `ROUTER_PARTS` parts count that over a range of the keys each: ranker `h` of a
+//! part takes experts `h, h + ROUTER_RANKERS, ...`, 8 keys a turn; each expert's counts are then
+//! added (integers: any order gives the same rank) and an expert of rank `r < k` writes pick `r`.
 //! Warp 0 then adds the picks in slot order and stores them. (One warp taking the `k` picks one
-//! after the other, each the warp's maximum key, with every lane's 16 slots and their softmax
-//! terms in registers, was ~2,300 dependent instructions of one warp: 5.2 us a launch under ncu
-//! on the H200 for 128 experts, k = 8.)
+//! after the other, each the warp's maximum key, was ~2,300 dependent instructions of one warp:
+//! 5.2 us a launch under ncu on the H200 for 128 experts, k = 8. A block of 128 threads, each
+//! counting against every key, had one warp a scheduler to hide its latencies: 1.03 us of
+//! ranking on an H100, against 0.85 with the parts.)
 //!
 //! A one-token window also gets its expert group table here (`table` not null): the `k` picks are
 //! distinct valid experts, so `moe::group` makes each its own group, in increasing id; lane `r`
@@ -22,37 +24,50 @@ use crate::arch::mem::Smem;
 use crate::arch::{index, sync, warp};
 use crate::kernels::head::ld_f32;
 use crate::unroll;
-use strata_gpu_shared::launch::route::{ROUTER_KEY_WORD, ROUTER_MAX_K, ROUTER_MAX_WORD, ROUTER_PER_THREAD, ROUTER_PICK_WORD, ROUTER_THREADS};
+use strata_gpu_shared::launch::route::{ROUTER_COUNT_WORD, ROUTER_KEY_WORD, ROUTER_MAX_EXPERTS, ROUTER_MAX_K, ROUTER_MAX_WORD, ROUTER_PARTS, ROUTER_PER_RANKER, ROUTER_PICK_WORD, ROUTER_RANKERS, ROUTER_THREADS};
 use strata_gpu_shared::moe;
 use strata_gpu_shared::order::{prob_key, top_prob_term};
 
-// The `unroll!` lists below name every slot of a thread and every warp of the block.
-const _: () = assert!(ROUTER_PER_THREAD == 4 && ROUTER_THREADS == 128);
+// The `unroll!` lists below name every slot of a ranker, every part, and every 16-byte word of
+// the maxima.
+const _: () = assert!(ROUTER_PER_RANKER == 4 && ROUTER_PARTS == 4 && ROUTER_THREADS == 512);
 
-/// How many of the first `8 * turns` keys in shared memory beat each of the thread's `S` keys.
-/// Keys past `n_expert` are 0, below every expert's.
-///
-/// Each of a turn's eight keys counts into a counter of its own, summed once at the end (integer
-/// adds: any order gives the same rank): one counter a slot made every comparison wait on the
-/// previous one's increment, a chain of 128 dependent steps a thread for 128 experts.
+/// The key of expert `e` in shared memory.
 #[inline(always)]
-unsafe fn ranks<const S: usize>(smem: Smem, key: &[u64; ROUTER_PER_THREAD], turns: u32) -> [u32; ROUTER_PER_THREAD] {
-    let mut count = [[0u32; 8]; ROUTER_PER_THREAD];
-    let mut i = 0;
-    while i < turns {
+unsafe fn smem_key(smem: Smem, e: u32) -> u64 {
+    smem.ld_u32(ROUTER_KEY_WORD + 2 * e) as u64 | (smem.ld_u32(ROUTER_KEY_WORD + 2 * e + 1) as u64) << 32
+}
+
+/// How many of the keys of turns `from..to` (8 keys a turn) in shared memory beat each of
+/// ranker `h`'s `S` experts `h, h + ROUTER_RANKERS, ...`. Keys past `n_expert` are 0, below
+/// every expert's.
+///
+/// It counts the keys that do not beat `key`, by the sign of `other + !key` = `other - key - 1`
+/// (mod 2^64): every key is below 2^63 (a probability's bits, at most 1.0's `0x3f80_0000`,
+/// above 32 bits of id), so that difference is a 64-bit two's complement number, negative
+/// exactly when `other <= key`. With `!key` taken once, a key costs an add pair and an add of
+/// the sign, where the comparison took a compare pair, an add and a select. Each of a turn's
+/// eight keys counts into a counter of its own, summed once at the end (integer adds: any order
+/// gives the same count), so the adds are not one chain.
+#[inline(always)]
+unsafe fn ranks<const S: usize>(smem: Smem, h: u32, from: u32, to: u32) -> [u32; ROUTER_PER_RANKER] {
+    let not_key: [u64; ROUTER_PER_RANKER] = core::array::from_fn(|j| if j < S { !smem_key(smem, h + ROUTER_RANKERS * j as u32) } else { 0 });
+    let mut below = [[0u32; 8]; ROUTER_PER_RANKER];
+    let mut i = from;
+    while i < to {
         let at = ROUTER_KEY_WORD + 16 * i;
         let w = [smem.ld_v4(at), smem.ld_v4(at + 4), smem.ld_v4(at + 8), smem.ld_v4(at + 12)];
         unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
             let other = w[u / 2][2 * (u % 2)] as u64 | (w[u / 2][2 * (u % 2) + 1] as u64) << 32;
             unroll!(j in [0, 1, 2, 3] {
                 if j < S {
-                    count[j][u] += (other > key[j]) as u32;
+                    below[j][u] += (other.wrapping_add(not_key[j]) >> 63) as u32;
                 }
             });
         });
         i += 1;
     }
-    count.map(|c| c.iter().sum())
+    below.map(|c| 8 * to.saturating_sub(from) - c.iter().sum::<u32>())
 }
 
 crate::entry! {
@@ -71,17 +86,10 @@ crate::entry! {
         }
         let (smem, tid, lane, w) = (Smem::dynamic(), index::thread_idx(), index::lane(), index::warp_in_block());
         let row = logits.add(t as usize * n_expert as usize);
-        let expert = |j: usize| tid + ROUTER_THREADS * j as u32;
-        let mut l = [0.0f32; ROUTER_PER_THREAD];
-        let mut m = f32::NEG_INFINITY;
-        unroll!(j in [0, 1, 2, 3] {
-            if expert(j) < n_expert {
-                l[j] = ld_f32(row, expert(j) as usize);
-                m = m.max(l[j]);
-            }
-        });
-        // The row's maximum (exact in any order): the warps' maxima folded.
-        let m = warp::warp_max_f32(m);
+        let held = tid < n_expert;
+        let l = if held { ld_f32(row, tid as usize) } else { f32::NEG_INFINITY };
+        // The row's maximum (maxNum: NaN ignored; exact in any order): the warps' maxima folded.
+        let m = warp::warp_max_f32(f32::NEG_INFINITY.max(l));
         if lane == 0 {
             smem.st_u32(ROUTER_MAX_WORD + w, m.to_bits());
         }
@@ -89,34 +97,49 @@ crate::entry! {
         crate::trace_mark!(1, "maxed");
         let mut m = f32::NEG_INFINITY;
         unroll!(x in [0, 1, 2, 3] {
-            m = m.max(f32::from_bits(smem.ld_u32(ROUTER_MAX_WORD + x as u32)));
+            let v = smem.ld_v4(ROUTER_MAX_WORD + 4 * x as u32);
+            unroll!(y in [0, 1, 2, 3] {
+                m = m.max(f32::from_bits(v[y]));
+            });
         });
-        // Every slot's key into shared memory, 0 past `n_expert`.
-        let mut key = [0u64; ROUTER_PER_THREAD];
-        unroll!(j in [0, 1, 2, 3] {
-            if expert(j) < n_expert {
-                key[j] = prob_key(top_prob_term(l[j], m), expert(j));
-            }
-            smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j), key[j] as u32);
-            smem.st_u32(ROUTER_KEY_WORD + 2 * expert(j) + 1, (key[j] >> 32) as u32);
-        });
+        // Every expert's key into shared memory, 0 past `n_expert`.
+        let key = if held { prob_key(top_prob_term(l, m), tid) } else { 0 };
+        smem.st_u32(ROUTER_KEY_WORD + 2 * tid, key as u32);
+        smem.st_u32(ROUTER_KEY_WORD + 2 * tid + 1, (key >> 32) as u32);
         sync::sync_threads();
         crate::trace_mark!(2, "keyed");
-        let slots = n_expert.saturating_sub(tid).div_ceil(ROUTER_THREADS);
+        // Ranker `h` of part `q` (a warp's threads share `q`): its experts' counts over the
+        // part's turns, into shared memory.
+        let (h, q) = (tid % ROUTER_RANKERS, tid / ROUTER_RANKERS);
         let turns = n_expert.div_ceil(8);
-        let rank = match slots {
-            0 => [u32::MAX; ROUTER_PER_THREAD],
-            1 => ranks::<1>(smem, &key, turns),
-            2 => ranks::<2>(smem, &key, turns),
-            3 => ranks::<3>(smem, &key, turns),
-            _ => ranks::<4>(smem, &key, turns),
+        let per_part = turns.div_ceil(ROUTER_PARTS);
+        let (from, to) = (q * per_part, turns.min((q + 1) * per_part));
+        let slots = n_expert.saturating_sub(h).div_ceil(ROUTER_RANKERS);
+        let count = match slots {
+            0 => [0; ROUTER_PER_RANKER],
+            1 => ranks::<1>(smem, h, from, to),
+            2 => ranks::<2>(smem, h, from, to),
+            3 => ranks::<3>(smem, h, from, to),
+            _ => ranks::<4>(smem, h, from, to),
         };
+        let part = ROUTER_COUNT_WORD + q * ROUTER_MAX_EXPERTS as u32;
         unroll!(j in [0, 1, 2, 3] {
-            if (j as u32) < slots && rank[j] < k {
-                smem.st_u32(ROUTER_PICK_WORD + rank[j], (key[j] >> 32) as u32);
-                smem.st_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + rank[j], expert(j));
+            if (j as u32) < slots {
+                smem.st_u32(part + h + ROUTER_RANKERS * j as u32, count[j]);
             }
         });
+        sync::sync_threads();
+        // Each expert's rank: its parts' counts added.
+        if held {
+            let mut rank = 0u32;
+            unroll!(p in [0, 1, 2, 3] {
+                rank += smem.ld_u32(ROUTER_COUNT_WORD + p as u32 * ROUTER_MAX_EXPERTS as u32 + tid);
+            });
+            if rank < k {
+                smem.st_u32(ROUTER_PICK_WORD + rank, (key >> 32) as u32);
+                smem.st_u32(ROUTER_PICK_WORD + ROUTER_MAX_K as u32 + rank, tid);
+            }
+        }
         sync::sync_threads();
         crate::trace_mark!(3, "ranked");
         if w != 0 {
