@@ -42,15 +42,15 @@ STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uin
   sync_threads();
   const bool live = e < n;
   const uint32_t id = live ? strata_smem[e] : 0xffffffffu;
-  uint32_t seen = 0;
+  uint32_t seen[1] = {0};
   for (uint32_t f = 4 * part; f < (live ? e : 0u); f += 4 * parts) {
     uint32_t other[4];
     smem_ld_v4(f, other);
 #pragma unroll
-    for (uint32_t j = 0; j < 4; j++) seen |= (f + j < e && other[j] == id) ? 1u : 0u;
+    for (uint32_t j = 0; j < 4; j++) seen[0] += (f + j < e && other[j] == id) ? 1u : 0u;
   }
-  for (uint32_t m = 1; m < parts; m <<= 1) seen |= shfl_xor_u32(seen, m);
-  if (part == 0 && live) strata_smem[first_at + e] = seen == 0 ? 1u : 0u;
+  sum_lanes_u32(seen, parts);
+  if (part == 0 && live) strata_smem[first_at + e] = seen[0] == 0 ? 1u : 0u;
   sync_threads();
   // Two counts a word (each at most 256): below | same << 16, distinct_below | before << 16.
   uint32_t below_same = 0, distinct_before = 0;
@@ -71,10 +71,9 @@ STRATA_KERNEL(moe_group)(const uint32_t* ids, uint32_t n, uint32_t n_expert, uin
       }
     }
   }
-  for (uint32_t m = 1; m < parts; m <<= 1) {
-    below_same += shfl_xor_u32(below_same, m);
-    distinct_before += shfl_xor_u32(distinct_before, m);
-  }
+  uint32_t counts[2] = {below_same, distinct_before};
+  sum_lanes_u32(counts, parts);
+  below_same = counts[0], distinct_before = counts[1];
   // Totals packed groups | filled << 10 | errors << 20 (each at most 256).
   uint32_t totals = 0;
   if (part == 0 && live) {

@@ -123,6 +123,17 @@ STRATA_FN float warp_max_f32(float v) {
   for (uint32_t o = 16; o > 0; o >>= 1) v = max_f32(v, shfl_xor_f32(v, o));
   return v;
 }
+// Each word of v summed over its run of width adjacent lanes (width a power of two up to 32, runs
+// starting at multiples of it): every lane of a run gets the run's sums, the words' butterflies
+// round by round together.
+template <uint32_t N>
+STRATA_FN void sum_lanes_u32(uint32_t (&v)[N], uint32_t width) {
+  for (uint32_t m = 1; m < width; m <<= 1) {
+#pragma unroll
+    for (uint32_t i = 0; i < N; i++) v[i] += shfl_xor_u32(v[i], m);
+  }
+}
+
 STRATA_FN int32_t warp_sum_i32(int32_t v) {
   for (uint32_t o = 16; o > 0; o >>= 1) v = (int32_t)((uint32_t)v + shfl_xor_u32((uint32_t)v, o));
   return v;

@@ -76,6 +76,19 @@ pub fn warp_max_f32(mut v: f32) -> f32 {
     v
 }
 
+/// Each word of `v` summed over its run of `width` adjacent lanes (`width` a power of two up to
+/// 32, runs starting at multiples of it): every lane of a run gets the run's sums. The words go
+/// through the butterfly round by round together. The whole warp calls it, converged.
+#[inline(always)]
+pub fn sum_lanes_u32<const N: usize>(mut v: [u32; N], width: u32) -> [u32; N] {
+    let mut m = 1;
+    while m < width {
+        v = v.map(|x| x + shfl_xor_u32(x, m));
+        m <<= 1;
+    }
+    v
+}
+
 /// Warp integer sum (exact).
 #[inline(always)]
 pub fn warp_sum_i32(mut v: i32) -> i32 {

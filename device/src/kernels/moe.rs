@@ -70,15 +70,11 @@ crate::entry! {
         while f < before_e {
             let other = smem.ld_v4(f);
             for (j, o) in other.into_iter().enumerate() {
-                seen |= (f + (j as u32) < e && o == id) as u32;
+                seen += (f + (j as u32) < e && o == id) as u32;
             }
             f += 4 * parts;
         }
-        let mut m = 1;
-        while m < parts {
-            seen |= warp::shfl_xor_u32(seen, m);
-            m <<= 1;
-        }
+        let [seen] = warp::sum_lanes_u32([seen], parts);
         if part == 0 && live {
             smem.st_u32(FIRST + e, (seen == 0) as u32);
         }
@@ -102,12 +98,7 @@ crate::entry! {
                 f += 4 * parts;
             }
         }
-        let mut m = 1;
-        while m < parts {
-            below_same += warp::shfl_xor_u32(below_same, m);
-            distinct_before += warp::shfl_xor_u32(distinct_before, m);
-            m <<= 1;
-        }
+        let [below_same, distinct_before] = warp::sum_lanes_u32([below_same, distinct_before], parts);
         // Totals packed `groups | filled << 10 | errors << 20` (each at most 256).
         let mut totals = 0u32;
         if part == 0 && live {
