@@ -100,15 +100,30 @@ pub fn warp_sum_i32(mut v: i32) -> i32 {
     v
 }
 
+/// What [`store_row_sums`] adds lane `r`'s row sum to with `accumulate`: the value at `out(r)`
+/// for lane `r < rows`, +0.0 in the other lanes or without `accumulate`. A kernel loads it when
+/// its grid wait returns, so that the load's latency passes beside its partials' instead of
+/// after its butterflies (no other thread of the launch writes `out(r)`: the same value).
+///
+/// # Safety
+/// As [`store_row_sums`].
+#[inline(always)]
+pub unsafe fn row_sums_base(rows: u32, accumulate: bool, out: impl Fn(usize) -> *mut f32) -> f32 {
+    let lane = super::index::lane();
+    if accumulate && lane < rows { super::mem::ld_f32(out(lane as usize), 0) } else { 0.0 }
+}
+
 /// Sums each used row slot's partials over the warp (butterfly) and has lane `r` store row
-/// `r`'s sum at `out(r)`, or add it to the value there with `accumulate`
-/// ([`super::mem::st_f32_acc`]): the common tail of the one-warp-per-output-row kernels.
+/// `r`'s sum at `out(r)`, or with `accumulate` that sum added to the value there
+/// (`order::stored`: the residual add fused into its producer): `base`, from
+/// [`row_sums_base`], or loaded by lane `r` after its butterfly where `base` is `None` (for
+/// kernels with no register to hold it). The common tail of the one-warp-per-output-row kernels.
 ///
 /// # Safety
 /// `out(r)` must be a valid, 4-byte aligned f32 address for every `r < rows`, touched by no
 /// other thread of the launch.
 #[inline(always)]
-pub unsafe fn store_row_sums<const N: usize>(acc: &[f32; N], rows: u32, accumulate: bool, out: impl Fn(usize) -> *mut f32) {
+pub unsafe fn store_row_sums<const N: usize>(acc: &[f32; N], rows: u32, accumulate: bool, base: Option<f32>, out: impl Fn(usize) -> *mut f32) {
     let lane = super::index::lane();
     for (r, &a) in acc.iter().enumerate() {
         if r as u32 >= rows {
@@ -116,7 +131,8 @@ pub unsafe fn store_row_sums<const N: usize>(acc: &[f32; N], rows: u32, accumula
         }
         let v = warp_sum_f32(a);
         if lane == r as u32 {
-            super::mem::st_f32_acc(out(r), v, accumulate);
+            let p = out(r);
+            super::mem::st_f32(p, if accumulate { base.unwrap_or_else(|| super::mem::ld_f32(p, 0)) + v } else { v });
         }
     }
 }

@@ -65,6 +65,8 @@ unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u3
     }
     let lane = index::lane();
     let wrow = w.add(row as usize * k as usize * W::BYTES);
+    let out = |r: usize| y.add(r * m as usize + row as usize);
+    let base = warp::row_sums_base(rows, accumulate != 0, out);
     let mut acc = [0.0f32; MMVQ_MAX_ROWS];
     // A lane's elements j = lane, lane + 32, ... are added in that order, `N` loaded before any
     // is added so that `32 * N` elements of the row cost one memory latency: chunks of
@@ -74,7 +76,7 @@ unsafe fn matvec<W: FloatWeight>(w: *const u8, x: *const f32, y: *mut f32, m: u3
     j = chunks::<W, { MATVEC_AHEAD as usize }>(wrow, x, &mut acc, j, k, rows);
     j = chunks::<W, { MATVEC_AHEAD_REST as usize }>(wrow, x, &mut acc, j, k, rows);
     chunks::<W, 1>(wrow, x, &mut acc, j, k, rows);
-    warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
+    warp::store_row_sums(&acc, rows, accumulate != 0, Some(base), out);
 }
 
 /// Adds a lane's products `w[j] * x[r][j]` for `j, j + 32, ...` to `acc[r]` in that order, `N`

@@ -207,8 +207,12 @@ unsafe fn mmvq<F: Block, const AHEAD: usize>(first: [blocks::Group; AHEAD], w: *
     let Some((row, wrow)) = warp_row::<F, MMVQ_WARPS>(w, m, groups) else {
         return; // whole warp: the butterfly below needs every lane, and gets it
     };
+    let out = |r: usize| y.add(r * m as usize + row as usize);
+    // The one-row entries' `MMVQ1_AHEAD` groups a lane leave no register at 64 to hold the base
+    // through the row (sm_80 and the timeline build spilled): their lanes load it at the store.
+    let base = (AHEAD == 1).then(|| warp::row_sums_base(rows, accumulate != 0, out));
     let acc = row_partials_after::<F, AHEAD>(first, wrow, groups, rows, |r, b| global_block(x.add((r * groups as usize + b as usize) * q8_1::BYTES)));
-    warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
+    warp::store_row_sums(&acc, rows, accumulate != 0, base, out);
 }
 
 /// The body of the `mmvqs_*` entries: `mmvq` of 2..8 activation rows with the rows staged in
@@ -228,8 +232,10 @@ unsafe fn mmvqs<F: Block>(first: [blocks::Group; 1], w: *const u8, x: *const u8,
     let Some((row, wrow)) = warp_row::<F, MMVQS_WARPS>(w, m, groups) else {
         return; // whole warp, after the block's only barrier
     };
+    let out = |r: usize| y.add(r * m as usize + row as usize);
+    let base = warp::row_sums_base(rows, accumulate != 0, out);
     let acc = row_partials_after::<F, 1>(first, wrow, groups, rows, |r, b| stage::block(smem, r as u32, b, groups, rows));
-    warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(r * m as usize + row as usize));
+    warp::store_row_sums(&acc, rows, accumulate != 0, Some(base), out);
 }
 
 /// `mmvq` of one activation row with two adjacent weight rows a warp (`launch::mmvq1_pairs`:
@@ -264,7 +270,8 @@ unsafe fn mmvq1_pair<F: Block>(first: [blocks::Group; 4], w: *const u8, x: *cons
         }
     });
     let rows = if row + 1 < m { 2 } else { 1 };
-    warp::store_row_sums(&acc, rows, accumulate != 0, |r| y.add(row as usize + r));
+    // The base loaded at the store, as in the four-group entry ([`mmvq`]).
+    warp::store_row_sums(&acc, rows, accumulate != 0, None, |r| y.add(row as usize + r));
 }
 
 /// The lane's groups of the warp's two rows in [`mmvq1_pair`] (row B's zero past `m`), for the

@@ -236,7 +236,7 @@ unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: 
         let e = entry(0);
         let acc = rows_partials::<F, ROWS>(wrow, ff_groups, hq.add(e * ff_groups as usize * q8_1::BYTES));
         crate::trace_mark!(2, "summed");
-        warp::store_row_sums(&acc, rows, false, |j| out(e, j));
+        warp::store_row_sums(&acc, rows, false, None, |j| out(e, j));
         return;
     }
     let mut j = 0;
@@ -245,7 +245,7 @@ unsafe fn down<F: Block>(w: *const u8, expert_bytes: u64, hq: *const u8, table: 
         while pass < count {
             let m = (count - pass).min(MOE_ENTRY_PASS);
             let acc = row_partials::<F, 1>(wrow(j as usize), ff_groups, m, |r| hq.add(entry(pass + r as u32) * ff_groups as usize * q8_1::BYTES));
-            warp::store_row_sums(&acc, m, false, |r| out(entry(pass + r as u32), j as usize));
+            warp::store_row_sums(&acc, m, false, None, |r| out(entry(pass + r as u32), j as usize));
             pass += MOE_ENTRY_PASS;
         }
         j += 1;
@@ -267,6 +267,8 @@ crate::entry! {
             return;
         }
         let (t, col) = (i / n_embd, i % n_embd);
+        // The value the sum is added to, loaded beside the slots rather than after them.
+        let base = if accumulate != 0 { mem::ld_f32(out.add(i as usize), 0) } else { 0.0 };
         let mut acc = 0.0f32;
         // `MOE_COMBINE_AHEAD` slots' weights and values loaded before the first add, then added
         // in slot order.
@@ -288,7 +290,7 @@ crate::entry! {
             }
             s0 += MOE_COMBINE_AHEAD;
         }
-        mem::st_f32_acc(out.add(i as usize), acc, accumulate != 0);
+        mem::st_f32(out.add(i as usize), if accumulate != 0 { base + acc } else { acc });
     }
 }
 
