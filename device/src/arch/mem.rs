@@ -254,6 +254,19 @@ pub unsafe fn st_f32(p: *mut f32, v: f32) {
     asm!("st.global.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack));
 }
 
+/// Stores `v` at `p`, or with `accumulate` the value there plus `v` (`order::stored`: the
+/// residual add fused into its producer): `base` when the caller loaded it already (as soon as
+/// its grid wait returned, so that the load's latency passes beside its other work), else
+/// loaded here.
+///
+/// # Safety
+/// `p` is a valid, 4-byte aligned f32 in device memory that no other thread of the launch
+/// touches; `base`, where given, is the value at `p`.
+#[inline(always)]
+pub unsafe fn st_f32_acc(p: *mut f32, v: f32, accumulate: bool, base: Option<f32>) {
+    st_f32(p, if accumulate { base.unwrap_or_else(|| ld_f32(p, 0)) + v } else { v });
+}
+
 // The block's dynamic shared memory (size set at launch). One declaration for the module.
 #[cfg(target_arch = "nvptx64")]
 core::arch::global_asm!(".extern .shared .align 16 .b8 strata_smem[];");

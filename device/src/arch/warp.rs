@@ -114,10 +114,10 @@ pub unsafe fn row_sums_base(rows: u32, accumulate: bool, out: impl Fn(usize) -> 
 }
 
 /// Sums each used row slot's partials over the warp (butterfly) and has lane `r` store row
-/// `r`'s sum at `out(r)`, or with `accumulate` that sum added to the value there
-/// (`order::stored`: the residual add fused into its producer): `base`, from
-/// [`row_sums_base`], or loaded by lane `r` after its butterfly where `base` is `None` (for
-/// kernels with no register to hold it). The common tail of the one-warp-per-output-row kernels.
+/// `r`'s sum at `out(r)`, or with `accumulate` add it to the value there
+/// ([`super::mem::st_f32_acc`]): `base`, from [`row_sums_base`], or loaded by lane `r` after its
+/// butterfly where `base` is `None` (for kernels with no register to hold it). The common tail
+/// of the one-warp-per-output-row kernels.
 ///
 /// # Safety
 /// `out(r)` must be a valid, 4-byte aligned f32 address for every `r < rows`, touched by no
@@ -131,8 +131,7 @@ pub unsafe fn store_row_sums<const N: usize>(acc: &[f32; N], rows: u32, accumula
         }
         let v = warp_sum_f32(a);
         if lane == r as u32 {
-            let p = out(r);
-            super::mem::st_f32(p, if accumulate { base.unwrap_or_else(|| super::mem::ld_f32(p, 0)) + v } else { v });
+            super::mem::st_f32_acc(out(r), v, accumulate, base);
         }
     }
 }

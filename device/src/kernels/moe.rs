@@ -290,7 +290,7 @@ crate::entry! {
             }
             s0 += MOE_COMBINE_AHEAD;
         }
-        mem::st_f32(out.add(i as usize), if accumulate != 0 { base + acc } else { acc });
+        mem::st_f32_acc(out.add(i as usize), acc, accumulate != 0, Some(base));
     }
 }
 
