@@ -746,23 +746,13 @@ impl FloatFormat {
         }
     }
 
+    /// The `matvec` entry for this weight type (every row count: a block a weight block and
+    /// activation row).
     pub const fn matvec_kernel(self) -> &'static str {
         match self {
             FloatFormat::F32 => "matvec_f32",
             FloatFormat::Bf16 => "matvec_bf16",
             FloatFormat::F16 => "matvec_f16",
-        }
-    }
-
-    /// The entry a launch of `rows` activation rows runs: for one row the one-row entry
-    /// (`matvec1_*`, the row count a constant: about a fifth of the code), else
-    /// [`Self::matvec_kernel`].
-    pub const fn matvec_entry(self, rows: usize) -> &'static str {
-        match (self, rows) {
-            (FloatFormat::F32, 1) => "matvec1_f32",
-            (FloatFormat::Bf16, 1) => "matvec1_bf16",
-            (FloatFormat::F16, 1) => "matvec1_f16",
-            _ => self.matvec_kernel(),
         }
     }
 

@@ -297,7 +297,7 @@ pub fn matvec_case(backends: &[&dyn Backend], format: FloatFormat, m: usize, k: 
     let (outs, mismatch, unwritten) = run_f32(backends, rows * m, init.as_deref(), |b, acc, y| b.matvec(&w, &x, rows, acc, y))?;
     let nmse = (rows * m >= NMSE_MIN_VALUES).then(|| nmse(&outs[0], &float_matvec_f64(&w, &x, rows)));
     Ok(Outcome {
-        kernel: format.matvec_entry(rows).into(),
+        kernel: format.matvec_kernel().into(),
         shape: format!("{m}x{k} x{rows}{}", accumulating(accumulate)),
         seed,
         backends: backends.iter().map(|b| b.name().to_string()).collect(),

@@ -245,9 +245,9 @@ const fn mmvq(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MMVQ_WARPS, min_blocks: 8, smem_bytes: 0 }
 }
 
-/// The float `matvec_*` entries: one warp per weight row, [`MATVEC_WARPS`] rows per block, at 2
-/// blocks per SM: room for a chunk of [`MATVEC_AHEAD`] weights and activations in registers
-/// (their launches, router-sized, are a few dozen blocks).
+/// The float `matvec_*` entries: one warp per weight row and activation row, [`MATVEC_WARPS`]
+/// weight rows per block, at 2 blocks per SM: room for a chunk of [`MATVEC_AHEAD`] weights and
+/// activations in registers (their launches, router-sized, are a few dozen blocks a row).
 const fn matvec(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MATVEC_WARPS, min_blocks: 2, smem_bytes: 0 }
 }
@@ -270,7 +270,7 @@ const fn mmvq1_wide(kernel: &'static str) -> Bounds {
     Bounds { min_blocks: 6, ..mmvq1(kernel) }
 }
 
-const BASE: [Bounds; 85] = [
+const BASE: [Bounds; 82] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q8_0t"),
@@ -317,9 +317,6 @@ const BASE: [Bounds; 85] = [
     matvec("matvec_f32"),
     matvec("matvec_bf16"),
     matvec("matvec_f16"),
-    matvec("matvec1_f32"),
-    matvec("matvec1_bf16"),
-    matvec("matvec1_f16"),
     head("argmax_rows_ref"),
     head("argmax_rows_split"),
     head("argmax_rows_final"),

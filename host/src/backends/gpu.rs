@@ -542,7 +542,7 @@ impl GpuBackend {
         accumulate: bool,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let kernel = format.matvec_entry(rows);
+        let kernel = format.matvec_kernel();
         if k == 0 || k > u32::MAX as usize {
             return Err(Error::Shape { kernel, detail: format!("row length {k} is not in 1..=u32::MAX") });
         }
@@ -553,8 +553,8 @@ impl GpuBackend {
         let (m, k, rows, accumulate) = (m as u32, k as u32, rows as u32, accumulate as u32);
         let mut a = self.builder(kernel);
         a.arg(w).arg(x).arg(y).arg(&m).arg(&k).arg(&rows).arg(&accumulate);
-        // SAFETY: as `mmvq_queue`.
-        unsafe { self.launch_async(kernel, self.padded_grid(kernel, m.div_ceil(MATVEC_WARPS)), a) }
+        // SAFETY: as `mmvq_queue`; a block a weight block and activation row.
+        unsafe { self.launch_async(kernel, self.padded_grid(kernel, m.div_ceil(MATVEC_WARPS) * rows), a) }
     }
 
     /// An output buffer: the caller's current contents (its poison), then guard elements.

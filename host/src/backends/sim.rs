@@ -153,7 +153,7 @@ impl Backend for SimBackend {
         check_matvec(w, x, rows, y)?;
         let mut a = Args::new();
         a.input(w.data).input(x).output(y).u32(w.m as u32).u32(w.k as u32).u32(rows as u32).u32(accumulate as u32);
-        self.run(w.format.matvec_entry(rows), (w.m as u32).div_ceil(MATVEC_WARPS), None, &a)
+        self.run(w.format.matvec_kernel(), (w.m as u32).div_ceil(MATVEC_WARPS) * rows as u32, None, &a)
     }
 
     fn argmax_rows(&self, x: &[f32], n: usize, variant: Variant, idx: &mut [u32], all_nan: &mut [u32]) -> Result<()> {
