@@ -179,6 +179,13 @@ pub const MATVEC_AHEAD_REST: u32 = 16;
 /// (Twenty-second session, run 1, one-row entries: tg128 465.75 / 465.64 tok/s at 2 against
 /// 464.56 / 464.90 at 4 and 464.33 / 464.16 at 1; windows even.)
 pub const MATVEC_WARPS: u32 = 2;
+
+/// Blocks of a float `matvec` launch of `m` weight rows and `rows` activation rows (a block a
+/// weight block of [`MATVEC_WARPS`] rows and one activation row), or `None` past a grid's
+/// 2^31 - 1 blocks.
+pub fn matvec_blocks(m: usize, rows: usize) -> Option<u32> {
+    m.div_ceil(MATVEC_WARPS as usize).checked_mul(rows).filter(|&b| b <= i32::MAX as usize).map(|b| b as u32)
+}
 /// Warps (one weight row each) per staged `mmvqs_*` block: the blocks share the activation rows
 /// they stage, so more rows a block stage less often; 8 still gives a 2,048-row matrix 256
 /// blocks.
@@ -548,6 +555,15 @@ pub const fn amd_waves_per_eu(threads: u32, min_blocks: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matvec_grids() {
+        // A 128-expert router: 64 weight blocks, times the activation rows.
+        assert_eq!((matvec_blocks(128, 1), matvec_blocks(128, 8), matvec_blocks(129, 3)), (Some(64), Some(512), Some(195)));
+        assert_eq!(matvec_blocks(1 << 29, 8), None);
+        assert_eq!(matvec_blocks((1 << 29) - 2, 8), Some(i32::MAX as u32 - 7));
+        assert_eq!(matvec_blocks(u32::MAX as usize, 8), None);
+    }
 
     #[test]
     fn minimum_blocks_rule() {

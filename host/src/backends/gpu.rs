@@ -19,7 +19,7 @@ use crate::backends::trace;
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::backends::knobs::{KernelKnobs, Launch, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, SM90_ARCHS, HEAD_CHUNK, MATVEC_WARPS, mmvq_launch, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, SM90_ARCHS, HEAD_CHUNK, matvec_blocks, mmvq_launch, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -547,6 +547,7 @@ impl GpuBackend {
             return Err(Error::Shape { kernel, detail: format!("row length {k} is not in 1..=u32::MAX") });
         }
         check_rows(kernel, m, rows)?;
+        let blocks = matvec_blocks(m, rows).ok_or_else(|| Error::Shape { kernel, detail: format!("{m} weight rows of {rows} activation rows are more blocks than a grid holds") })?;
         holds(kernel, "weights", w.len(), m.saturating_mul(k).saturating_mul(format.bytes()))?;
         holds(kernel, "input", x.len(), rows * k)?;
         holds(kernel, "output", y.len(), rows * m)?;
@@ -554,7 +555,7 @@ impl GpuBackend {
         let mut a = self.builder(kernel);
         a.arg(w).arg(x).arg(y).arg(&m).arg(&k).arg(&rows).arg(&accumulate);
         // SAFETY: as `mmvq_queue`; a block a weight block and activation row.
-        unsafe { self.launch_async(kernel, self.padded_grid(kernel, m.div_ceil(MATVEC_WARPS) * rows), a) }
+        unsafe { self.launch_async(kernel, self.padded_grid(kernel, blocks), a) }
     }
 
     /// An output buffer: the caller's current contents (its poison), then guard elements.

@@ -28,7 +28,7 @@ pub mod trace;
 
 use crate::error::{Error, Result};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS};
+use strata_gpu_shared::launch::{matvec_blocks, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS};
 
 /// A quantized weight matrix: `m` rows of `k` values in `format`, row-major blocks.
 #[derive(Clone, Copy, Debug)]
@@ -203,6 +203,9 @@ pub fn check_matvec(w: &FloatWeights, x: &[f32], rows: usize, y: &[f32]) -> Resu
     if !(1..=MMVQ_MAX_ROWS).contains(&rows) {
         return Err(shape_err(kname, format!("{rows} activation rows, supported 1..={MMVQ_MAX_ROWS}")));
     }
+    if matvec_blocks(w.m, rows).is_none() {
+        return Err(shape_err(kname, format!("{} weight rows of {rows} activation rows are more blocks than a grid holds", w.m)));
+    }
     let wbytes = w.m * w.k * w.format.bytes();
     if w.data.len() != wbytes {
         return Err(shape_err(kname, format!("{}x{} {} weights need {wbytes} bytes, got {}", w.m, w.k, w.format.name(), w.data.len())));
@@ -286,4 +289,21 @@ pub fn check_moe(w: &MoeWindow, o: &MoeOut) -> Result<(usize, usize)> {
         return err(format!("buffers of {} / {} / {} / {} elements, need {xq_len} / {hq_len} / {} / {}", w.xq.len(), o.hq.len(), o.y.len(), o.out.len(), n * n_embd, w.tokens * n_embd));
     }
     Ok((n_embd, n_ff))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A matvec whose blocks would not fit a grid is a shape error naming the kernel, before any
+    /// buffer is looked at (its weights would be gigabytes).
+    #[test]
+    fn matvec_past_a_grid_is_a_shape_error() {
+        let w = FloatWeights { format: FloatFormat::F32, m: 1 << 29, k: 1, data: &[] };
+        let err = check_matvec(&w, &[0.0; 8], 8, &[]).unwrap_err().to_string();
+        assert!(err.contains("matvec_f32") && err.contains("more blocks than a grid holds"), "{err}");
+        // The same rows with one activation row fit, so the next check (the weights' bytes) fails.
+        let err = check_matvec(&w, &[0.0], 1, &[]).unwrap_err().to_string();
+        assert!(err.contains("bytes"), "{err}");
+    }
 }
