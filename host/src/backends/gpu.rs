@@ -10,7 +10,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::backends::{
-    check_head, check_matvec, check_mmvq, check_moe, check_quantize, check_quantize_q8_0, Backend, ExpertTensor, FloatWeights, MoeOut,
+    check_head, check_matvec, check_mmvq, matvec_grid, check_moe, check_quantize, check_quantize_q8_0, Backend, ExpertTensor, FloatWeights, MoeOut,
     MoeWindow, Variant, Weights,
 };
 use crate::error::{Error, Result};
@@ -19,7 +19,7 @@ use crate::backends::trace;
 use strata_gpu_shared::grid_pad::{grid_pad, WaveSlots};
 use crate::backends::knobs::{KernelKnobs, Launch, EXPDEC_SMEM_MAX};
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
-use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, SM90_ARCHS, HEAD_CHUNK, matvec_blocks, mmvq_launch, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{bounds, cluster_blocks, expdec_entry, image_bounds, Bounds, SM90_ARCHS, HEAD_CHUNK, mmvq_launch, MMVQ_MAX_ROWS, MOE_MAX_SELECTIONS, QUANTIZE_WARPS};
 use strata_gpu_shared::moe;
 
 /// One MoE layer's expert tensors on the device.
@@ -547,7 +547,7 @@ impl GpuBackend {
             return Err(Error::Shape { kernel, detail: format!("row length {k} is not in 1..=u32::MAX") });
         }
         check_rows(kernel, m, rows)?;
-        let blocks = matvec_blocks(m, rows).ok_or_else(|| Error::Shape { kernel, detail: format!("{m} weight rows of {rows} activation rows are more blocks than a grid holds") })?;
+        let blocks = matvec_grid(kernel, m, rows)?;
         holds(kernel, "weights", w.len(), m.saturating_mul(k).saturating_mul(format.bytes()))?;
         holds(kernel, "input", x.len(), rows * k)?;
         holds(kernel, "output", y.len(), rows * m)?;

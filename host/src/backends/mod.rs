@@ -144,6 +144,12 @@ pub(crate) fn shape_err(kernel: &'static str, detail: String) -> Error {
     Error::Shape { kernel, detail }
 }
 
+/// The blocks of a float `matvec` launch ([`matvec_blocks`]), or a shape error naming `kernel`
+/// where they would not fit a grid.
+pub(crate) fn matvec_grid(kernel: &'static str, m: usize, rows: usize) -> Result<u32> {
+    matvec_blocks(m, rows).ok_or_else(|| shape_err(kernel, format!("{m} weight rows of {rows} activation rows are more blocks than a grid holds")))
+}
+
 /// A host slice holds exactly `want` elements.
 pub(crate) fn exact_len(kernel: &'static str, what: &str, have: usize, want: usize) -> Result<()> {
     if have != want {
@@ -203,9 +209,7 @@ pub fn check_matvec(w: &FloatWeights, x: &[f32], rows: usize, y: &[f32]) -> Resu
     if !(1..=MMVQ_MAX_ROWS).contains(&rows) {
         return Err(shape_err(kname, format!("{rows} activation rows, supported 1..={MMVQ_MAX_ROWS}")));
     }
-    if matvec_blocks(w.m, rows).is_none() {
-        return Err(shape_err(kname, format!("{} weight rows of {rows} activation rows are more blocks than a grid holds", w.m)));
-    }
+    matvec_grid(kname, w.m, rows)?;
     let wbytes = w.m * w.k * w.format.bytes();
     if w.data.len() != wbytes {
         return Err(shape_err(kname, format!("{}x{} {} weights need {wbytes} bytes, got {}", w.m, w.k, w.format.name(), w.data.len())));

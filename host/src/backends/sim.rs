@@ -12,11 +12,11 @@
 use std::marker::PhantomData;
 
 use crate::backends::knobs::KernelKnobs;
-use crate::backends::{check_head, check_matvec, check_mmvq, check_moe, check_quantize, check_quantize_q8_0, Backend, FloatWeights, MoeOut, MoeWindow, Variant, Weights};
+use crate::backends::{check_head, check_matvec, check_mmvq, matvec_grid, check_moe, check_quantize, check_quantize_q8_0, Backend, FloatWeights, MoeOut, MoeWindow, Variant, Weights};
 use crate::error::{Error, Result};
 use strata_device::arch::sim::{self, Arg, Region};
 use strata_gpu_shared::formats::GROUP;
-use strata_gpu_shared::launch::{image_bounds, matvec_blocks, mmvq_launch, HEAD_CHUNK, QUANTIZE_WARPS};
+use strata_gpu_shared::launch::{image_bounds, mmvq_launch, HEAD_CHUNK, QUANTIZE_WARPS};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::moe;
 use strata_gpu_shared::signed_grids::IQ3_S_SIGNED;
@@ -153,8 +153,7 @@ impl Backend for SimBackend {
         check_matvec(w, x, rows, y)?;
         let mut a = Args::new();
         a.input(w.data).input(x).output(y).u32(w.m as u32).u32(w.k as u32).u32(rows as u32).u32(accumulate as u32);
-        let blocks = matvec_blocks(w.m, rows).expect("check_matvec bounds the grid");
-        self.run(w.format.matvec_kernel(), blocks, None, &a)
+        self.run(w.format.matvec_kernel(), matvec_grid(w.format.matvec_kernel(), w.m, rows)?, None, &a)
     }
 
     fn argmax_rows(&self, x: &[f32], n: usize, variant: Variant, idx: &mut [u32], all_nan: &mut [u32]) -> Result<()> {
