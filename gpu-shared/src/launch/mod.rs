@@ -187,9 +187,9 @@ pub fn matvec_blocks(m: usize, rows: usize) -> Option<u32> {
     m.div_ceil(MATVEC_WARPS as usize).checked_mul(rows).filter(|&b| b <= i32::MAX as usize).map(|b| b as u32)
 }
 /// Warps (one weight row each) per staged `mmvqs_*` block: the blocks share the activation rows
-/// they stage, so more rows a block stage less often; 8 still gives a 2,048-row matrix 256
-/// blocks.
-pub const MMVQS_WARPS: u32 = 8;
+/// they stage, so more rows a block stage less often (each thread fewer items, every block's
+/// copy one more read of the same L2 lines); 16 gives a 2,048-row matrix 128 blocks, one an SM.
+pub const MMVQS_WARPS: u32 = 16;
 /// The most shared memory an `mmvqs_*` launch stages (48 KiB, what a launch gets without
 /// opting in); a launch of more rows x groups runs `mmvq_*`.
 pub const MMVQS_SMEM_MAX: u32 = 48 * 1024;
@@ -259,10 +259,10 @@ const fn matvec(kernel: &'static str) -> Bounds {
     Bounds { kernel, threads: 32 * MATVEC_WARPS, min_blocks: 2, smem_bytes: 0 }
 }
 
-/// The staged `mmvqs_*` entries: [`MMVQS_WARPS`] warps at 4 blocks per SM (64 registers, as
+/// The staged `mmvqs_*` entries: [`MMVQS_WARPS`] warps at 2 blocks per SM (64 registers, as
 /// `mmvq_*`); shared memory given at launch ([`mmvq_launch`]: 9 words a staged q8_1 block).
 const fn mmvqs(kernel: &'static str) -> Bounds {
-    Bounds { kernel, threads: 32 * MMVQS_WARPS, min_blocks: 4, smem_bytes: 0 }
+    Bounds { kernel, threads: 32 * MMVQS_WARPS, min_blocks: 2, smem_bytes: 0 }
 }
 
 /// The one-row `mmvq1_*` entries: the matvec geometry at 8 blocks per SM (64 registers), room
