@@ -200,8 +200,8 @@ pub fn check_mmvq(w: &Weights, xq: &[u8], rows: usize, y: &[f32]) -> Result<usiz
     Ok(groups)
 }
 
-/// Checks `matvec`'s sizes.
-pub fn check_matvec(w: &FloatWeights, x: &[f32], rows: usize, y: &[f32]) -> Result<()> {
+/// Checks `matvec`'s sizes; the launch's blocks ([`matvec_grid`]).
+pub fn check_matvec(w: &FloatWeights, x: &[f32], rows: usize, y: &[f32]) -> Result<u32> {
     let kname = w.format.matvec_kernel();
     if w.k == 0 || w.k > u32::MAX as usize || w.m == 0 || w.m > u32::MAX as usize {
         return Err(shape_err(kname, format!("{}x{} weights", w.m, w.k)));
@@ -209,7 +209,7 @@ pub fn check_matvec(w: &FloatWeights, x: &[f32], rows: usize, y: &[f32]) -> Resu
     if !(1..=MMVQ_MAX_ROWS).contains(&rows) {
         return Err(shape_err(kname, format!("{rows} activation rows, supported 1..={MMVQ_MAX_ROWS}")));
     }
-    matvec_grid(kname, w.m, rows)?;
+    let blocks = matvec_grid(kname, w.m, rows)?;
     let wbytes = w.m * w.k * w.format.bytes();
     if w.data.len() != wbytes {
         return Err(shape_err(kname, format!("{}x{} {} weights need {wbytes} bytes, got {}", w.m, w.k, w.format.name(), w.data.len())));
@@ -220,7 +220,7 @@ pub fn check_matvec(w: &FloatWeights, x: &[f32], rows: usize, y: &[f32]) -> Resu
     if y.len() != rows * w.m {
         return Err(shape_err(kname, format!("output holds {} floats, {rows} x {} needed", y.len(), w.m)));
     }
-    Ok(())
+    Ok(blocks)
 }
 
 /// Checks a head kernel's sizes; returns the number of rows.

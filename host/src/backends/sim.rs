@@ -12,7 +12,7 @@
 use std::marker::PhantomData;
 
 use crate::backends::knobs::KernelKnobs;
-use crate::backends::{check_head, check_matvec, check_mmvq, matvec_grid, check_moe, check_quantize, check_quantize_q8_0, Backend, FloatWeights, MoeOut, MoeWindow, Variant, Weights};
+use crate::backends::{check_head, check_matvec, check_mmvq, check_moe, check_quantize, check_quantize_q8_0, Backend, FloatWeights, MoeOut, MoeWindow, Variant, Weights};
 use crate::error::{Error, Result};
 use strata_device::arch::sim::{self, Arg, Region};
 use strata_gpu_shared::formats::GROUP;
@@ -150,10 +150,10 @@ impl Backend for SimBackend {
     }
 
     fn matvec(&self, w: &FloatWeights, x: &[f32], rows: usize, accumulate: bool, y: &mut [f32]) -> Result<()> {
-        check_matvec(w, x, rows, y)?;
+        let blocks = check_matvec(w, x, rows, y)?;
         let mut a = Args::new();
         a.input(w.data).input(x).output(y).u32(w.m as u32).u32(w.k as u32).u32(rows as u32).u32(accumulate as u32);
-        self.run(w.format.matvec_kernel(), matvec_grid(w.format.matvec_kernel(), w.m, rows)?, None, &a)
+        self.run(w.format.matvec_kernel(), blocks, None, &a)
     }
 
     fn argmax_rows(&self, x: &[f32], n: usize, variant: Variant, idx: &mut [u32], all_nan: &mut [u32]) -> Result<()> {
