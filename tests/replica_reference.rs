@@ -12,6 +12,7 @@ use strata::host::{Backend, Error, Weights};
 use strata_gpu_shared::formats::tiles::Regroup;
 use strata_gpu_shared::formats::{iq3_s, iq3_st, iq4_nl, iq4_nlt, q6_k, q6_kt, q8_0, q8_0t, q8_1, FloatFormat, WeightFormat, GROUP};
 use strata_gpu_shared::replica;
+use strata_gpu_shared::lane_grids::GRID_LANES;
 
 /// Random shapes (rows 1..8, K 32..8192 in steps of 32, M up to 4096): the replica's NMSE
 /// against float64 on the dequantized weights and unquantized activations stays under 5e-4;
@@ -222,30 +223,29 @@ fn shape_errors_name_the_kernel() {
     assert!(cpu.mmvq(&short, &xq, 1, false, &mut [0.0; 2]).unwrap_err().to_string().contains("need 68 bytes"));
 }
 
-/// The signed codebooks the EXPDEC gate/up kernels stage: for the formats that have one, word
-/// `w` with sign pattern `s` is the codebook's word `w` with byte `i` negated where bit `i` of
-/// `s` is set (read here as i8 values); the others stage their codebook as it is.
+/// The repeated codebooks the EXPDEC gate/up kernels stage: for the formats that have one, words
+/// `w * GRID_LANES .. (w + 1) * GRID_LANES` are all the codebook's word `w`, whose magnitudes
+/// are positive (the kernels negate them by `(m ^ 0xff) + 1`, which carries only from a zero
+/// byte); the others stage their codebook as it is.
 #[test]
-fn signed_grids_negate_the_patterns_bytes() {
-    let mut signed = 0;
+fn lane_grids_repeat_each_word_once_a_lane() {
+    let mut repeated = 0;
     for format in WeightFormat::MATVEC {
         let (grid, staged) = (format.grid(), format.staged_grid());
-        if !format.signed_grid() {
+        if !format.lane_grid() {
             assert_eq!(staged, grid, "{}", format.name());
             continue;
         }
-        signed += 1;
-        assert!(!grid.is_empty() && staged.len() == 16 * grid.len(), "{}", format.name());
+        repeated += 1;
+        assert!(!grid.is_empty() && staged.len() == GRID_LANES * grid.len(), "{}", format.name());
         assert_eq!(staged.as_ptr() as usize % 16, 0, "{}: staged with 16-byte loads", format.name());
         for (at, &word) in staged.iter().enumerate() {
-            let (s, w) = (at / grid.len(), at % grid.len());
+            let w = at / GRID_LANES;
+            assert_eq!(word, grid[w], "{} word {w} copy {}", format.name(), at % GRID_LANES);
             for i in 0..4 {
-                let m = (grid[w] >> (8 * i)) as u8 as i8;
-                assert!(m > 0, "{} word {w}: magnitudes are positive", format.name());
-                let want = if s >> i & 1 == 1 { -m } else { m };
-                assert_eq!((word >> (8 * i)) as u8 as i8, want, "{} word {w} pattern {s:#x} byte {i}", format.name());
+                assert!((word >> (8 * i)) as u8 as i8 > 0, "{} word {w} byte {i}: magnitudes are positive", format.name());
             }
         }
     }
-    assert_eq!(signed, 1, "IQ3_ST stages a signed codebook");
+    assert_eq!(repeated, 1, "IQ3_ST stages a repeated codebook");
 }

@@ -4,7 +4,7 @@
 // fields are read as two 2-byte loads. Offsets and codebooks come from the generated prelude.
 // The IQ formats read their codebook through a grid: the global copy (GlobalGrid) by default,
 // or one the EXPDEC kernels staged in shared memory (StagedGrid), for IQ3_ST the
-// codebook expanded over its words' sign patterns (STRATA_IQ3_S_SIGNED).
+// codebook repeated once a half-warp lane (STRATA_IQ3_S_LANES).
 #include "strata_hip.h"
 
 // 4-bit sign mask (bit i = byte i negative) to 0xff in the negative bytes.
@@ -23,15 +23,13 @@ struct GlobalGrid {
   __device__ __forceinline__ uint32_t signed_word(uint32_t i, uint32_t signs) const { return apply_signs(word(i), signs); }
 };
 
-// A codebook staged in shared memory: the codebook itself (signed_len 0), or its signed
-// expansion, word i with sign pattern s at i + s * signed_len.
+// A codebook staged in shared memory: word i at base + i * stride. stride 1 is the codebook
+// itself; STRATA_GRID_LANES its repeated copy (lane_grids), base then this lane's copy.
 struct StagedGrid {
-  uint32_t base;  // first word in the block's dynamic shared memory
-  uint32_t signed_len;
-  __device__ __forceinline__ uint32_t word(uint32_t i) const { return strata_smem[base + i]; }
-  __device__ __forceinline__ uint32_t signed_word(uint32_t i, uint32_t signs) const {
-    return signed_len == 0 ? apply_signs(word(i), signs) : strata_smem[base + i + (signs & 15u) * signed_len];
-  }
+  uint32_t base;  // first word in the block's dynamic shared memory (this lane's copy)
+  uint32_t stride;
+  __device__ __forceinline__ uint32_t word(uint32_t i) const { return strata_smem[base + i * stride]; }
+  __device__ __forceinline__ uint32_t signed_word(uint32_t i, uint32_t signs) const { return apply_signs(word(i), signs); }
 };
 
 struct Group {

@@ -1,7 +1,7 @@
 // expdec_gu_*: the EXPDEC variant of moe_gu_*, same bits. Twin of
 // device/src/kernels/expdec_gu.rs: a block takes rb gate/up rows of one group's expert; the
-// group's q8_1 rows are staged EXPDEC_ENTRIES at a time and the codebook (its signed expansion
-// where it has one) once per block, first; R weight rows per lane share the staged words; the
+// group's q8_1 rows are staged EXPDEC_ENTRIES at a time and the codebook (its copy repeated a
+// lane where it has one) once per block, first; R weight rows per lane share the staged words; the
 // first pass skips its pre-staging barrier.
 // Shared words: the stage, H[4][rb], the codebook. down and down_bytes carry the expert's down
 // rows, which the sm_90 image's entries ask L2 for (a hint, no value depends on it); these

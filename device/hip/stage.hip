@@ -34,27 +34,27 @@ STRATA_FN float staged_block(uint32_t r, uint32_t b, uint32_t groups, uint32_t c
 }
 
 // What the EXPDEC kernels stage of F's codebook: the codebook, or for the formats of
-// WeightFormat::signed_grid its signed expansion (SIGNED_LEN its codebook's length).
+// WeightFormat::lane_grid its copy repeated STRATA_GRID_LANES times a word (LANES).
 template <typename F>
 struct StagedCodebook {
-  static constexpr uint32_t WORDS = F::GRID_WORDS, SIGNED_LEN = 0;
+  static constexpr uint32_t WORDS = F::GRID_WORDS, LANES = 1;
   STRATA_FN const uint32_t* words() { return F::grid(); }
 };
 template <>
 struct StagedCodebook<Iq3ST> {
-  static constexpr uint32_t WORDS = 16 * Iq3ST::GRID_WORDS, SIGNED_LEN = Iq3ST::GRID_WORDS;
-  STRATA_FN const uint32_t* words() { return STRATA_IQ3_S_SIGNED; }
+  static constexpr uint32_t WORDS = STRATA_GRID_LANES * Iq3ST::GRID_WORDS, LANES = STRATA_GRID_LANES;
+  STRATA_FN const uint32_t* words() { return STRATA_IQ3_S_LANES; }
 };
 
 // Copies what F stages of its codebook (none for formats without one) to words base.. with the
-// block's THREADS threads; a barrier must pass before the returned grid is read. Module
-// constants only: a kernel may stage before it would wait for the previous grid.
+// block's THREADS threads and returns it as this lane's grid; a barrier must pass before it is
+// read. Module constants only: a kernel may stage before it would wait for the previous grid.
 template <typename F, uint32_t THREADS>
 STRATA_FN StagedGrid stage_grid(uint32_t base) {
   using C = StagedCodebook<F>;
   const uint32_t* words = C::words();
-  if (C::SIGNED_LEN != 0) {
-    // 16-byte aligned expansions of a whole number of 16-byte pieces; base a multiple of 4.
+  if (C::LANES != 1) {
+    // 16-byte aligned copies of a whole number of 16-byte pieces; base a multiple of 4.
     for (uint32_t i = thread_idx(); 4 * i < C::WORDS; i += THREADS) {
       uint32_t v[4];
       ld_nc_v4((const uint8_t*)(words + 4 * i), v);
@@ -63,5 +63,5 @@ STRATA_FN StagedGrid stage_grid(uint32_t base) {
   } else {
     for (uint32_t i = thread_idx(); i < C::WORDS; i += THREADS) strata_smem[base + i] = ld_nc_u32((const uint8_t*)(words + i));
   }
-  return StagedGrid{base, C::SIGNED_LEN};
+  return StagedGrid{base + lane() % C::LANES, C::LANES};
 }

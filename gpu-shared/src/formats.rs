@@ -509,11 +509,11 @@ impl WeightFormat {
         }
     }
 
-    /// Whether the EXPDEC gate/up kernels stage this format's codebook expanded over its words'
-    /// sign patterns ([`crate::signed_grids`]): IQ3_ST only. IQ3_S and IQ3_XXS spilled with it in
-    /// their 64-register entries (their 2-byte-aligned fields take more registers than IQ3_ST's
-    /// aligned ones), and IQ2_XXS was slower with it in `strata bench experts` (docs/kernels/moe.md).
-    pub const fn signed_grid(self) -> bool {
+    /// Whether the EXPDEC gate/up kernels stage this format's codebook repeated once a lane
+    /// ([`crate::lane_grids`]) and gather its words without bank conflicts past two passes:
+    /// IQ3_ST only, the format whose gathers the one-token and window gate/up launches are
+    /// bound by (docs/kernels/moe.md).
+    pub const fn lane_grid(self) -> bool {
         matches!(self, WeightFormat::Iq3ST)
     }
 
@@ -524,12 +524,12 @@ impl WeightFormat {
         self.tiling().is_some()
     }
 
-    /// The codebook words the EXPDEC gate/up kernels stage in shared memory: the signed
-    /// expansion where [`Self::signed_grid`], else [`Self::grid`].
+    /// The codebook words the EXPDEC gate/up kernels stage in shared memory: the repeated copy
+    /// where [`Self::lane_grid`], else [`Self::grid`].
     pub fn staged_grid(self) -> &'static [u32] {
-        use crate::signed_grids::*;
+        use crate::lane_grids::*;
         match self {
-            WeightFormat::Iq3ST => &IQ3_S_SIGNED.0,
+            WeightFormat::Iq3ST => &IQ3_S_LANES.0,
             f => f.grid(),
         }
     }

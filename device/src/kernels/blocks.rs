@@ -7,13 +7,13 @@
 //!
 //! The IQ formats look their magnitudes up in a codebook ([`Grid`]): the module's global copy
 //! by default, or a copy the EXPDEC kernels staged in shared memory, which for the formats of
-//! `WeightFormat::signed_grid` (IQ3_ST) is the codebook expanded over its words' sign
-//! patterns (`signed_grids`), so that a signed word is one shared load.
+//! `WeightFormat::lane_grid` (IQ3_ST) is the codebook repeated once a half-warp lane
+//! (`lane_grids`), so that a warp's gathers conflict at most two-way.
 use crate::arch::mem::Smem;
 use crate::arch::{convert, int, mem};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::formats::*;
-use strata_gpu_shared::signed_grids::IQ3_S_SIGNED;
+use strata_gpu_shared::lane_grids::{GRID_LANES, IQ3_S_LANES};
 
 /// One decoded group: value j = `d * f[j / 16] * v_j * 2^-SHIFT`, `v_j` byte j of w: signed, or
 /// for a format with an [`Block::OFFSET`] unsigned minus the offset.
@@ -80,55 +80,46 @@ impl Grid for Global {
     }
 }
 
-/// A codebook staged from word `base` of the block's dynamic shared memory: the codebook
-/// itself (`signed_len` 0), or its signed expansion, word `i` with sign pattern `s` at `i + s *
-/// signed_len` (`signed_len` the codebook's length).
+/// A codebook staged in shared memory: word `i` at word `base + i * stride` of the block's
+/// dynamic shared memory. `stride` 1 is the codebook itself; `GRID_LANES` its repeated copy
+/// (`lane_grids`), `base` then this lane's copy (`lane % GRID_LANES` words past the copy's
+/// start).
 #[derive(Clone, Copy)]
 pub struct Staged {
     pub smem: Smem,
     pub base: u32,
-    pub signed_len: u32,
+    pub stride: u32,
 }
 
 impl Grid for Staged {
     #[inline(always)]
     unsafe fn word(self, i: usize) -> u32 {
-        self.smem.ld_u32(self.base + i as u32)
+        self.smem.ld_u32(self.base + i as u32 * self.stride)
     }
-    #[inline(always)]
-    unsafe fn signed_word(self, i: usize, signs: u32) -> u32 {
-        if self.signed_len == 0 {
-            signed(self.word(i), signs)
-        } else {
-            self.smem.ld_u32(self.base + i as u32 + (signs & 15) * self.signed_len)
-        }
-    }
-    /// In the signed expansion of IQ3_S's 512 words (`signed_len` 512), word i's place `idx_i |
-    /// qh_i << 8 | s_i << 9` is two bytes: the index byte and `qh_i | s_i << 1`. The latter are
-    /// spread over two registers a byte a word (a byte permute and two shifts of the sign
-    /// nibbles, a multiply of the high bits: 14 instructions a group), and one byte permute a
-    /// word then puts the two bytes side by side: with its address and the load, three
-    /// instructions a word where the word-at-a-time form takes about ten.
+    /// In the repeated copy of IQ3_S's 512 words, word i's entry `idx_i | qh_i << 8` is two
+    /// bytes: the index byte and the high bit. The high bits are spread a byte a word over two
+    /// registers (the `sign_bytes` multiply: 4 instructions a half), then a word is a byte
+    /// permute, a multiply-add to its lane's address, the load, and its signs: the word's sign
+    /// nibble moved to a byte of its own (a permute of the group's even or odd nibbles),
+    /// [`nibble_mask`] and [`apply_mask`] (6 instructions).
     #[inline(always)]
     unsafe fn iq3_s_words(self, idx: [u32; 2], qh: u32, signs: u32) -> [u32; 8] {
-        if self.signed_len == 0 {
+        if self.stride == 1 {
             return iq3_s_words_each(self, idx, qh, signs);
         }
-        // Sign nibbles 4h..4h+4 of `signs` to bits 1..=4 of bytes 0..4, high bits 4h..4h+4 of
-        // `qh` to bit 0 (the sign-byte multiply of `sign_bytes`). Bit 7 of every byte stays 0.
-        let high = |h: u32| {
-            let pairs = int::prmt(signs, 0, if h == 0 { 0x4140 } else { 0x4342 }); // nibble pairs in bytes 0 and 2
-            let nibbles = ((pairs << 1) | (pairs << 5)) & 0x1e1e_1e1e;
-            nibbles | (((qh >> (4 * h)) & 15).wrapping_mul(0x0020_4081) & 0x0101_0101)
-        };
+        let high = |h: u32| ((qh >> (4 * h)) & 15).wrapping_mul(0x0020_4081) & 0x0101_0101;
         let hi = [high(0), high(1)];
+        // Sign nibble i in byte i / 2 of `nibbles[i % 2]`.
+        let nibbles = [signs & 0x0f0f_0f0f, (signs >> 4) & 0x0f0f_0f0f];
         let at = self.smem.addr(self.base);
         core::array::from_fn(|i| {
             // Byte 0: index byte i % 4; byte 1: high byte i % 4; bytes 2 and 3: the sign of a
             // high byte (selector bit 3), which is 0.
             let b = (i % 4) as u32;
             let entry = int::prmt(idx[i / 4], hi[i / 4], b | (4 + b) << 4 | (12 + b) << 8 | (12 + b) << 12);
-            Smem::ld_u32_at(at + 4 * entry)
+            let mags = Smem::ld_u32_at(at + 4 * GRID_LANES as u32 * entry);
+            // Byte i / 2 of the nibbles to byte 0, zeros above it.
+            apply_mask(mags, nibble_mask(int::prmt(nibbles[i % 2], 0, 0x4440 | (i / 2) as u32)))
         })
     }
 }
@@ -237,13 +228,13 @@ pub trait Block {
     fn grid() -> &'static [u32] {
         &[]
     }
-    /// What the EXPDEC kernels stage ([`Staged`]): the signed expansion of the codebook where
-    /// `WeightFormat::signed_grid`, else the codebook.
+    /// What the EXPDEC kernels stage ([`Staged`]): the codebook repeated once a lane where
+    /// `WeightFormat::lane_grid`, else the codebook.
     fn staged_grid() -> &'static [u32] {
         Self::grid()
     }
-    /// Whether [`Self::staged_grid`] is the signed expansion.
-    const SIGNED_GRID: bool = false;
+    /// Whether [`Self::staged_grid`] is the repeated copy.
+    const LANE_GRID: bool = false;
     /// 0: a group's bytes are its signed values. Else they are unsigned, each its value plus
     /// `OFFSET` (Q6_K's 6-bit values, 32): a dot product with q8_1 bytes is then the unsigned
     /// by signed `dp4a` less `OFFSET` times the q8_1 bytes' sum, the same integer with the
@@ -290,11 +281,24 @@ fn sign_bytes(bits: u32) -> u32 {
     ((bits & 15).wrapping_mul(0x0020_4081) & 0x0101_0101) * 0xff
 }
 
-/// Applies byte signs to four magnitudes (each 1..127): negative bytes become `-m`. With
-/// nonzero magnitudes `(m ^ 0xff) + 1` never carries into the next byte.
+/// Applies byte signs to four magnitudes (each 1..127): negative bytes become `-m`.
 #[inline(always)]
 fn signed(mags: u32, bits: u32) -> u32 {
-    let mask = sign_bytes(bits);
+    apply_mask(mags, sign_bytes(bits))
+}
+
+/// A sign nibble `x` (0..16, nothing above it) to its byte mask, as [`sign_bytes`]: the multiply
+/// puts bit j at bit 8j + 7 (its four shifted copies do not overlap, so nothing carries), and
+/// the byte permute's sign mode (selector bit 3) spreads each byte's bit 7 over the byte.
+#[inline(always)]
+fn nibble_mask(x: u32) -> u32 {
+    int::prmt(x.wrapping_mul(0x1020_4080), 0, 0xba98)
+}
+
+/// Magnitudes (each 1..127) negated in the bytes where `mask` is 0xff: with nonzero magnitudes
+/// `(m ^ 0xff) + 1` never carries into the next byte.
+#[inline(always)]
+fn apply_mask(mags: u32, mask: u32) -> u32 {
     (mags ^ mask).wrapping_add(mask & 0x0101_0101)
 }
 
@@ -628,9 +632,9 @@ impl Block for Iq3ST {
         &IQ3_S_GRID
     }
     fn staged_grid() -> &'static [u32] {
-        &IQ3_S_SIGNED.0
+        &IQ3_S_LANES.0
     }
-    const SIGNED_GRID: bool = WeightFormat::Iq3ST.signed_grid();
+    const LANE_GRID: bool = WeightFormat::Iq3ST.lane_grid();
     const STAGED_ROWS: bool = WeightFormat::Iq3ST.pair_stages_rows();
     #[inline(always)]
     unsafe fn load_with<G: Grid, S: Bytes>(p: S, g: u32, grid: G) -> Group {

@@ -1,7 +1,7 @@
 //! `expdec_gu_*`: the EXPDEC variant of `moe_gu_*`, same bits. A block takes `rb` gate/up rows
 //! (`rb / 32` q8_1 groups of the SwiGLU output) of one group's expert. The group's q8_1
 //! activation rows are staged in shared memory `EXPDEC_ENTRIES` entries at a time
-//! (`stage`), and the format's codebook (its signed expansion where it has one) once per block,
+//! (`stage`), and the format's codebook (its copy repeated a lane where it has one) once per block,
 //! before the block waits for the previous grid. A lane computes `R` weight rows (1 or 2) of gate
 //! and of up against the staged words, which it loads once per group and entry for all `2R`
 //! rows. The first pass skips its pre-staging barrier.
@@ -33,8 +33,8 @@
 //!
 //! Shared words, for `G = n_embd / 32`: the stage (`36 G`), the SwiGLU outputs `H[4][rb]`, the
 //! codebook and a pair block's staged rows (`launch::expdec_gu_smem`, `expdec_gu_pair_smem`,
-//! given at launch). A signed codebook comes first instead: at word 0 its words' addresses need
-//! no base added, one instruction less in a decode of three a word; other codebooks follow H
+//! given at launch). A repeated codebook comes first instead (where the signed expansion it
+//! replaced saved an add a word at word 0; docs/kernels/moe.md); other codebooks follow H
 //! (moved first, three of their 64-register entries spilled), and the staged rows come last.
 use super::blocks::{self, Block, Bytes, Shared};
 use super::stage;
@@ -274,7 +274,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     // wait; the first pass's post-staging barrier orders it before its readers.
     let h_base = stage::expdec_words(groups);
     let h_end = h_base + EXPDEC_ENTRIES * rb;
-    let (grid, smem) = if F::SIGNED_GRID {
+    let (grid, smem) = if F::LANE_GRID {
         (stage::grid::<F, THREADS>(Smem::dynamic(), 0), Smem::dynamic().from_word(stage::grid_words::<F>()))
     } else {
         (stage::grid::<F, THREADS>(Smem::dynamic(), h_end), Smem::dynamic())
@@ -308,7 +308,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     // (`launch::expdec_gu_ring_bytes` sizes the slots for blocks of `EXPDEC_THREADS`.)
     const { assert!(!WARP_ROWS || F::STAGED_ROWS && R == 1 && THREADS == EXPDEC_THREADS && C::BLOCKS == 1) };
     let block_copy = C::BLOCKS > 1 && F::STAGED_ROWS; // (never with `WARP_ROWS`: asserted above)
-    let rows_at = smem.addr(h_end + if F::SIGNED_GRID { 0 } else { stage::grid_words::<F>() });
+    let rows_at = smem.addr(h_end + if F::LANE_GRID { 0 } else { stage::grid_words::<F>() });
     let ring = WarpRows {
         slots: rows_at + warp * EXPDEC_ROW_SLOTS * 2 * row_bytes as u32,
         gate: gate.wrapping_add(rows + first as usize * row_bytes),

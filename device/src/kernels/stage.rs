@@ -12,6 +12,7 @@ use super::blocks::{self, Block};
 use crate::arch::mem::Smem;
 use crate::arch::{convert, index, mem};
 use strata_gpu_shared::formats::q8_1;
+use strata_gpu_shared::lane_grids::GRID_LANES;
 use strata_gpu_shared::launch::EXPDEC_ENTRIES;
 
 /// Shared words of one EXPDEC staged pass (`EXPDEC_ENTRIES` rows) of rows of `groups` q8_1 blocks.
@@ -69,29 +70,30 @@ pub fn grid_words<F: Block>() -> u32 {
 
 /// Copies what `F` stages of its codebook ([`Block::staged_grid`]: none for formats without
 /// one) to words `base ..` of shared memory with the block's `THREADS` threads and returns it as
-/// the [`blocks::Grid`] the loaders read; a barrier must pass before use. It reads module
-/// constants only, so a kernel may stage before it waits for the previous grid.
+/// the [`blocks::Grid`] the loaders read (for a repeated copy, this lane's); a barrier must
+/// pass before use. It reads module constants only, so a kernel may stage before it waits for
+/// the previous grid.
 ///
 /// # Safety
 /// Every thread of the block calls it, a block of `THREADS`; the launch gave
-/// `base + F::staged_grid().len()` words; `base` is a multiple of 4 where `F::SIGNED_GRID`.
+/// `base + F::staged_grid().len()` words; `base` is a multiple of 4 where `F::LANE_GRID`.
 #[inline(always)]
 pub unsafe fn grid<F: Block, const THREADS: u32>(smem: Smem, base: u32) -> blocks::Staged {
     let words = F::staged_grid();
     let mut i = index::thread_idx() as usize;
-    if F::SIGNED_GRID {
-        // The expansions are 16-byte aligned (`signed_grids::SignedGrid`), 16 x a codebook of
-        // an even number of words: whole 16-byte loads.
+    if F::LANE_GRID {
+        // The copies are 16-byte aligned (`lane_grids::LaneGrid`), 16 words a codebook word:
+        // whole 16-byte loads.
         while 4 * i < words.len() {
             smem.st_v4(base + 4 * i as u32, mem::ld_nc_v4(words.as_ptr().add(4 * i) as *const u8));
             i += THREADS as usize;
         }
+        blocks::Staged { smem, base: base + index::lane() % GRID_LANES as u32, stride: GRID_LANES as u32 }
     } else {
         while i < words.len() {
             smem.st_u32(base + i as u32, mem::ld_nc_u32(words.as_ptr().add(i) as *const u8));
             i += THREADS as usize;
         }
+        blocks::Staged { smem, base, stride: 1 }
     }
-    let signed_len = if F::SIGNED_GRID { F::grid().len() as u32 } else { 0 };
-    blocks::Staged { smem, base, signed_len }
 }

@@ -10,7 +10,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 use crate::error::{Error, Result};
 use crate::backends::gpu::{open_device, GpuBackend};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
-use strata_gpu_shared::signed_grids::IQ3_S_SIGNED;
+use strata_gpu_shared::lane_grids::{GRID_LANES, IQ3_S_LANES};
 use strata_gpu_shared::formats::{iq4_nl, LAYOUT_CONSTANTS};
 use strata_gpu_shared::launch::{
     amd_waves_per_eu, BOUNDS, MATVEC_AHEAD, MATVEC_AHEAD_REST, MATVEC_WARPS, COPY_CHUNK, EXPDEC_ENTRIES, EXPDEC_THREADS, EXPDEC_W16_THREADS, COPY_SEGMENT_WORDS, HEAD_AHEAD, HEAD_CHUNK, MMVQ1_AHEAD, MMVQ1_MIN_ROWS, MMVQS_WARPS, MMVQ_MAX_ROWS, MMVQ_WARPS, MOE_COMBINE_AHEAD, MOE_DOWN_ROWS, MOE_ENTRY_PASS,
@@ -79,6 +79,7 @@ pub fn prelude() -> String {
         ("EXPDEC_THREADS", EXPDEC_THREADS as usize),
         ("EXPDEC_W16_THREADS", EXPDEC_W16_THREADS as usize),
         ("COPY_SEGMENT_WORDS", COPY_SEGMENT_WORDS),
+        ("GRID_LANES", GRID_LANES),
     ];
     let step = strata_gpu_shared::launch::STEP_GEOMETRY.iter().flat_map(|g| g.iter().copied());
     for (name, v) in LAYOUT_CONSTANTS.iter().copied().chain(geometry).chain(step) {
@@ -90,7 +91,7 @@ pub fn prelude() -> String {
     s
 }
 
-/// The IQ grids and their signed expansions as `__device__` arrays (after the header, which
+/// The IQ grids and their repeated copies (`lane_grids`) as `__device__` arrays (after the header, which
 /// defines the types).
 pub fn codebooks() -> String {
     let mut s = String::from("// generated from strata-gpu-shared's codebooks by strata-host/src/backends/hip.rs\n");
@@ -101,8 +102,8 @@ pub fn codebooks() -> String {
         ("IQ3_XXS_GRID", &IQ3_XXS_GRID),
         ("IQ3_S_GRID", &IQ3_S_GRID),
     ];
-    let signed: [(&str, &[u32]); 1] = [("IQ3_S_SIGNED", &IQ3_S_SIGNED.0)];
-    for ((name, words), align) in grids.into_iter().map(|g| (g, 4)).chain(signed.into_iter().map(|g| (g, 16))) {
+    let lanes: [(&str, &[u32]); 1] = [("IQ3_S_LANES", &IQ3_S_LANES.0)];
+    for ((name, words), align) in grids.into_iter().map(|g| (g, 4)).chain(lanes.into_iter().map(|g| (g, 16))) {
         let body: Vec<String> = words.iter().map(|w| format!("{w:#x}u")).collect();
         s += &format!("__device__ __attribute__((aligned({align}))) const uint32_t STRATA_{name}[{}] = {{{}}};\n", words.len(), body.join(","));
     }

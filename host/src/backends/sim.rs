@@ -19,10 +19,10 @@ use strata_gpu_shared::formats::GROUP;
 use strata_gpu_shared::launch::{image_bounds, mmvq_launch, HEAD_CHUNK, QUANTIZE_WARPS};
 use strata_gpu_shared::codebooks::{IQ2_S_GRID, IQ2_XS_GRID, IQ2_XXS_GRID, IQ3_S_GRID, IQ3_XXS_GRID};
 use strata_gpu_shared::moe;
-use strata_gpu_shared::signed_grids::IQ3_S_SIGNED;
+use strata_gpu_shared::lane_grids::IQ3_S_LANES;
 
 /// The statics the kernels read through `arch::mem` as module constants (`blocks::Grid`'s
-/// codebooks and the signed expansion the IQ3_ST entries stage): every launch may read them.
+/// codebooks and the repeated copy the IQ3_ST entries stage): every launch may read them.
 /// (A static missing here shows as a load "outside every buffer" naming the kernel.)
 fn module_constants() -> [Region; 6] {
     [
@@ -31,7 +31,7 @@ fn module_constants() -> [Region; 6] {
         Region::of(&IQ2_S_GRID, false),
         Region::of(&IQ3_XXS_GRID, false),
         Region::of(&IQ3_S_GRID, false),
-        Region::of(&IQ3_S_SIGNED.0, false),
+        Region::of(&IQ3_S_LANES.0, false),
     ]
 }
 
