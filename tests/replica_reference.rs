@@ -119,11 +119,11 @@ fn cpu_backend_split_matches_single_thread_replica() {
 /// decodes to its block's values and scale, for random blocks (every scale and byte drawn);
 /// each tile holds its blocks' bytes, none lost or repeated; and the bytes sit where the
 /// kernels' loaders read them (the layout constants, read here byte by byte: Q8_0T's quant
-/// halves and scale, IQ4_NLT's nibbles and scale, IQ3_ST's indices, signs, high bits, scales
-/// and scale; Q6_KT's regrouped nibbles and high bits of every group, scales and scale),
+/// halves and scale, IQ4_NLT's nibbles and scale, IQ3_ST's indices, reordered signs, high bits,
+/// scales and scale; Q6_KT's regrouped nibbles and high bits of every group, scales and scale),
 /// 16-byte fields 16-byte aligned within a tile (IQ3_ST's 8- and 4-byte loads: a const
-/// assertion in `formats::iq3_st`). Q6_KT moves bits, not bytes: every tile holds its blocks'
-/// bits (as many ones), the others their bytes.
+/// assertion in `formats::iq3_st`). Q6_KT and IQ3_ST move bits, not bytes: every tile holds
+/// its blocks' bits (as many ones), the others their bytes.
 #[test]
 fn tiles_decode_to_their_blocks() {
     let seed = common::seed("tiles_decode_to_their_blocks");
@@ -152,13 +152,15 @@ fn tiles_decode_to_their_blocks() {
                 let reads: Vec<(usize, usize, usize)> = match format {
                     WeightFormat::Q8_0T => vec![(q8_0t::OFF_LO + 16 * b, q8_0::OFF_Q, 16), (q8_0t::OFF_HI + 16 * b, q8_0::OFF_Q + 16, 16), (q8_0t::OFF_D + 2 * b, q8_0::OFF_D, 2)],
                     WeightFormat::Iq4NlT => vec![(iq4_nlt::OFF_QS + 16 * b, iq4_nl::OFF_QS, 16), (iq4_nlt::OFF_D + 2 * b, iq4_nl::OFF_D, 2)],
-                    WeightFormat::Iq3ST => vec![
+                    WeightFormat::Iq3ST => {
+                        iq3_st_signs_where_read(tile, block, b, seed);
+                        vec![
                         (iq3_st::OFF_QS + 64 * b, iq3_s::OFF_QS, 64),
-                        (iq3_st::OFF_SIGNS + 32 * b, iq3_s::OFF_SIGNS, 32),
                         (iq3_st::OFF_QH + 8 * b, iq3_s::OFF_QH, 8),
                         (iq3_st::OFF_SCALES + 4 * b, iq3_s::OFF_SCALES, 4),
                         (iq3_st::OFF_D + 2 * b, iq3_s::OFF_D, 2),
-                    ],
+                    ]
+                    }
                     WeightFormat::Q6KT => {
                         q6_kt_groups_where_read(tile, block, b, seed);
                         vec![(q6_kt::OFF_SCALES + 16 * b, q6_k::OFF_SCALES, 16), (q6_kt::OFF_D + 2 * b, q6_k::OFF_D, 2)]
@@ -178,6 +180,25 @@ fn tiles_decode_to_their_blocks() {
                 b.sort_unstable();
                 assert_eq!(a, b, "seed {seed}: {} tile {n} is not a permutation of its blocks' bytes", format.name());
             }
+        }
+    }
+}
+
+/// Where the IQ3_ST loaders read the signs of group `k` of block `b` (`8 b + k` of the tile):
+/// the 4 bytes at `OFF_SIGNS + 4 g`, read as a little-endian word, hold the sign of byte j of
+/// decoded word i (value `4 i + j`) at bit `4 j + i` for the first four words and `16 + 4 j + i
+/// - 4` for the last four; the values' signs read from the IQ3_S block as GGUF lays them out
+/// (value v of group k: bit `v % 8` of `signs[4 k + v / 8]`).
+fn iq3_st_signs_where_read(tile: &[u8], block: &[u8], b: usize, seed: u64) {
+    for k in 0..8 {
+        let g = 8 * b + k;
+        let at = iq3_st::OFF_SIGNS + 4 * g;
+        let word = u32::from_le_bytes(tile[at..at + 4].try_into().unwrap());
+        for v in 0..32 {
+            let (i, j) = (v / 4, v % 4);
+            let bit = if i < 4 { 4 * j + i } else { 16 + 4 * j + i - 4 };
+            let want = block[iq3_s::OFF_SIGNS + 4 * k + v / 8] >> (v % 8) & 1;
+            assert_eq!((word >> bit & 1) as u8, want, "seed {seed}: IQ3_ST group {g}, sign of value {v}");
         }
     }
 }

@@ -355,6 +355,15 @@ struct Iq3S {
 
 // IQ3_S in tiles of 8 blocks (formats::iq3_st): group g is an 8-byte load of indices, a 4-byte
 // load of signs, its high-bit and scale bytes and its block's scale, all aligned.
+// Word i of an IQ3_ST group, signed: byte j is the magnitude's, or the negated magnitudes'
+// (0x01010100 - mags: 256 - m a byte, no borrow as no magnitude is 0) where byte j's sign, bit
+// 16 (i / 4) + 4 j + i % 4 of the reordered signs, shifted to bit 4 j + 2 of the selector, is set.
+STRATA_FN uint32_t iq3_st_signed(uint32_t mags, uint32_t signs, int i) {
+  int at = 16 * (i / 4) + i % 4;
+  uint32_t bits = at >= 2 ? signs >> (at - 2) : signs << (2 - at);
+  return prmt(mags, 0x01010100u - mags, (bits & 0x4444u) | 0x3210u);
+}
+
 struct Iq3ST {
   static constexpr uint32_t BYTES = STRATA_IQ3_ST_BYTES, GROUPS = 64, SHIFT = 0;
   static constexpr uint32_t GRID_WORDS = sizeof(STRATA_IQ3_S_GRID) / 4;
@@ -365,9 +374,16 @@ struct Iq3ST {
     uint32_t idx[2];
     ld_nc_v2(p + STRATA_IQ3_ST_OFF_QS + 8 * gi, idx);
     uint32_t qh = ld_nc_u8(p + STRATA_IQ3_ST_OFF_QH + gi);
-    uint32_t signs = ld_nc_u32(p + STRATA_IQ3_ST_OFF_SIGNS + 4 * gi);
+    uint32_t signs = ld_nc_u32(p + STRATA_IQ3_ST_OFF_SIGNS + 4 * gi);  // reordered (Regroup::Iq3Signs)
     uint32_t s = ((uint32_t)ld_nc_u8(p + STRATA_IQ3_ST_OFF_SCALES + gi / 2) >> (4 * (gi % 2))) & 15u;
-    return iq3_s_group(idx, qh, signs, s, block_scale(p + STRATA_IQ3_ST_OFF_D + 2 * (gi / 8)), grid);
+    Group g;
+    for (int i = 0; i < 8; i++) {
+      uint32_t entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xffu) | ((qh >> i) & 1u) << 8;
+      g.w[i] = iq3_st_signed(grid.word(entry), signs, i);
+    }
+    g.d = block_scale(p + STRATA_IQ3_ST_OFF_D + 2 * (gi / 8));
+    g.f[0] = g.f[1] = 1 + 2 * (int32_t)s;
+    return g;
   }
 };
 

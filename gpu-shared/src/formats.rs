@@ -45,7 +45,7 @@ pub mod q8_0 {
 /// [`Regroup`], those bytes with a group's bits brought together. The host tiles what the
 /// kernels read that way ([`Tiling::tile`]).
 pub mod tiles {
-    use super::{q6_k, WeightFormat};
+    use super::{iq3_s, q6_k, WeightFormat};
 
     /// The largest base block a tiling regroups (Q6_K's).
     const MAX_BASE_BYTES: usize = q6_k::BYTES;
@@ -82,6 +82,19 @@ pub mod tiles {
         /// high-bit byte `128 + 8 k`, byte `4 u + c` holding in bits `2 s, 2 s + 1` the high
         /// bits of value `4 (4 u + s) + c`. Scales and `d` stay.
         Q6Groups,
+        /// IQ3_S's 32 sign bits of a group (bit v of its 4 sign bytes, little-endian: value v
+        /// negative), reordered so that a decoded word's four signs are one bit of each nibble
+        /// of a 16-bit half (`iq3_sign_bit`): the sign of byte j of word i (value `4 i + j`) at
+        /// bit `16 (i / 4) + 4 j + i % 4`. Shifted so that word i's bits sit at bits `4 j + 2`,
+        /// the group's sign word is then the byte permute's selector that picks, byte by byte,
+        /// a magnitude or its negation (`Iq3ST` in device/src/kernels/blocks.rs). The rest stays.
+        Iq3Signs,
+    }
+
+    /// Where bit `v` (value v's sign) of an IQ3_S group's 32 sign bits goes in [`Regroup::Iq3Signs`].
+    pub const fn iq3_sign_bit(v: usize) -> usize {
+        let (i, j) = (v / 4, v % 4);
+        16 * (i / 4) + 4 * j + i % 4
     }
 
     /// Where value `i` of group `k` of a Q6_K block keeps its nibble and its two high bits:
@@ -110,6 +123,17 @@ pub mod tiles {
         /// its regrouped one (`forward`) or back.
         fn move_bits(self, from: &[u8], out: &mut [u8], forward: bool) {
             out.copy_from_slice(from);
+            if self == Regroup::Iq3Signs {
+                out[iq3_s::OFF_SIGNS..iq3_s::OFF_SIGNS + 32].fill(0);
+                for k in 0..8 {
+                    for v in 0..32 {
+                        let (base, regrouped) = (v, iq3_sign_bit(v));
+                        let (sb, db) = if forward { (base, regrouped) } else { (regrouped, base) };
+                        let at = iq3_s::OFF_SIGNS + 4 * k;
+                        out[at + db / 8] |= (from[at + sb / 8] >> (sb % 8) & 1) << (db % 8);
+                    }
+                }
+            }
             if self == Regroup::Q6Groups {
                 out[q6_k::OFF_QL..q6_k::OFF_QH + 64].fill(0);
                 for k in 0..8 {
@@ -199,8 +223,8 @@ pub mod iq4_nlt {
 }
 
 /// IQ3_ST: tiles of 8 IQ3_S blocks (2,048 values, 880 bytes: 16-byte aligned in rows of whole
-/// tiles): the blocks' 64 grid-index bytes, then their 32 sign bytes, 8 high-bit bytes, 4 scale
-/// bytes and fp16 scales. Group g of a tile (group g % 8 of block g / 8) is an 8-byte load of
+/// tiles): the blocks' 64 grid-index bytes, then their 32 sign bytes (each group's 32 bits
+/// reordered, [`tiles::Regroup::Iq3Signs`]), 8 high-bit bytes, 4 scale bytes and fp16 scales. Group g of a tile (group g % 8 of block g / 8) is an 8-byte load of
 /// indices at `OFF_QS + 8 g`, a 4-byte load of signs at `OFF_SIGNS + 4 g`, its high-bit byte at
 /// `OFF_QH + g`, scale nibble in byte `OFF_SCALES + g / 2` and `d` at `OFF_D + 2 (g / 8)`:
 /// five aligned loads where an IQ3_S group is nine 1- and 2-byte loads.
@@ -211,7 +235,7 @@ pub mod iq3_st {
         base: WeightFormat::Iq3S,
         blocks: 8,
         fields: &[(iq3_s::OFF_QS, 64), (iq3_s::OFF_SIGNS, 32), (iq3_s::OFF_QH, 8), (iq3_s::OFF_SCALES, 4), (iq3_s::OFF_D, 2)],
-        regroup: Regroup::None,
+        regroup: Regroup::Iq3Signs,
     };
     pub const BLOCKS: usize = TILING.blocks;
     pub const BYTES: usize = TILING.bytes();

@@ -69,7 +69,28 @@ pub fn prmt(lo: u32, hi: u32, sel: u32) -> u32 {
     r
 }
 
+/// `(a & b) | c` as one `lop3.b32`: where `b` and `c` are both constants, the compiler's own
+/// form is an AND and an OR (a logic op takes one immediate); this one keeps a constant in a
+/// register instead.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn and_or(a: u32, b: u32, c: u32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("lop3.b32 {r}, {a}, {b}, {c}, 0xea;",
+             r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c,
+             options(nostack, pure, nomem))
+    };
+    r
+}
+
 // The simulator's (`super::sim`).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn and_or(a: u32, b: u32, c: u32) -> u32 {
+    (a & b) | c
+}
+
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn opaque(x: u32) -> u32 {
     core::hint::black_box(x)

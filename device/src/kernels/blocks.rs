@@ -53,6 +53,31 @@ pub trait Grid: Copy {
     unsafe fn iq3_s_words(self, idx: [u32; 2], qh: u32, signs: u32) -> [u32; 8] {
         iq3_s_words_each(self, idx, qh, signs)
     }
+    /// The 8 signed words of an IQ3_ST group: as [`Self::iq3_s_words`] with the group's sign
+    /// bits reordered (`Regroup::Iq3Signs`), applied by [`iq3_st_signed`].
+    ///
+    /// # Safety
+    /// As [`Self::iq3_s_words`].
+    #[inline(always)]
+    unsafe fn iq3_st_words(self, idx: [u32; 2], qh: u32, signs: u32) -> [u32; 8] {
+        core::array::from_fn(|i| {
+            let entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xff) | ((qh >> i) & 1) << 8;
+            iq3_st_signed(self.word(entry as usize), signs, i)
+        })
+    }
+}
+
+/// Word `i` of an IQ3_ST group, signed: its magnitudes `mags` (each 1..127) and, byte by byte,
+/// the negated ones (`0x01010100 - mags` is `256 - m` in every byte: nothing borrows, no
+/// magnitude being 0), picked by the byte permute with the selector `0x3210` plus bit `4 j +
+/// 2` set where byte j is negative: the group's reordered signs (`Regroup::Iq3Signs`, byte j's
+/// at bit `16 (i / 4) + 4 j + i % 4`) shifted into those bits. A shift, a logic op
+/// ([`int::and_or`]), a subtract and the permute.
+#[inline(always)]
+fn iq3_st_signed(mags: u32, signs: u32, i: usize) -> u32 {
+    let at = 16 * (i / 4) + i % 4; // the bit of byte 0's sign
+    let bits = if at >= 2 { signs >> (at - 2) } else { signs << (2 - at) };
+    int::prmt(mags, 0x0101_0100u32.wrapping_sub(mags), int::and_or(bits, 0x4444, 0x3210))
 }
 
 /// [`Grid::iq3_s_words`] a word at a time: its entry from the fields, then
@@ -99,27 +124,24 @@ impl Grid for Staged {
     /// In the repeated copy of IQ3_S's 512 words, word i's entry `idx_i | qh_i << 8` is two
     /// bytes: the index byte and the high bit. The high bits are spread a byte a word over two
     /// registers (the `sign_bytes` multiply: 4 instructions a half), then a word is a byte
-    /// permute, a multiply-add to its lane's address, the load, and its signs: the word's sign
-    /// nibble moved to a byte of its own (a permute of the group's even or odd nibbles),
-    /// [`nibble_mask`] and [`apply_mask`] (6 instructions).
+    /// permute, a multiply-add to its lane's address, the load and [`iq3_st_signed`].
     #[inline(always)]
-    unsafe fn iq3_s_words(self, idx: [u32; 2], qh: u32, signs: u32) -> [u32; 8] {
+    unsafe fn iq3_st_words(self, idx: [u32; 2], qh: u32, signs: u32) -> [u32; 8] {
         if self.stride == 1 {
-            return iq3_s_words_each(self, idx, qh, signs);
+            return core::array::from_fn(|i| {
+                let entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xff) | ((qh >> i) & 1) << 8;
+                iq3_st_signed(self.word(entry as usize), signs, i)
+            });
         }
         let high = |h: u32| ((qh >> (4 * h)) & 15).wrapping_mul(0x0020_4081) & 0x0101_0101;
         let hi = [high(0), high(1)];
-        // Sign nibble i in byte i / 2 of `nibbles[i % 2]`.
-        let nibbles = [signs & 0x0f0f_0f0f, (signs >> 4) & 0x0f0f_0f0f];
         let at = self.smem.addr(self.base);
         core::array::from_fn(|i| {
             // Byte 0: index byte i % 4; byte 1: high byte i % 4; bytes 2 and 3: the sign of a
             // high byte (selector bit 3), which is 0.
             let b = (i % 4) as u32;
             let entry = int::prmt(idx[i / 4], hi[i / 4], b | (4 + b) << 4 | (12 + b) << 8 | (12 + b) << 12);
-            let mags = Smem::ld_u32_at(at + 4 * GRID_LANES as u32 * entry);
-            // Byte i / 2 of the nibbles to byte 0, zeros above it.
-            apply_mask(mags, nibble_mask(int::prmt(nibbles[i % 2], 0, 0x4440 | (i / 2) as u32)))
+            iq3_st_signed(Smem::ld_u32_at(at + 4 * GRID_LANES as u32 * entry), signs, i)
         })
     }
 }
@@ -281,24 +303,11 @@ fn sign_bytes(bits: u32) -> u32 {
     ((bits & 15).wrapping_mul(0x0020_4081) & 0x0101_0101) * 0xff
 }
 
-/// Applies byte signs to four magnitudes (each 1..127): negative bytes become `-m`.
+/// Applies byte signs to four magnitudes (each 1..127): negative bytes become `-m`. With
+/// nonzero magnitudes `(m ^ 0xff) + 1` never carries into the next byte.
 #[inline(always)]
 fn signed(mags: u32, bits: u32) -> u32 {
-    apply_mask(mags, sign_bytes(bits))
-}
-
-/// A sign nibble `x` (0..16, nothing above it) to its byte mask, as [`sign_bytes`]: the multiply
-/// puts bit j at bit 8j + 7 (its four shifted copies do not overlap, so nothing carries), and
-/// the byte permute's sign mode (selector bit 3) spreads each byte's bit 7 over the byte.
-#[inline(always)]
-fn nibble_mask(x: u32) -> u32 {
-    int::prmt(x.wrapping_mul(0x1020_4080), 0, 0xba98)
-}
-
-/// Magnitudes (each 1..127) negated in the bytes where `mask` is 0xff: with nonzero magnitudes
-/// `(m ^ 0xff) + 1` never carries into the next byte.
-#[inline(always)]
-fn apply_mask(mags: u32, mask: u32) -> u32 {
+    let mask = sign_bytes(bits);
     (mags ^ mask).wrapping_add(mask & 0x0101_0101)
 }
 
@@ -641,9 +650,10 @@ impl Block for Iq3ST {
         // Tiles are 880 bytes (55 x 16) in rows of whole tiles from a 16-byte aligned allocation.
         let idx = p.v2(iq3_st::OFF_QS + 8 * g as usize);
         let qh = p.u8(iq3_st::OFF_QH + g as usize) as u32;
-        let signs = p.u32(iq3_st::OFF_SIGNS + 4 * g as usize);
+        let signs = p.u32(iq3_st::OFF_SIGNS + 4 * g as usize); // reordered: `Regroup::Iq3Signs`
         let s = (p.u8(iq3_st::OFF_SCALES + g as usize / 2) as u32 >> (4 * (g % 2))) & 15;
-        iq3_s_group(idx, qh, signs, s, scale(p, iq3_st::OFF_D + 2 * (g / 8) as usize), grid)
+        let f = 1 + 2 * s as i32;
+        Group { d: scale(p, iq3_st::OFF_D + 2 * (g / 8) as usize), w: grid.iq3_st_words(idx, qh, signs), f: [f, f] }
     }
 }
 
