@@ -249,7 +249,7 @@ unsafe fn copy_half_rows<const THREADS: u32>(at: u32, gate: *const u8, up: *cons
 /// 32)` rows. `down`, `down_bytes`: the layer's down matrices and the bytes of one expert's
 /// (prefetched only).
 #[inline(always)]
-unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, const WARP_ROWS: bool>(
+unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, const WARP_ROWS: bool, const SPREAD: bool>(
     gate: *const u8,
     up: *const u8,
     expert_bytes: u64,
@@ -275,9 +275,9 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
     let h_base = stage::expdec_words(groups);
     let h_end = h_base + EXPDEC_ENTRIES * rb;
     let (grid, smem) = if F::LANE_GRID {
-        (stage::grid::<F, THREADS>(Smem::dynamic(), 0), Smem::dynamic().from_word(stage::grid_words::<F>()))
+        (stage::grid::<F, THREADS, SPREAD>(Smem::dynamic(), 0), Smem::dynamic().from_word(stage::grid_words::<F>()))
     } else {
-        (stage::grid::<F, THREADS>(Smem::dynamic(), h_end), Smem::dynamic())
+        (stage::grid::<F, THREADS, SPREAD>(Smem::dynamic(), h_end), Smem::dynamic())
     };
     sync::chain_grids();
     let chunks = n_ff / MOE_GU_ROWS;
@@ -427,7 +427,7 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
 /// `EXPDEC_GU_MINB4_FORMATS`; `_w16` entries blocks of 16 warps at 2 blocks per SM, R=1 and the
 /// same formats: `EXPDEC_W16_THREADS`).
 macro_rules! expdec_gu_entries {
-    ($($name:ident => $block:ty, $r:literal, $threads:expr $(, $warp_rows:literal)?;)*) => {$(
+    ($($name:ident => $block:ty, $r:literal, $threads:expr $(, warp_rows = $warp_rows:literal)? $(, spread = $spread:literal)?;)*) => {$(
         $crate::entry! {
             /// EXPDEC gate/up. Launch as `moe_gu_*` but with `n * ceil(n_ff / rb)` blocks of the
             /// entry's threads and `launch::expdec_gu_smem` bytes of shared memory.
@@ -436,7 +436,7 @@ macro_rules! expdec_gu_entries {
             /// As `moe_gu_*`; `rb` is one of `launch::EXPDEC_RB`; blocks of the entry's threads;
             /// `down`: `n_expert` matrices of `down_bytes` each (only prefetched, never loaded).
             pub unsafe fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-                expdec_gu::<$block, Whole, $r, { $threads }, { false $(|| $warp_rows)? }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+                expdec_gu::<$block, Whole, $r, { $threads }, { false $(|| $warp_rows)? }, { true $(&& $spread)? }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
             }
         }
     )*};
@@ -457,7 +457,7 @@ macro_rules! expdec_gu_pair_entries {
             /// partner runs and the grid is a whole number of pairs.
             #[cfg(target_feature = "sm_90")]
             pub unsafe fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-                expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, false>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+                expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, false, true>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
             }
         }
     )*};
@@ -475,10 +475,12 @@ expdec_gu_entries! {
     expdec_gu_iq3_xxs_r2_m2 => blocks::Iq3Xxs, 2, EXPDEC_THREADS; expdec_gu_iq3_xxs_r1_w16 => blocks::Iq3Xxs, 1, EXPDEC_W16_THREADS;
     expdec_gu_iq3_s_r1_m2 => blocks::Iq3S, 1, EXPDEC_THREADS; expdec_gu_iq3_s_r1_m4 => blocks::Iq3S, 1, EXPDEC_THREADS;
     expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2, EXPDEC_THREADS; expdec_gu_iq3_s_r1_w16 => blocks::Iq3S, 1, EXPDEC_W16_THREADS;
-    expdec_gu_iq3_st_r1_m2 => blocks::Iq3ST, 1, EXPDEC_THREADS; expdec_gu_iq3_st_r1_m4 => blocks::Iq3ST, 1, EXPDEC_THREADS;
-    expdec_gu_iq3_st_r2_m2 => blocks::Iq3ST, 2, EXPDEC_THREADS; expdec_gu_iq3_st_r1_w16 => blocks::Iq3ST, 1, EXPDEC_W16_THREADS;
+    // The 64-register IQ3_ST entries read the first copy of the repeated codebook: each lane's
+    // offset in a register made them spill on sm_80 (`stage::grid`).
+    expdec_gu_iq3_st_r1_m2 => blocks::Iq3ST, 1, EXPDEC_THREADS; expdec_gu_iq3_st_r1_m4 => blocks::Iq3ST, 1, EXPDEC_THREADS, spread = false;
+    expdec_gu_iq3_st_r2_m2 => blocks::Iq3ST, 2, EXPDEC_THREADS; expdec_gu_iq3_st_r1_w16 => blocks::Iq3ST, 1, EXPDEC_W16_THREADS, spread = false;
     // Each warp copying its own rows (`EXPDEC_WARP_ROWS`): formats whose rows are staged only.
-    expdec_gu_iq3_st_r1_m2w => blocks::Iq3ST, 1, EXPDEC_THREADS, true;
+    expdec_gu_iq3_st_r1_m2w => blocks::Iq3ST, 1, EXPDEC_THREADS, warp_rows = true;
 }
 
 expdec_gu_pair_entries! {

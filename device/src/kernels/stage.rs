@@ -70,15 +70,16 @@ pub fn grid_words<F: Block>() -> u32 {
 
 /// Copies what `F` stages of its codebook ([`Block::staged_grid`]: none for formats without
 /// one) to words `base ..` of shared memory with the block's `THREADS` threads and returns it as
-/// the [`blocks::Grid`] the loaders read (for a repeated copy, this lane's); a barrier must
-/// pass before use. It reads module constants only, so a kernel may stage before it waits for
+/// the [`blocks::Grid`] the loaders read: of a repeated copy, this lane's where `SPREAD`, else
+/// the first (the same words with the plain codebook's bank conflicts, and no register for the
+/// lane's offset); a barrier must pass before use. It reads module constants only, so a kernel may stage before it waits for
 /// the previous grid.
 ///
 /// # Safety
 /// Every thread of the block calls it, a block of `THREADS`; the launch gave
 /// `base + F::staged_grid().len()` words; `base` is a multiple of 4 where `F::LANE_GRID`.
 #[inline(always)]
-pub unsafe fn grid<F: Block, const THREADS: u32>(smem: Smem, base: u32) -> blocks::Staged {
+pub unsafe fn grid<F: Block, const THREADS: u32, const SPREAD: bool>(smem: Smem, base: u32) -> blocks::Staged {
     let words = F::staged_grid();
     let mut i = index::thread_idx() as usize;
     if F::LANE_GRID {
@@ -88,7 +89,8 @@ pub unsafe fn grid<F: Block, const THREADS: u32>(smem: Smem, base: u32) -> block
             smem.st_v4(base + 4 * i as u32, mem::ld_nc_v4(words.as_ptr().add(4 * i) as *const u8));
             i += THREADS as usize;
         }
-        blocks::Staged { smem, base: base + index::lane() % GRID_LANES as u32, stride: GRID_LANES as u32 }
+        let copy = if SPREAD { index::lane() % GRID_LANES as u32 } else { 0 };
+        blocks::Staged { smem, base: base + copy, stride: GRID_LANES as u32 }
     } else {
         while i < words.len() {
             smem.st_u32(base + i as u32, mem::ld_nc_u32(words.as_ptr().add(i) as *const u8));
