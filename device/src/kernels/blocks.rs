@@ -60,11 +60,21 @@ pub trait Grid: Copy {
     /// As [`Self::iq3_s_words`].
     #[inline(always)]
     unsafe fn iq3_st_words(self, idx: [u32; 2], qh: u32, signs: u32) -> [u32; 8] {
-        core::array::from_fn(|i| {
-            let entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xff) | ((qh >> i) & 1) << 8;
-            iq3_st_signed(self.word(entry as usize), signs, i)
-        })
+        iq3_st_words_each(self, idx, qh, signs)
     }
+}
+
+/// [`Grid::iq3_st_words`] a word at a time: its entry from the fields, its magnitudes from
+/// [`Grid::word`], then [`iq3_st_signed`].
+///
+/// # Safety
+/// As [`Grid::iq3_s_words`].
+#[inline(always)]
+unsafe fn iq3_st_words_each<G: Grid>(grid: G, idx: [u32; 2], qh: u32, signs: u32) -> [u32; 8] {
+    core::array::from_fn(|i| {
+        let entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xff) | ((qh >> i) & 1) << 8;
+        iq3_st_signed(grid.word(entry as usize), signs, i)
+    })
 }
 
 /// Word `i` of an IQ3_ST group, signed: its magnitudes `mags` (each 1..127) and, byte by byte,
@@ -128,10 +138,7 @@ impl Grid for Staged {
     #[inline(always)]
     unsafe fn iq3_st_words(self, idx: [u32; 2], qh: u32, signs: u32) -> [u32; 8] {
         if self.stride == 1 {
-            return core::array::from_fn(|i| {
-                let entry = ((idx[i / 4] >> (8 * (i % 4))) & 0xff) | ((qh >> i) & 1) << 8;
-                iq3_st_signed(self.word(entry as usize), signs, i)
-            });
+            return iq3_st_words_each(self, idx, qh, signs);
         }
         let high = |h: u32| ((qh >> (4 * h)) & 15).wrapping_mul(0x0020_4081) & 0x0101_0101;
         let hi = [high(0), high(1)];

@@ -72,8 +72,8 @@ pub fn grid_words<F: Block>() -> u32 {
 /// one) to words `base ..` of shared memory with the block's `THREADS` threads and returns it as
 /// the [`blocks::Grid`] the loaders read: of a repeated copy, this lane's where `SPREAD`, else
 /// the first (the same words with the plain codebook's bank conflicts, and no register for the
-/// lane's offset); a barrier must pass before use. It reads module constants only, so a kernel may stage before it waits for
-/// the previous grid.
+/// lane's offset); a barrier must pass before use. It reads module constants only, so a kernel
+/// may stage before it waits for the previous grid.
 ///
 /// # Safety
 /// Every thread of the block calls it, a block of `THREADS`; the launch gave
