@@ -224,10 +224,11 @@ pub mod iq4_nlt {
 
 /// IQ3_ST: tiles of 8 IQ3_S blocks (2,048 values, 880 bytes: 16-byte aligned in rows of whole
 /// tiles): the blocks' 64 grid-index bytes, then their 32 sign bytes (each group's 32 bits
-/// reordered, [`tiles::Regroup::Iq3Signs`]), 8 high-bit bytes, 4 scale bytes and fp16 scales. Group g of a tile (group g % 8 of block g / 8) is an 8-byte load of
-/// indices at `OFF_QS + 8 g`, a 4-byte load of signs at `OFF_SIGNS + 4 g`, its high-bit byte at
-/// `OFF_QH + g`, scale nibble in byte `OFF_SCALES + g / 2` and `d` at `OFF_D + 2 (g / 8)`:
-/// five aligned loads where an IQ3_S group is nine 1- and 2-byte loads.
+/// reordered, [`tiles::Regroup::Iq3Signs`]), 8 high-bit bytes, 4 scale bytes and fp16 scales.
+/// Group g of a tile (group g % 8 of block g / 8) is an 8-byte load of indices at `OFF_QS + 8
+/// g`, a 4-byte load of signs at `OFF_SIGNS + 4 g`, its high-bit byte at `OFF_QH + g`, scale
+/// nibble in byte `OFF_SCALES + g / 2` and `d` at `OFF_D + 2 (g / 8)`: five aligned loads where
+/// an IQ3_S group is nine 1- and 2-byte loads.
 pub mod iq3_st {
     use super::{iq3_s, tiles::{Regroup, Tiling}, WeightFormat};
 

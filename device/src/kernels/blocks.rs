@@ -81,11 +81,11 @@ unsafe fn iq3_st_words_each<G: Grid>(grid: G, idx: [u32; 2], qh: u32, signs: u32
 /// the negated ones (`0x01010100 - mags` is `256 - m` in every byte: nothing borrows, no
 /// magnitude being 0), picked by the byte permute with the selector `0x3210` plus bit `4 j +
 /// 2` set where byte j is negative: the group's reordered signs (`Regroup::Iq3Signs`, byte j's
-/// at bit `16 (i / 4) + 4 j + i % 4`) shifted into those bits. A shift, a logic op
-/// ([`int::and_or`]), a subtract and the permute.
+/// at bit `tiles::iq3_sign_bit(4 i + j)`, `4 j` past byte 0's) shifted into those bits. A shift,
+/// a logic op ([`int::and_or`]), a subtract and the permute.
 #[inline(always)]
 fn iq3_st_signed(mags: u32, signs: u32, i: usize) -> u32 {
-    let at = 16 * (i / 4) + i % 4; // the bit of byte 0's sign
+    let at = tiles::iq3_sign_bit(4 * i); // the bit of byte 0's sign
     let bits = if at >= 2 { signs >> (at - 2) } else { signs << (2 - at) };
     int::prmt(mags, 0x0101_0100u32.wrapping_sub(mags), int::and_or(bits, 0x4444, 0x3210))
 }
