@@ -64,11 +64,14 @@ pub fn rms_norm_f64(x: &[f32], w: &[f32], n: usize, eps: f32) -> Vec<f64> {
         .collect()
 }
 
-/// `sum (got - want)^2 / sum want^2`; 0 when both are all zero, infinite when `got` holds a NaN
-/// or differs from an all-zero reference.
+/// `sum (got - want)^2 / sum want^2`, with `want` rounded to f32 first: the closest an f32
+/// result can be (a float64 value below f32's range is f32's zero, exactly; a gated recurrence
+/// decaying by `exp(-256)` gives whole outputs so, and unrounded they counted as NMSE 1). 0 when
+/// both are all zero, infinite when `got` holds a NaN or differs from an all-zero reference.
 pub fn nmse(got: &[f32], want: &[f64]) -> f64 {
     let (mut err, mut norm) = (0.0f64, 0.0f64);
     for (&g, &w) in got.iter().zip(want) {
+        let w = w as f32 as f64;
         err += (g as f64 - w).powi(2);
         norm += w * w;
     }
@@ -97,5 +100,8 @@ mod tests {
         assert!(nmse(&with_nan, &want).is_infinite());
         assert_eq!(nmse(&[0.0, 0.0], &[0.0, 0.0]), 0.0);
         assert!(nmse(&[0.0, 1e-30], &[0.0, 0.0]).is_infinite());
+        // Below f32's range the reference is f32's zero: zeros meet it, anything else does not.
+        assert_eq!(nmse(&[0.0, 0.0], &[1e-93, -1e-116]), 0.0);
+        assert!(nmse(&[0.0, 1e-30], &[1e-93, -1e-116]).is_infinite());
     }
 }

@@ -1069,13 +1069,7 @@ pub fn recur_case(backends: &[&dyn GdnOps], case: &RecurCase, seed: u64) -> Resu
         let left = out.iter().map(is_poison).chain(written).collect();
         Ok((words(&out).chain(words(&state)).collect(), left))
     })?;
-    // The float64 values rounded to f32, the closest any f32 result can be: a gate of
-    // `exp(-256)` (alpha near 40, `a` near -7) takes the state and the outputs below f32's
-    // smallest value, where f32's zero is exact and the unrounded values would count it as a
-    // total error (NMSE 1).
     let (want_out, want_states) = gdn_recur_f64(&case.conv, &case.alpha, &case.beta, &case.dt_bias, &case.a, &case.state, case.pos, s, case.eps, case.scale);
-    let in_f32 = |v: Vec<f64>| -> Vec<f64> { v.into_iter().map(|w| w as f32 as f64).collect() };
-    let (want_out, want_states) = (in_f32(want_out), in_f32(want_states));
     let got_states: Vec<f32> = slots.iter().flat_map(|&k| first_f32(&outs, n_out + k * head..n_out + (k + 1) * head)).collect();
     let e = nmse(&first_f32(&outs, 0..n_out), &want_out).max(nmse(&got_states, &want_states));
     let d = s.d;
