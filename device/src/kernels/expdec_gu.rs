@@ -124,7 +124,7 @@ impl WarpRows {
 ///
 /// Where `F`'s blocks have a multiple of 32 groups, the walk goes a block at a time with the
 /// lane's `GROUPS / 32` groups in it unrolled, so that their fields' offsets are constants of
-/// the loop (about 7 % fewer instructions a group of IQ3_ST's gate and up), where the entry
+/// the loop (about 6 % fewer instructions a group of IQ3_ST's gate and up), where the entry
 /// asks for it (`UNROLL`: `R = 1` in 128 registers; a 64-register one spills with it).
 #[inline(always)]
 unsafe fn staged_partials<F: Block, S: Bytes, const R: usize, const UNROLL: bool>(
@@ -160,6 +160,7 @@ unsafe fn staged_partials<F: Block, S: Bytes, const R: usize, const UNROLL: bool
             });
         }};
     }
+    const { assert!(!UNROLL || R == 1) }; // (two rows a lane unrolled would not fit)
     let lane = index::lane();
     if F::GROUPS % 32 == 0 && UNROLL {
         const { assert!(F::GROUPS % 32 != 0 || F::GROUPS <= 64) }; // (the unrolled list)
@@ -505,7 +506,8 @@ expdec_gu_entries! {
     expdec_gu_iq3_s_r1_m2 => blocks::Iq3S, 1, EXPDEC_THREADS; expdec_gu_iq3_s_r1_m4 => blocks::Iq3S, 1, EXPDEC_THREADS;
     expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2, EXPDEC_THREADS; expdec_gu_iq3_s_r1_w16 => blocks::Iq3S, 1, EXPDEC_W16_THREADS;
     // The 64-register IQ3_ST entries read the first copy of the repeated codebook: each lane's
-    // offset in a register made them spill on sm_80 (`stage::grid`).
+    // offset in a register made them spill on sm_80 (`stage::grid`). The 128-register ones walk a
+    // lane's two groups of a tile unrolled (`UNROLL`; the others spill with it).
     expdec_gu_iq3_st_r1_m2 => blocks::Iq3ST, 1, EXPDEC_THREADS, unroll = true; expdec_gu_iq3_st_r1_m4 => blocks::Iq3ST, 1, EXPDEC_THREADS, spread = false;
     expdec_gu_iq3_st_r2_m2 => blocks::Iq3ST, 2, EXPDEC_THREADS; expdec_gu_iq3_st_r1_w16 => blocks::Iq3ST, 1, EXPDEC_W16_THREADS, spread = false;
     // Each warp copying its own rows (`EXPDEC_WARP_ROWS`): formats whose rows are staged only.
