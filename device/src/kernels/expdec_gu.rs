@@ -163,7 +163,7 @@ unsafe fn staged_partials<F: Block, S: Bytes, const R: usize, const UNROLL: bool
     const { assert!(!UNROLL || R == 1) }; // (two rows a lane unrolled would not fit)
     let lane = index::lane();
     if F::GROUPS % 32 == 0 && UNROLL {
-        const { assert!(F::GROUPS % 32 != 0 || F::GROUPS <= 64) }; // (the unrolled list)
+        const { assert!(!UNROLL || F::GROUPS % 32 != 0 || F::GROUPS <= 64) }; // (the unrolled list)
         let mut start = 0; // the block's first group
         while start < groups {
             let block = (start / F::GROUPS) as usize * F::BYTES;
