@@ -166,7 +166,7 @@ unsafe fn staged_partials<F: Block, S: Bytes, const R: usize, const UNROLL: bool
         const { assert!(!UNROLL || F::GROUPS % 32 != 0 || F::GROUPS <= 64) }; // (the unrolled list)
         let mut start = 0; // the block's first group
         while start < groups {
-            let block = (start / F::GROUPS) as usize * F::BYTES;
+            let block = F::block_offset(start);
             crate::unroll!(k in [0, 1] {
                 if (k as u32) < F::GROUPS / 32 {
                     let g = lane + 32 * k as u32;
