@@ -125,7 +125,8 @@ impl WarpRows {
 /// Where `F`'s blocks have a multiple of 32 groups, the walk goes a block at a time with the
 /// lane's `GROUPS / 32` groups in it unrolled, so that their fields' offsets are constants of
 /// the loop (about 6 % fewer instructions a group of IQ3_ST's gate and up), where the entry
-/// asks for it (`UNROLL`: `R = 1` in 128 registers; a 64-register one spills with it).
+/// asks for it (`UNROLL`: `R = 1` in 128 registers, or in a pair entry's 80 with `m` the
+/// constant 1; a 64-register one spills with it).
 #[inline(always)]
 unsafe fn staged_partials<F: Block, S: Bytes, const R: usize, const UNROLL: bool>(
     smem: Smem,
@@ -409,14 +410,28 @@ unsafe fn expdec_gu<F: Block, C: Chunk, const R: usize, const THREADS: u32, cons
             if WARP_ROWS {
                 ring.wait();
             }
+            // An `UNROLL` entry walks a pass of one entry (every pass of a one-token window, most
+            // of a window's) with that entry a constant; a pair entry walks its other passes
+            // plainly (unrolled, they spilled).
+            macro_rules! partials {
+                ($gate:expr, $up:expr, $row:expr) => {
+                    if UNROLL && m == 1 {
+                        staged_partials::<F, _, R, UNROLL>(smem, grid, $gate, $up, row_bytes, $row, 1, groups)
+                    } else if C::BLOCKS == 1 {
+                        staged_partials::<F, _, R, UNROLL>(smem, grid, $gate, $up, row_bytes, $row, m, groups)
+                    } else {
+                        staged_partials::<F, _, R, false>(smem, grid, $gate, $up, row_bytes, $row, m, groups)
+                    }
+                };
+            }
             let (ag, au) = if WARP_ROWS {
                 let slot = ring.slot(j0);
-                staged_partials::<F, _, R, UNROLL>(smem, grid, Shared(slot), Shared(slot + row_bytes as u32), row_bytes, 0, m, groups)
+                partials!(Shared(slot), Shared(slot + row_bytes as u32), 0)
             } else if block_copy {
                 let row = (first + j0) as usize; // the row in the copy of the part's rows
-                staged_partials::<F, _, R, UNROLL>(smem, grid, Shared(rows_at), Shared(rows_at + part_bytes as u32), row_bytes, row, m, groups)
+                partials!(Shared(rows_at), Shared(rows_at + part_bytes as u32), row)
             } else {
-                staged_partials::<F, _, R, UNROLL>(smem, grid, gate, up, row_bytes, (chunk0 * MOE_GU_ROWS + local) as usize, m, groups)
+                partials!(gate, up, (chunk0 * MOE_GU_ROWS + local) as usize)
             };
             if WARP_ROWS {
                 ring.next(j0); // the warp has read this row's slot: the row two ahead goes there
@@ -473,9 +488,12 @@ macro_rules! expdec_gu_entries {
 }
 
 /// The pair entries (sm_90: `launch::CLUSTER_BOUNDS`, clusters of `EXPDEC_PAIR` blocks of
-/// `EXPDEC_THREADS`, R = 1, 4 blocks per SM), one per format of `EXPDEC_GU_MINB4_FORMATS`.
+/// `EXPDEC_THREADS`, R = 1, 4 blocks per SM, IQ3_ST's 3), one per format of
+/// `EXPDEC_GU_MINB4_FORMATS`. IQ3_ST's walks its passes of one entry (every pass of a one-token
+/// window) with the entry count a constant (`unroll = true`: one entry's loads and sums, the
+/// lane's groups unrolled); the others, at 64 registers, spilled with that in the timeline build.
 macro_rules! expdec_gu_pair_entries {
-    ($($name:ident => $block:ty;)*) => {$(
+    ($($name:ident => $block:ty $(, unroll = $unroll:literal)?;)*) => {$(
         $crate::entry! {
             /// EXPDEC gate/up, each 32-row chunk split over a cluster's two blocks. Launch as the
             /// other entries with `rb` = `MOE_GU_ROWS` and `EXPDEC_PAIR` blocks a chunk:
@@ -487,7 +505,7 @@ macro_rules! expdec_gu_pair_entries {
             /// partner runs and the grid is a whole number of pairs.
             #[cfg(target_feature = "sm_90")]
             pub unsafe fn $name(gate: *const u8, up: *const u8, expert_bytes: u64, xq: *const u8, table: *const u32, n: u32, k: u32, groups: u32, n_ff: u32, rb: u32, down: *const u8, down_bytes: u64, hq: *mut u8) {
-                expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, false, true, false>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
+                expdec_gu::<$block, Pair, 1, EXPDEC_THREADS, false, true, { false $(|| $unroll)? }>(gate, up, expert_bytes, xq, table, n, k, groups, n_ff, rb, down, down_bytes, hq)
             }
         }
     )*};
@@ -507,7 +525,8 @@ expdec_gu_entries! {
     expdec_gu_iq3_s_r2_m2 => blocks::Iq3S, 2, EXPDEC_THREADS; expdec_gu_iq3_s_r1_w16 => blocks::Iq3S, 1, EXPDEC_W16_THREADS;
     // The 64-register IQ3_ST entries read the first copy of the repeated codebook: each lane's
     // offset in a register made them spill on sm_80 (`stage::grid`). The 128-register ones walk a
-    // lane's two groups of a tile unrolled (`UNROLL`; the others spill with it).
+    // lane's two groups of a tile unrolled, and passes of one entry with the entry a constant
+    // (`UNROLL`; the others spill with it).
     expdec_gu_iq3_st_r1_m2 => blocks::Iq3ST, 1, EXPDEC_THREADS, unroll = true; expdec_gu_iq3_st_r1_m4 => blocks::Iq3ST, 1, EXPDEC_THREADS, spread = false;
     expdec_gu_iq3_st_r2_m2 => blocks::Iq3ST, 2, EXPDEC_THREADS; expdec_gu_iq3_st_r1_w16 => blocks::Iq3ST, 1, EXPDEC_W16_THREADS, spread = false;
     // Each warp copying its own rows (`EXPDEC_WARP_ROWS`): formats whose rows are staged only.
@@ -516,7 +535,7 @@ expdec_gu_entries! {
 
 expdec_gu_pair_entries! {
     expdec_gu_iq2_xxs_r1_p2 => blocks::Iq2Xxs; expdec_gu_iq2_xs_r1_p2 => blocks::Iq2Xs; expdec_gu_iq2_s_r1_p2 => blocks::Iq2S;
-    expdec_gu_iq3_xxs_r1_p2 => blocks::Iq3Xxs; expdec_gu_iq3_s_r1_p2 => blocks::Iq3S; expdec_gu_iq3_st_r1_p2 => blocks::Iq3ST;
+    expdec_gu_iq3_xxs_r1_p2 => blocks::Iq3Xxs; expdec_gu_iq3_s_r1_p2 => blocks::Iq3S; expdec_gu_iq3_st_r1_p2 => blocks::Iq3ST, unroll = true;
 }
 
 // Four staged entries and R <= 2 (the unrolled loops list them); every `rb` splits into whole

@@ -412,13 +412,16 @@ pub fn expdec_entry(kernel: &str) -> bool {
 /// sm_80 one, nor the HIP sources): the pair gate/up entries `expdec_gu_<format>_r1_p2` for
 /// the formats of [`EXPDEC_GU_MINB4_FORMATS`], blocks of [`EXPDEC_THREADS`] at 4 a SM, in
 /// clusters of [`EXPDEC_PAIR`] (build.rs writes `.reqnctapercluster` into their headers).
+/// IQ3_ST's at 3 a SM: its staged rows and repeated codebook (69 KiB a block at n_embd 2048)
+/// already hold it to 3, and the 80 registers let it walk one-entry passes unrolled without a
+/// spill.
 pub const CLUSTER_BOUNDS: [Bounds; 6] = [
     expdec("expdec_gu_iq2_xxs_r1_p2", 4),
     expdec("expdec_gu_iq2_xs_r1_p2", 4),
     expdec("expdec_gu_iq2_s_r1_p2", 4),
     expdec("expdec_gu_iq3_xxs_r1_p2", 4),
     expdec("expdec_gu_iq3_s_r1_p2", 4),
-    expdec("expdec_gu_iq3_st_r1_p2", 4),
+    expdec("expdec_gu_iq3_st_r1_p2", 3),
 ];
 
 /// The entries only the sm_90 image has: the [`CLUSTER_BOUNDS`] ones and the lean attention
