@@ -9,46 +9,37 @@
 #include "quantize_q8_1.hip"
 
 #define ATTN_WARPS (STRATA_ATTN_THREADS / 32)
-// Loads in flight per lane in the per-head norm: a 128-value head is one memory latency.
-#define ATTN_NORM_AHEAD 4
+// Values of a head row a lane holds, d = lane + 32 i for i < ATTN_LANE_VALUES: every hd up to
+// STRATA_ATTN_MAX_HD in one round of loads.
+#define ATTN_LANE_VALUES (STRATA_ATTN_MAX_HD / 32)
 
 STRATA_FN float attn_ld_f32(const float* p, uint64_t i) { return __builtin_bit_cast(float, ld_nc_u32((const uint8_t*)(p + i))); }
 STRATA_FN float attn_ld_f16(const uint16_t* p, uint64_t i) { return f16_to_f32(ld_nc_u16((const uint8_t*)(p + i))); }
 STRATA_FN float attn_neg_inf() { return __builtin_bit_cast(float, 0xff800000u); }
 
-// One head row and its norm weight, with the row's RMSNorm scale.
-struct AttnNormed {
-  const float* x;
-  const float* w;
-  float scale;
-
-  // y[j], recomputed wherever a lane needs it (its own value and its RoPE partner).
-  __device__ __forceinline__ float y(uint32_t j) const { return (attn_ld_f32(x, j) * scale) * attn_ld_f32(w, j); }
-
-  // Output d after NEOX RoPE over the first n_rot values; rope: the position's (cos, sin) pairs.
-  __device__ __forceinline__ float roped(const float* rope, uint32_t n_rot, uint32_t d) const {
-    uint32_t half = n_rot / 2;
-    if (d < half) {
-      float c = attn_ld_f32(rope, 2 * d), s = attn_ld_f32(rope, 2 * d + 1);
-      return y(d) * c - y(d + half) * s;
-    }
-    if (d < n_rot) {
-      uint32_t i = d - half;
-      float c = attn_ld_f32(rope, 2 * i), s = attn_ld_f32(rope, 2 * i + 1);
-      return y(i) * s + y(d) * c;
-    }
-    return y(d);
+// The value output d of a head row is roped with (NEOX pairing, half = n_rot / 2); its (cos, sin)
+// pair's index into *pair: d + half and d below half, d - half twice up to n_rot, d itself (pair
+// 0, unused) past the rotated values.
+STRATA_FN uint32_t attn_rope_partner(uint32_t d, uint32_t half, uint32_t n_rot, uint32_t* pair) {
+  if (d < half) {
+    *pair = d;
+    return d + half;
   }
-};
+  *pair = d < n_rot ? d - half : 0;
+  return d < n_rot ? d - half : d;
+}
 
-// The row's RMSNorm scale (warp_rms_scale of norm.hip, the norm family's spec). Every lane of
-// the warp must call it.
-STRATA_FN AttnNormed attn_normed(const float* x, const float* w, uint32_t hd, float eps) {
-  return AttnNormed{x, w, warp_rms_scale<ATTN_NORM_AHEAD>(x, hd, eps)};
+// Output d of a normed head row after RoPE (the spec's expressions, each product rounded): y and
+// y_partner its value and its partner's after the norm, (c, s) their pair.
+STRATA_FN float attn_roped(uint32_t d, uint32_t half, uint32_t n_rot, float y, float y_partner, float c, float s) {
+  if (d < half) return y * c - y_partner * s;
+  if (d < n_rot) return y_partner * s + y * c;
+  return y;
 }
 
 // Token t's q rows start at q + t * q_stride, its k and v rows at k, v + t * kv_stride: views
-// into one buffer of fused projection rows, or packed rows.
+// into one buffer of fused projection rows, or packed rows. A lane holds its values of the row
+// and their RoPE partners, loaded in one round before any store (a store may alias the row).
 STRATA_KERNEL(attn_prep)(const float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const float* rope,
                          uint32_t tokens, uint32_t n_q, uint32_t n_kv, uint32_t hd, uint32_t n_rot, uint32_t q_stride, uint32_t kv_stride, const uint32_t* pos,
                          uint32_t n_ctx, float eps, float* q_out, uint16_t* k_cache, uint16_t* v_cache) {
@@ -58,28 +49,52 @@ STRATA_KERNEL(attn_prep)(const float* q, const float* k, const float* v, const f
   uint32_t t = r / heads, h = r % heads;
   uint64_t at = (uint64_t)ld_nc_u32((const uint8_t*)pos) + t;
   if (at >= n_ctx) return;  // the whole warp: no room in the cache (the host never asks for this)
-  if (h >= n_q + n_kv) {
-    uint64_t g = h - n_q - n_kv;
-    const float* src = v + (uint64_t)t * kv_stride + g * hd;
-    uint16_t* dst = v_cache + (at * n_kv + g) * hd;
-    for (uint32_t d = lane(); d < hd; d += 32) dst[d] = f32_to_f16(attn_ld_f32(src, d));
+  uint32_t half = n_rot / 2;
+  bool normed = h < n_q + n_kv;
+  const float* src = h < n_q ? q + (uint64_t)t * q_stride + (uint64_t)h * hd
+                             : (normed ? k + (uint64_t)t * kv_stride + (uint64_t)(h - n_q) * hd
+                                       : v + (uint64_t)t * kv_stride + (uint64_t)(h - n_q - n_kv) * hd);
+  const float* norm = h < n_q ? q_norm : k_norm;
+  const float* pos_rope = rope + at * n_rot;
+  float x[ATTN_LANE_VALUES], x_partner[ATTN_LANE_VALUES], w[ATTN_LANE_VALUES], w_partner[ATTN_LANE_VALUES];
+  float c[ATTN_LANE_VALUES], s[ATTN_LANE_VALUES];
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++) {
+    uint32_t d = lane() + 32 * i, pair;
+    uint32_t p = attn_rope_partner(d, half, n_rot, &pair);
+    bool own = d < hd, roped = normed && d < n_rot;
+    x[i] = own ? attn_ld_f32(src, d) : 0.0f;
+    w[i] = own && normed ? attn_ld_f32(norm, d) : 0.0f;
+    x_partner[i] = own && roped ? attn_ld_f32(src, p) : 0.0f;
+    w_partner[i] = own && roped ? attn_ld_f32(norm, p) : 0.0f;
+    c[i] = own && roped ? attn_ld_f32(pos_rope, 2 * pair) : 0.0f;
+    s[i] = own && roped ? attn_ld_f32(pos_rope, 2 * pair + 1) : 0.0f;
+  }
+  if (!normed) {
+    uint16_t* dst = v_cache + (at * n_kv + (h - n_q - n_kv)) * hd;
+#pragma unroll
+    for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++)
+      if (lane() + 32 * i < hd) dst[lane() + 32 * i] = f32_to_f16(x[i]);
     return;
   }
-  const float* pos_rope = rope + at * n_rot;
-  if (h < n_q) {
-    uint64_t row_at = ((uint64_t)t * n_q + h) * hd;
-    AttnNormed row = attn_normed(q + (uint64_t)t * q_stride + (uint64_t)h * hd, q_norm, hd, eps);
-    for (uint32_t d = lane(); d < hd; d += 32) q_out[row_at + d] = row.roped(pos_rope, n_rot, d);
-  } else {
-    uint64_t g = h - n_q;
-    AttnNormed row = attn_normed(k + (uint64_t)t * kv_stride + g * hd, k_norm, hd, eps);
-    uint16_t* dst = k_cache + (at * n_kv + g) * hd;
-    for (uint32_t d = lane(); d < hd; d += 32) dst[d] = f32_to_f16(row.roped(pos_rope, n_rot, d));
+  // The norm family's order: the lane's squares left to right, then the warp's.
+  float partial = 0.0f;
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++)
+    if (lane() + 32 * i < hd) partial = partial + x[i] * x[i];
+  float scale = warp_rms_scale_from(partial, hd, eps);
+  // Query rows into q_out, key rows into the cache.
+  uint64_t dst = h < n_q ? ((uint64_t)t * n_q + h) * hd : (at * n_kv + (h - n_q)) * hd;
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++) {
+    uint32_t d = lane() + 32 * i;
+    if (d >= hd) continue;
+    float o = attn_roped(d, half, n_rot, (x[i] * scale) * w[i], (x_partner[i] * scale) * w_partner[i], c[i], s[i]);
+    if (h < n_q) q_out[dst + d] = o;
+    else k_cache[dst + d] = f32_to_f16(o);
   }
 }
 
-// The keys token t of the window at *pos attends to, *pos + t + 1, at most the caches' n_ctx
-// positions.
 STRATA_FN uint32_t attn_context_len(const uint32_t* pos, uint32_t t, uint32_t n_ctx) {
   uint64_t len = (uint64_t)ld_nc_u32((const uint8_t*)pos) + t + 1;
   return (uint32_t)(len < n_ctx ? len : n_ctx);

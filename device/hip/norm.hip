@@ -1,11 +1,18 @@
 // rms_norm (one warp per row), add_f32 (the residual add, in place allowed) and rms_norm_q8_1
 // (rms_norm then quantize_q8_1 of its output, a row spread over several blocks). Twin of
 // device/src/kernels/norm.rs; specs in gpu-shared/src/replica/norm.rs. warp_rms_scale is the
-// RMSNorm scale of one row as a warp computes it from global memory; attention's per-head norm
-// calls it too. warp_rms_scale_of is its order over any loader (rms_norm_q8_1 reads the row
-// from shared memory).
+// RMSNorm scale of one row as a warp computes it from global memory. warp_rms_scale_of is its
+// order over any loader (rms_norm_q8_1 reads the row from shared memory), warp_rms_scale_from its
+// end from a lane's partial (attention's per-head norm holds its row in registers).
 #include "strata_hip.h"
 #include "quantize_q8_1.hip"
+
+// The end of warp_rms_scale_of for a caller that summed its lane's squares itself (in that
+// order): the warp butterfly over the lanes' partials, mean = total / n, 1 / sqrt_rn(mean + eps).
+STRATA_FN float warp_rms_scale_from(float partial, uint32_t n, float eps) {
+  float mean = warp_sum_f32(partial) / (float)n;
+  return 1.0f / sqrt_rn(mean + eps);
+}
 
 // 1 / sqrt_rn(mean(x^2) + eps) of the n values x(0), ..., x(n - 1) (replica::norm::rms_scale):
 // lane p sums x(j) * x(j) for j = p, p + 32, ... left to right from +0.0, the warp butterfly
@@ -27,8 +34,7 @@ STRATA_FN float warp_rms_scale_of(Load x, uint32_t n, float eps) {
     float v = x(j);
     partial = partial + v * v;
   }
-  float mean = warp_sum_f32(partial) / (float)n;
-  return 1.0f / sqrt_rn(mean + eps);
+  return warp_rms_scale_from(partial, n, eps);
 }
 
 // warp_rms_scale_of the n values at x. Plain (coherent) loads: the caller may have written x

@@ -29,47 +29,35 @@ const _: () = assert!(MERGE_AHEAD == crate::arch::WARP, "a lane a chunk of each 
 /// Chunks' maxima a lane of `attn_merge` loads before folding them: a warp takes `32 *` that
 /// many chunks a memory latency (the unrolled list names 8).
 const MERGE_MAX_AHEAD: u32 = 8;
-/// Loads in flight per lane in the per-head norm: a 128-value head is one memory latency.
-const ATTN_NORM_AHEAD: usize = 4;
+/// Values of a head row a lane holds, `d = lane + 32 i` for `i < LANE_VALUES`: every `hd` up to
+/// `ATTN_MAX_HD` in one round of loads.
+const LANE_VALUES: usize = ATTN_MAX_HD / 32;
+const _: () = assert!(LANE_VALUES == 8, "the unrolled lists of attn_prep name 8 values");
 
-/// One head row and its norm weight, with the row's RMSNorm scale.
-#[derive(Clone, Copy)]
-struct Normed {
-    x: *const f32,
-    w: *const f32,
-    scale: f32,
+/// The value output `d` of a head row is roped with (NEOX pairing, `half = n_rot / 2`) and the
+/// index of their (cos, sin) pair: `d + half` and `d` below `half`, `d - half` twice up to
+/// `n_rot`; `d` itself (and pair 0, unused) past the rotated values.
+#[inline(always)]
+fn rope_partner(d: u32, half: u32, n_rot: u32) -> (u32, u32) {
+    if d < half {
+        (d + half, d)
+    } else if d < n_rot {
+        (d - half, d - half)
+    } else {
+        (d, 0)
+    }
 }
 
-impl Normed {
-    /// The row's RMSNorm scale (`norm::warp_rms_scale`, the norm family's spec). Every lane of
-    /// the warp must call it.
-    #[inline(always)]
-    unsafe fn new(x: *const f32, w: *const f32, hd: u32, eps: f32) -> Normed {
-        Normed { x, w, scale: super::norm::warp_rms_scale::<ATTN_NORM_AHEAD>(x, hd, eps) }
-    }
-
-    /// `y[j]`: recomputed wherever a lane needs it (its own value and its RoPE partner), the
-    /// same bits each time, so no lane has to hand values to another.
-    #[inline(always)]
-    unsafe fn y(self, j: u32) -> f32 {
-        (mem::ld_nc_f32(self.x, j as usize) * self.scale) * mem::ld_nc_f32(self.w, j as usize)
-    }
-
-    /// Output `d` after NEOX RoPE over the first `n_rot` values; `rope` is the position's
-    /// (cos, sin) pairs.
-    #[inline(always)]
-    unsafe fn roped(self, rope: *const f32, n_rot: u32, d: u32) -> f32 {
-        let half = n_rot / 2;
-        if d < half {
-            let (c, s) = (mem::ld_nc_f32(rope, 2 * d as usize), mem::ld_nc_f32(rope, 2 * d as usize + 1));
-            self.y(d) * c - self.y(d + half) * s
-        } else if d < n_rot {
-            let i = d - half;
-            let (c, s) = (mem::ld_nc_f32(rope, 2 * i as usize), mem::ld_nc_f32(rope, 2 * i as usize + 1));
-            self.y(i) * s + self.y(d) * c
-        } else {
-            self.y(d)
-        }
+/// Output `d` of a normed head row after RoPE (the spec's expressions, each product rounded):
+/// `y` and `y_partner` its value and its partner's after the norm, `(c, s)` their pair.
+#[inline(always)]
+fn roped(d: u32, half: u32, n_rot: u32, y: f32, y_partner: f32, (c, s): (f32, f32)) -> f32 {
+    if d < half {
+        y * c - y_partner * s
+    } else if d < n_rot {
+        y_partner * s + y * c
+    } else {
+        y
     }
 }
 
@@ -113,14 +101,28 @@ crate::entry! {
         let r = index::block_idx() * ATTN_PREP_WARPS + index::warp_in_block();
         let warp_row = r < tokens * heads;
         let (t, h) = if warp_row { (r / heads, r % heads) } else { (0, 0) };
-        // Before the wait: the window's position, which a copy or the accept of a step before wrote,
-        // launches before this one (read from L2: host/src/backends/launch.rs); then the row's RoPE
-        // pairs and norm weights, constants, asked into L1.
+        let (lane, half) = (index::lane(), n_rot / 2);
+        let normed = h < n_q + n_kv;
+        // Before the wait: the window's position, which a copy or the accept of a step before
+        // wrote, launches before this one (read from L2: host/src/backends/launch.rs); then the
+        // row's constants into registers: the norm weights of the lane's values and their RoPE
+        // partners, and their (cos, sin) pairs.
         let at_pos = if warp_row { mem::ld_cg_u32(pos as *const u8) as u64 + t as u64 } else { u64::MAX };
-        if at_pos < n_ctx as u64 && h < n_q + n_kv {
+        let (mut w, mut w_partner, mut pair) = ([0.0f32; LANE_VALUES], [0.0f32; LANE_VALUES], [(0.0f32, 0.0f32); LANE_VALUES]);
+        if at_pos < n_ctx as u64 && normed {
             let norm = if h < n_q { q_norm } else { k_norm };
-            mem::prefetch_l1_warp(rope.wrapping_add(at_pos as usize * n_rot as usize) as *const u8, 4 * n_rot as usize);
-            mem::prefetch_l1_warp(norm as *const u8, 4 * hd as usize);
+            let pos_rope = rope.wrapping_add(at_pos as usize * n_rot as usize);
+            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                let d = lane + 32 * i as u32;
+                if d < hd {
+                    let (p, c) = rope_partner(d, half, n_rot);
+                    w[i] = mem::ld_nc_f32(norm, d as usize);
+                    if d < n_rot {
+                        w_partner[i] = mem::ld_nc_f32(norm, p as usize);
+                        pair[i] = (mem::ld_nc_f32(pos_rope, 2 * c as usize), mem::ld_nc_f32(pos_rope, 2 * c as usize + 1));
+                    }
+                }
+            });
         }
         crate::arch::sync::chain_grids();
         if !warp_row {
@@ -130,35 +132,64 @@ crate::entry! {
             return; // the whole warp: no room in the cache (the host never asks for this)
         }
         let pos = at_pos as usize;
-        let (hdu, lane) = (hd as usize, index::lane());
-        if h >= n_q + n_kv {
-            let g = (h - n_q - n_kv) as usize;
-            let (src, dst) = (v.add(t as usize * kv_stride as usize + g * hdu), v_cache.add((pos * n_kv as usize + g) * hdu));
-            let mut d = lane;
-            while d < hd {
-                mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(mem::ld_nc_f32(src, d as usize)));
-                d += 32;
+        let hdu = hd as usize;
+        // The row's values (and their partners) in one round of loads, every store after them: a
+        // store may alias the row for all the compiler knows, so a load after it would wait.
+        let src = if h < n_q {
+            q.add(t as usize * q_stride as usize + h as usize * hdu)
+        } else if h < n_q + n_kv {
+            k.add(t as usize * kv_stride as usize + (h - n_q) as usize * hdu)
+        } else {
+            v.add(t as usize * kv_stride as usize + (h - n_q - n_kv) as usize * hdu)
+        };
+        let (mut x, mut x_partner) = ([0.0f32; LANE_VALUES], [0.0f32; LANE_VALUES]);
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let d = lane + 32 * i as u32;
+            if d < hd {
+                x[i] = mem::ld_nc_f32(src, d as usize);
+                if normed && d < n_rot {
+                    x_partner[i] = mem::ld_nc_f32(src, rope_partner(d, half, n_rot).0 as usize);
+                }
             }
+        });
+        if !normed {
+            let dst = v_cache.add((pos * n_kv as usize + (h - n_q - n_kv) as usize) * hdu);
+            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                let d = lane as usize + 32 * i;
+                if d < hdu {
+                    mem::st_u16(dst.add(d) as *mut u8, convert::f32_to_f16(x[i]));
+                }
+            });
             return;
         }
-        let pos_rope = rope.add(pos * n_rot as usize);
+        // The norm family's order: the lane's squares left to right, then the warp's.
+        let mut partial = 0.0f32;
+        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if lane as usize + 32 * i < hdu {
+                partial += x[i] * x[i];
+            }
+        });
+        let scale = super::norm::warp_rms_scale_from(partial, hd, eps);
+        let out = |i: usize| {
+            let d = lane + 32 * i as u32;
+            roped(d, half, n_rot, (x[i] * scale) * w[i], (x_partner[i] * scale) * w_partner[i], pair[i])
+        };
         if h < n_q {
-            let at = (t as usize * n_q as usize + h as usize) * hdu;
-            let row = Normed::new(q.add(t as usize * q_stride as usize + h as usize * hdu), q_norm, hd, eps);
-            let mut d = lane;
-            while d < hd {
-                mem::st_f32(q_out.add(at + d as usize), row.roped(pos_rope, n_rot, d));
-                d += 32;
-            }
+            let dst = q_out.add((t as usize * n_q as usize + h as usize) * hdu);
+            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                let d = lane as usize + 32 * i;
+                if d < hdu {
+                    mem::st_f32(dst.add(d), out(i));
+                }
+            });
         } else {
-            let g = (h - n_q) as usize;
-            let row = Normed::new(k.add(t as usize * kv_stride as usize + g * hdu), k_norm, hd, eps);
-            let dst = k_cache.add((pos * n_kv as usize + g) * hdu);
-            let mut d = lane;
-            while d < hd {
-                mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(row.roped(pos_rope, n_rot, d)));
-                d += 32;
-            }
+            let dst = k_cache.add((pos * n_kv as usize + (h - n_q) as usize) * hdu);
+            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                let d = lane as usize + 32 * i;
+                if d < hdu {
+                    mem::st_u16(dst.add(d) as *mut u8, convert::f32_to_f16(out(i)));
+                }
+            });
         }
     }
 }

@@ -3,8 +3,9 @@
 //! blocks). Specs: `strata_gpu_shared::replica::norm`.
 //!
 //! [`warp_rms_scale`] is the RMSNorm scale of one row as a warp computes it from global memory;
-//! attention's per-head norm calls it too. [`warp_rms_scale_of`] is its order over any loader
-//! (`rms_norm_q8_1` reads the row from shared memory).
+//! [`warp_rms_scale_of`] is its order over any loader (`rms_norm_q8_1` reads the row from shared
+//! memory), [`warp_rms_scale_from`] its end from a lane's partial (attention's per-head norm
+//! holds its row in registers).
 use crate::arch::{convert, index, mem, sync, warp};
 use crate::kernels::quantize_q8_1::quantize_group;
 use strata_gpu_shared::formats::{q8_1, GROUP};
@@ -47,6 +48,14 @@ pub fn warp_rms_scale_of<const AHEAD: usize>(x: impl Fn(u32) -> f32, n: u32, eps
         partial += v * v;
         j += 32;
     }
+    warp_rms_scale_from(partial, n, eps)
+}
+
+/// The end of [`warp_rms_scale_of`] for a caller that summed its lane's squares itself (in that
+/// order): the warp butterfly over the lanes' `partial`s, `mean = total / n`, then
+/// `1 / sqrt_rn(mean + eps)`. The whole warp calls it, converged, with the same `n` and `eps`.
+#[inline(always)]
+pub fn warp_rms_scale_from(partial: f32, n: u32, eps: f32) -> f32 {
     let mean = warp::warp_sum_f32(partial) / n as f32;
     1.0 / convert::sqrt_rn(mean + eps)
 }

@@ -186,7 +186,9 @@ pub const LEAN_BOUNDS: [Bounds; 1] = [Bounds { kernel: "attn_chunk_128_m4", thre
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
 pub const BOUNDS: [Bounds; 7] = [
-    Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 8, smem_bytes: 0 },
+    // attn_prep holds its row, its RoPE partners and their constants in registers: 71 of them at
+    // 4 blocks a SM, where 8 would cap a thread at 64 (its grid is a few blocks a token anyway).
+    Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 4, smem_bytes: 0 },
     staged_chunk("attn_chunk"),
     staged_chunk("attn_chunk_128"),
     staged_chunk("attn_chunk_two"),
