@@ -84,7 +84,7 @@ fn expert_knobs_are_explained_and_bad_ones_refused() {
     let (_, help, _) = strata(&["--help"]);
     assert!(help.lines().count() < 30 && !help.contains("EXPDEC_R"), "the top-level help lists knobs:\n{help}");
     let refused: [(&[&str], &[(&str, &str)], &str); 6] = [
-        (&["--knob", "EXPDEC_R=3", "info"], &[], "STRATA_EXPDEC_R=\"3\": expected 1|2"),
+        (&["--knob", "EXPDEC_R=3", "info"], &[], "STRATA_EXPDEC_R=\"3\": expected 0|1|2"),
         (&["--knob", "EXPDEC_Q=1", "info"], &[], "unknown kernel knob"),
         (&["--knob", "EXPDEC_R", "info"], &[], "expected NAME=VALUE"),
         (&["info"], &[("STRATA_EXPDEC_DRB", "48")], "STRATA_EXPDEC_DRB=\"48\": expected 0|16|32|64|128|256"),

@@ -24,7 +24,10 @@ pub const EXPDEC_SMEM_MAX: u32 = 96 * 1024;
 pub struct KernelKnobs {
     /// `STRATA_EXPDEC`: EXPDEC gate/up (`expdec_gu_*`) instead of `moe_gu_*`.
     pub expdec: bool,
-    /// `STRATA_EXPDEC_R`: gate/up weight rows per lane, 1 or 2.
+    /// `STRATA_EXPDEC_R`: gate/up weight rows per lane, 1 or 2; 0 picks by the rule: one where
+    /// 8-warp blocks of one row a lane would leave the SMs under two each (a one-token window,
+    /// which the pair and 16-warp entries take) or where `EXPDEC_MINB=4`, `EXPDEC_WARPS=16` or
+    /// `EXPDEC_PAIRS=2` ask for one-row entries, two elsewhere ([`Self::plan`]).
     pub r: u32,
     /// `STRATA_EXPDEC_RB`: gate/up rows per block, 32, 64 or 128; 0 picks by the minimum-blocks
     /// rule.
@@ -70,7 +73,7 @@ pub struct KernelKnobs {
 
 impl Default for KernelKnobs {
     fn default() -> Self {
-        KernelKnobs { expdec: true, r: 1, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: true, attn_minb: 0 }
+        KernelKnobs { expdec: true, r: 0, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: true, attn_minb: 0 }
     }
 }
 
@@ -84,7 +87,7 @@ pub struct Knob {
 
 pub const KNOBS: [Knob; 14] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
-    Knob { name: "EXPDEC_R", values: "1|2", what: "gate/up weight rows per lane" },
+    Knob { name: "EXPDEC_R", values: "0|1|2", what: "gate/up weight rows per lane (0: 1 for a one-token window, 2 for larger windows)" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
     Knob { name: "EXPDEC_DOWN", values: "0|1", what: "EXPDEC down for IQ4_NL (and its tiles, IQ4_NLT)" },
     Knob { name: "EXPDEC_D20", values: "0|1", what: "EXPDEC down for Q2_0" },
@@ -119,7 +122,7 @@ impl KernelKnobs {
         let with_auto = |set: &[u32]| one_of(&[&[0], set].concat());
         match knob.name {
             "EXPDEC" => self.expdec = flag()?,
-            "EXPDEC_R" => self.r = one_of(&EXPDEC_R)?,
+            "EXPDEC_R" => self.r = with_auto(&EXPDEC_R)?,
             "EXPDEC_RB" => self.rb = with_auto(&EXPDEC_RB)?,
             "EXPDEC_DOWN" => self.down = flag()?,
             "EXPDEC_D20" => self.d20 = flag()?,
@@ -144,10 +147,10 @@ impl KernelKnobs {
         if self.minb == 4 && self.r > EXPDEC_MINB4_MAX_R {
             return Err(format!("EXPDEC_MINB=4 needs EXPDEC_R<={EXPDEC_MINB4_MAX_R} (given {}): more rows per lane spill in 64 registers", self.r));
         }
-        if self.warps == 16 && self.r != 1 {
+        if self.warps == 16 && self.r == 2 {
             return Err(format!("EXPDEC_WARPS=16 needs EXPDEC_R=1 (given {}): the 16-warp gate/up entries take one row a lane", self.r));
         }
-        if self.pairs == 2 && (self.r != 1 || self.warps != 0) {
+        if self.pairs == 2 && (self.r == 2 || self.warps != 0) {
             return Err(format!("EXPDEC_PAIRS=2 needs EXPDEC_R=1 and EXPDEC_WARPS=0 (given {} and {}): the pair entries take one row a lane in blocks of 8 warps", self.r, self.warps));
         }
         if self.dminb == 4 && self.dr > EXPDEC_MINB4_MAX_DR {
@@ -229,7 +232,17 @@ impl KernelKnobs {
         // the SMs under two each, 16-warp blocks; and where splitting each 32-row chunk over a
         // cluster's pair of blocks gives the busiest SM fewer rows than that (a pair block is
         // 16 rows, 4 fit a SM), the pairs, if the backend has them.
-        let few = self.warps == 0 && self.r == 1 && blocks < 2 * sms;
+        let one_row_few = blocks < 2 * sms;
+        // `EXPDEC_R=0`: one row a lane where its 8-warp blocks would be few (the pair and
+        // 16-warp entries take those) or the other knobs ask for one-row entries, two elsewhere
+        // (windows of 2 to 8 tokens 0.8 to 1.7 % faster in the step on an H100:
+        // docs/kernels/moe.md).
+        let r = match self.r {
+            0 if one_row_few || self.minb == 4 || self.warps == 16 || self.pairs == 2 => 1,
+            0 => 2,
+            r => r,
+        };
+        let few = self.warps == 0 && r == 1 && one_row_few;
         let chunks = n * (n_ff32 / MOE_GU_ROWS);
         let pairs_lighter = (EXPDEC_PAIR * chunks).div_ceil(sms) < EXPDEC_PAIR * chunks.div_ceil(sms);
         let pair_smem = expdec_gu_pair_smem(n_embd, gf);
@@ -260,14 +273,14 @@ impl KernelKnobs {
             };
             let kernel = match sixteen {
                 Some(k) => k,
-                None => expdec_gu_kernel(gf, self.r, self.minb).ok_or_else(|| {
+                None => expdec_gu_kernel(gf, r, self.minb).ok_or_else(|| {
                     format!("EXPDEC_MINB={} has no {} gate/up entry (it spills in 64 registers; 4 blocks per SM is compiled for {} only): set EXPDEC_MINB=2", self.minb, gf.name(), minb4_names())
                 })?,
             };
             // The warps' row slots where asked for and compiled (R = 1, 2 blocks per SM), and
             // where they fit beside the stage and the codebook.
             let ring = gu_smem + expdec_gu_ring_bytes(n_embd, gf);
-            match expdec_gu_warp_rows_kernel(gf).filter(|_| self.warp_rows && sixteen.is_none() && self.r == 1 && self.minb == 2 && ring <= EXPDEC_SMEM_MAX) {
+            match expdec_gu_warp_rows_kernel(gf).filter(|_| self.warp_rows && sixteen.is_none() && r == 1 && self.minb == 2 && ring <= EXPDEC_SMEM_MAX) {
                 Some(kernel) => Launch { kernel, blocks, smem: ring, rows_per_block: rb },
                 None => Launch { kernel, blocks, smem: gu_smem, rows_per_block: rb },
             }
@@ -403,8 +416,35 @@ mod tests {
     }
 
     #[test]
-    fn zero_warps_take_sixteen_where_eight_leave_sms_under_two_blocks() {
+    fn zero_rows_a_lane_take_one_for_a_token_and_two_for_windows() {
         let rule = KernelKnobs::default();
+        assert_eq!(rule.r, 0);
+        // One token of 8 experts at n_ff 768: 192 blocks of 32 rows, under 2 x 132: one row a
+        // lane (the pair entry with clusters, 16 warps without).
+        assert_eq!(rule.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_p2");
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(rule.plan((Q8_0, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
+        // Windows of 2 and 8 tokens: two rows a lane (so no `_m2w`, which takes one).
+        assert_eq!(rule.plan((Iq3ST, Iq4NlT), 2048, 768, 16, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r2_m2");
+        assert_eq!(rule.plan((Iq3ST, Iq4NlT), 2048, 768, 64, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r2_m2");
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r2_m2");
+        // A device with more SMs than the window fills two blocks each: one row a lane.
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 16, 256, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        // Knobs that ask for one-row entries get them; an explicit R wins over the rule.
+        assert_eq!(KernelKnobs { minb: 4, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
+        assert_eq!(KernelKnobs { warps: 16, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(KernelKnobs { pairs: 2, ..rule }.plan((Iq3ST, Iq4NlT), 2048, 768, 16, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_p2");
+        assert_eq!(KernelKnobs { r: 1, ..rule }.plan((Iq3ST, Iq4NlT), 2048, 768, 16, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m2w");
+        assert_eq!(KernelKnobs { r: 2, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r2_m2");
+        let mut k = rule;
+        k.set("EXPDEC_R", "0").unwrap();
+        assert!(k.set("EXPDEC_R", "3").unwrap_err().contains("expected 0|1|2"));
+    }
+
+    #[test]
+    fn zero_warps_take_sixteen_where_eight_leave_sms_under_two_blocks() {
+        // One row a lane throughout (the rows-a-lane rule has its own test).
+        let rule = KernelKnobs { r: 1, ..KernelKnobs::default() };
         assert_eq!(rule.warps, 0);
         // One token of 8 experts at n_ff 768: 8 x 24 blocks of 32 rows, under 2 x 132.
         assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
@@ -426,7 +466,8 @@ mod tests {
 
     #[test]
     fn pairs_take_the_sixteen_warp_cases_where_the_backend_has_clusters() {
-        let rule = KernelKnobs::default();
+        // One row a lane throughout (the rows-a-lane rule has its own test).
+        let rule = KernelKnobs { r: 1, ..KernelKnobs::default() };
         assert_eq!(rule.pairs, 1);
         // One token of 8 experts at n_ff 768: 192 chunks, each over a pair of 8-warp blocks.
         let p = rule.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, true).unwrap();
