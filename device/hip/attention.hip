@@ -95,6 +95,8 @@ STRATA_KERNEL(attn_prep)(const float* q, const float* k, const float* v, const f
   }
 }
 
+// The keys token t of the window at *pos attends to, *pos + t + 1, at most the caches' n_ctx
+// positions.
 STRATA_FN uint32_t attn_context_len(const uint32_t* pos, uint32_t t, uint32_t n_ctx) {
   uint64_t len = (uint64_t)ld_nc_u32((const uint8_t*)pos) + t + 1;
   return (uint32_t)(len < n_ctx ? len : n_ctx);
