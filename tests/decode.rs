@@ -18,6 +18,7 @@ use strata::host::model::synth::{build_in_memory, SynthSpec};
 use strata::host::model::{qwen35moe, qwen3moe, LoadOptions, Mixer, Model, QkvProj};
 use strata::host::ops::route::SampleParams;
 use strata::host::step::cpu::CpuExecutor;
+use strata::host::backends::knobs::KernelKnobs;
 use strata::host::step::gpu::GpuExecutor;
 use strata::host::step::{fuse, Act, Executor, Op, Pick, Window};
 use strata_gpu_shared::formats::WeightFormat;
@@ -864,7 +865,12 @@ fn norm_quants(ops: &[Op]) -> usize {
 }
 
 fn attn_quants(ops: &[Op]) -> usize {
-    ops.iter().filter(|op| matches!(op, Op::Attention { q: Some(_), .. })).count()
+    ops.iter().filter(|op| matches!(op, Op::Attention { q: Some(_), .. } | Op::PrepAttention { q: Some(_), .. })).count()
+}
+
+/// How many ops of `ops` are an `attn_prep` joined with the attention after it.
+fn joined_preps(ops: &[Op]) -> usize {
+    ops.iter().filter(|op| matches!(op, Op::PrepAttention { .. })).count()
 }
 
 /// Each RMSNorm followed by the quantization of its output made one `NormQuant`
@@ -876,8 +882,9 @@ fn attn_quants(ops: &[Op]) -> usize {
 /// `Model::mtp_ops`), on a qwen3moe and a qwen35moe, on the CPU or on a GPU with graphs and
 /// eagerly. The fused trunk is shorter by exactly one op for each layer's attention (or Gated
 /// DeltaNet) input, its FFN input and the head's input; the MTP block's by its layer's two and
-/// its head's, and by one for each attention whose output is quantized next (a qwen3moe's
-/// every layer; a gated attention multiplies its output first). Rows longer than `NQ_MAX_N`
+/// its head's, by one for each attention whose output is quantized next (a qwen3moe's
+/// every layer; a gated attention multiplies its output first), and by one for each attention's
+/// prep joined with it. Rows longer than `NQ_MAX_N`
 /// are not fused into norms. On a GPU, also 300 positions of the qwen3moe in windows of 8, so
 /// the contexts pass one chunk and `attn_merge` quantizes the attention's output.
 fn fused_ops_give_the_unfused_bits(backend: &str) {
@@ -894,11 +901,14 @@ fn fused_ops_give_the_unfused_bits(backend: &str) {
         assert_eq!((norm_quants(&unfused), norm_quants(&fused)), (0, 2 * c.n_layer + 1), "{}: fused norms of the trunk", m.describe());
         let attn = if m.arch == qwen35moe::ARCH { 0 } else { c.n_layer };
         assert_eq!((attn_quants(&unfused), attn_quants(&fused)), (0, attn), "{}: attentions that quantize their output", m.describe());
-        assert_eq!(fused.len() + 2 * c.n_layer + 1 + attn, unfused.len(), "{}: the trunk's ops", m.describe());
+        let attentions = unfused.iter().filter(|op| matches!(op, Op::Attention { .. })).count();
+        assert!(attentions > 0, "{}: the trunk attends", m.describe());
+        assert_eq!((joined_preps(&unfused), joined_preps(&fused)), (0, attentions), "{}: preps joined with their attention", m.describe());
+        assert_eq!(fused.len() + 2 * c.n_layer + 1 + attn + attentions, unfused.len(), "{}: the trunk's ops", m.describe());
         assert_eq!(mtp.is_some(), m.arch == qwen35moe::ARCH, "{}: the tiny qwen35moe has an MTP block", m.describe());
         if let (Some(mtp), Some(unfused_mtp)) = (&mtp, &unfused_mtp) {
             assert_eq!((norm_quants(unfused_mtp), norm_quants(mtp)), (0, 3), "{}: fused norms of the MTP block", m.describe());
-            assert_eq!((attn_quants(mtp), mtp.len() + 3), (0, unfused_mtp.len()), "{}: the MTP block's ops", m.describe());
+            assert_eq!((attn_quants(mtp), joined_preps(mtp), mtp.len() + 4), (0, 1, unfused_mtp.len()), "{}: the MTP block's ops", m.describe());
         }
         let mut long = c.clone();
         long.n_embd = NQ_MAX_N + 32;
@@ -923,6 +933,52 @@ fn fused_ops_give_the_unfused_bits(backend: &str) {
 #[test]
 fn fused_ops_give_the_unfused_bits_cpu() {
     fused_ops_give_the_unfused_bits("cpu");
+}
+
+/// One-token steps whose context is one chunk run `attn_prep` inside the attention launch
+/// (`attn_prep_chunk_two_128`: bands of two heads of 128 values) on a GPU, and give the CPU's
+/// bits: a qwen3moe of such heads (a group of two) decodes 40 positions in windows of 1 with
+/// the fused launch, on every executor (graphs and eager), against the CPU's logits of the
+/// unfused list in windows of 4. The step launches the fused entry once a layer in place of
+/// `attn_prep` and the chunk kernel at one token of a one-chunk context, and the two launches for
+/// windows of several tokens, contexts past one chunk, or with the `ATTN_FUSE` knob off.
+fn prep_inside_attention(backend: &str) {
+    let Some(gpu) = common::open_gpu(backend) else { return };
+    let seed = common::seed(&format!("prep_inside_attention_{backend}"));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let m = model(seed, (4, 2), 128, (8, 2), (WeightFormat::Iq3S, WeightFormat::Iq4Nl));
+    let pick = Op::Pick(Pick::Greedy);
+    let (ops, unfused) = (m.step_ops(pick), qwen3moe::step_ops(&m, pick));
+    let fused_entry = "attn_prep_chunk_two_128";
+    let mut e = GpuExecutor::new(gpu, m.clone(), 320, false).expect("the model fits the GPU");
+    let count = |k: &[&str], name: &str| k.iter().filter(|&&x| x == name).count();
+    let n_layer = m.config.n_layer;
+    let k = e.step_kernels(&ops, &[3], 5).unwrap();
+    assert_eq!((count(&k, fused_entry), count(&k, "attn_prep"), count(&k, "attn_chunk_two_128")), (n_layer, 0, 0), "one token at 5: {k:?}");
+    for (tokens, pos0) in [(&[3u32][..], 290), (&[3, 4][..], 5)] {
+        let k = e.step_kernels(&ops, tokens, pos0).unwrap();
+        assert_eq!((count(&k, fused_entry), count(&k, "attn_prep")), (0, n_layer), "{} tokens at {pos0}: {k:?}", tokens.len());
+    }
+    e.set_kernel_knobs(KernelKnobs { attn_fuse: false, ..e.kernel_knobs() });
+    let k = e.step_kernels(&ops, &[3], 5).unwrap();
+    assert_eq!((count(&k, fused_entry), count(&k, "attn_prep"), count(&k, "attn_chunk_two_128")), (0, n_layer, n_layer), "ATTN_FUSE=0: {k:?}");
+    let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..m.config.n_vocab as u32)).collect();
+    let want = trunk_and_mtp_logits("cpu", &m, &unfused, None, &seq, 4, 64).remove(0).1;
+    for (label, got) in trunk_and_mtp_logits(backend, &m, &ops, None, &seq, 1, 64) {
+        if let Some(d) = first_difference(&want, &got, m.config.n_vocab) {
+            panic!("seed {seed}, {label}: one-token windows with attn_prep inside the attention differ from the CPU at {d}");
+        }
+    }
+}
+
+#[test]
+fn prep_inside_attention_cuda() {
+    prep_inside_attention("cuda");
+}
+
+#[test]
+fn prep_inside_attention_hip() {
+    prep_inside_attention("hip");
 }
 
 #[test]

@@ -806,6 +806,7 @@ fn mtp_op_lists_broken_on_purpose_fail() {
         ("the trunk's last attention layer's cache", edit(&|op| Some(match op {
             Op::AttnPrep { layout, q_norm, k_norm, .. } => Op::AttnPrep { layer: trunk_attn, layout, q_norm, k_norm },
             Op::Attention { q, .. } => Op::Attention { layer: trunk_attn, q },
+            Op::PrepAttention { layout, q_norm, k_norm, q, .. } => Op::PrepAttention { layer: trunk_attn, layout, q_norm, k_norm, q },
             op => op,
         }))),
     ];

@@ -1,6 +1,7 @@
-//! Attention of the decode step (`attn_prep`, `attn_chunk` + `attn_merge`): the CPU replica
-//! against float64, window invariance, the chunk boundaries, partial RoPE and shape errors; then
-//! `cuda` and `hip` against the replica bit for bit and window invariance on each (skipped
+//! Attention of the decode step (`attn_prep`, `attn_chunk` + `attn_merge`, and the two in one
+//! launch for a token of a one-chunk context): the CPU replica against float64, window
+//! invariance, the chunk boundaries, partial RoPE and shape errors; then `cuda` and `hip`
+//! against the replica bit for bit and window invariance on each (skipped
 //! without a GPU unless `STRATA_REQUIRE_GPU=1`), and the same of the kernels' own code in the
 //! simulator (`sim`, every machine).
 mod common;
@@ -10,7 +11,7 @@ use rand::{Rng, SeedableRng};
 
 use strata::host::backends::cpu::CpuBackend;
 use strata::host::ops::attention::{
-    attention_case, attn_part_len, parity_cases, prep_case, rope_table, window_case, AttentionOps, AttnCase, AttnShape, QkvStrides,
+    attention_case, attn_part_len, parity_cases, prep_attention_cases, prep_case, rope_table, window_case, AttentionOps, AttnCase, AttnShape, QkvStrides,
     BOUNDARY_WINDOWS,
 };
 use strata::host::backends::gpu::GpuBackend;
@@ -187,6 +188,21 @@ fn gpu_against_cpu(name: &str) {
     }
     partial_rope_keeps_the_tail(&gpu, rng.random());
     shape_errors_are_errors(&gpu);
+    common::check_all(prep_attention_cases(&[&CpuBackend::new(), &gpu], rng.random()).unwrap());
+    fused_launch_refuses_what_it_does_not_take(&gpu, rng.random());
+}
+
+/// The fused prep and attention refuse, as shape errors naming it, the windows it does not
+/// take: two tokens, a context past one chunk, heads of 64 values, a group of one head.
+fn fused_launch_refuses_what_it_does_not_take(b: &dyn AttentionOps, seed: u64) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for (tokens, pos0, heads, says) in [(2, 10, (4, 2, 128), "2 tokens"), (1, 256, (4, 2, 128), "up to 257 keys"), (1, 10, (4, 2, 64), "64 values"), (1, 10, (4, 4, 128), "bands of 1")] {
+        let c = AttnCase::random_heads(&mut rng, tokens, pos0, heads);
+        let (mut kc, mut vc, mut out) = (c.k_cache.clone(), c.v_cache.clone(), vec![0.0; c.shape.q_len()]);
+        let err = b.prep_attention(&c.q, &c.k, &c.v, &c.q_norm, &c.k_norm, &c.rope, c.shape, c.pos0, c.eps, c.scale, &mut kc, &mut vc, &mut out).expect_err("not a fused launch");
+        let text = err.to_string();
+        assert!(matches!(err, Error::Shape { kernel: "attn_prep_chunk", .. }) && text.contains(says), "{}: {tokens} tokens at {pos0}, heads {heads:?}: {text}", b.name());
+    }
 }
 
 crate::gpu_parity_suite!(gpu_against_cpu, parity_cases);
@@ -202,6 +218,8 @@ fn sim_against_cpu() {
     check(window_case(&sim, rng.random()).unwrap());
     partial_rope_keeps_the_tail(&sim, rng.random());
     shape_errors_are_errors(&sim);
+    common::check_all(prep_attention_cases(&[&CpuBackend::new(), &sim], rng.random()).unwrap());
+    fused_launch_refuses_what_it_does_not_take(&sim, rng.random());
 }
 
 /// Every `attn_chunk` entry in the simulator: each band that fits heads of 128 values (with and

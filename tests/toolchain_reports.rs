@@ -128,7 +128,7 @@ ptxas info    : Compile time = 30.980 ms
 
 /// The entries whose spec has fused multiply-adds (the attention chunks' dot products and value
 /// sums: `strata_gpu_shared::replica::attention`). Only they may hold `fma.rn.f32`.
-const FMA_ENTRIES: [&str; 6] = ["attn_chunk", "attn_chunk_128", "attn_chunk_128_m4", "attn_chunk_two", "attn_chunk_two_128", "attn_chunk_one"];
+const FMA_ENTRIES: [&str; 7] = ["attn_chunk", "attn_chunk_128", "attn_chunk_128_m4", "attn_chunk_two", "attn_chunk_two_128", "attn_prep_chunk_two_128", "attn_chunk_one"];
 
 /// No implicit contraction (it would change the bits): every float add/mul carries an explicit
 /// `.rn` so ptxas cannot fuse them, and an explicit `fma.rn.f32` appears only in the entries of

@@ -37,6 +37,70 @@ STRATA_FN float attn_roped(uint32_t d, uint32_t half, uint32_t n_rot, float y, f
   return y;
 }
 
+// A lane's constants of one normed head row at one position (the Rust twin's RowConsts): the norm
+// weights of its values and of their RoPE partners, and their (cos, sin) pairs; zeros where
+// unused (attn_no_consts).
+struct AttnRowConsts {
+  float w[ATTN_LANE_VALUES], w_partner[ATTN_LANE_VALUES], c[ATTN_LANE_VALUES], s[ATTN_LANE_VALUES];
+};
+
+STRATA_FN AttnRowConsts attn_no_consts() {
+  AttnRowConsts k;
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++) k.w[i] = k.w_partner[i] = k.c[i] = k.s[i] = 0.0f;
+  return k;
+}
+
+// The constants of a row normed by norm (hd f32) and roped at the position whose n_rot table
+// values start at pos_rope.
+STRATA_FN AttnRowConsts attn_row_consts(const float* norm, const float* pos_rope, uint32_t hd, uint32_t n_rot) {
+  AttnRowConsts k;
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++) {
+    uint32_t d = lane() + 32 * i, pair;
+    uint32_t p = attn_rope_partner(d, n_rot / 2, n_rot, &pair);
+    bool own = d < hd, roped = own && d < n_rot;
+    k.w[i] = own ? attn_ld_f32(norm, d) : 0.0f;
+    k.w_partner[i] = roped ? attn_ld_f32(norm, p) : 0.0f;
+    k.c[i] = roped ? attn_ld_f32(pos_rope, 2 * pair) : 0.0f;
+    k.s[i] = roped ? attn_ld_f32(pos_rope, 2 * pair + 1) : 0.0f;
+  }
+  return k;
+}
+
+// A lane's values of the head row at src and, where normed, their RoPE partners, in one round of
+// loads (zeros where unused).
+STRATA_FN void attn_load_row(const float* src, uint32_t hd, uint32_t n_rot, bool normed, float* x, float* x_partner) {
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++) {
+    uint32_t d = lane() + 32 * i, pair;
+    uint32_t p = attn_rope_partner(d, n_rot / 2, n_rot, &pair);
+    bool own = d < hd;
+    x[i] = own ? attn_ld_f32(src, d) : 0.0f;
+    x_partner[i] = own && normed && d < n_rot ? attn_ld_f32(src, p) : 0.0f;
+  }
+}
+
+// The lane's outputs y of a head row (attn_load_row) after the per-head RMSNorm (the norm family's
+// order: the lane's squares left to right, then the warp's) and RoPE. The whole warp calls it.
+STRATA_FN void attn_norm_rope_row(const float* x, const float* x_partner, const AttnRowConsts& k, uint32_t hd, uint32_t n_rot, float eps, float* y) {
+  float partial = 0.0f;
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++)
+    if (lane() + 32 * i < hd) partial = partial + x[i] * x[i];
+  float scale = warp_rms_scale_from(partial, hd, eps);
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++)
+    y[i] = attn_roped(lane() + 32 * i, n_rot / 2, n_rot, (x[i] * scale) * k.w[i], (x_partner[i] * scale) * k.w_partner[i], k.c[i], k.s[i]);
+}
+
+// The lane's values of a head row rounded to fp16 (a cache row at dst).
+STRATA_FN void attn_store_f16_row(uint16_t* dst, uint32_t hd, const float* y) {
+#pragma unroll
+  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++)
+    if (lane() + 32 * i < hd) dst[lane() + 32 * i] = f32_to_f16(y[i]);
+}
+
 // Token t's q rows start at q + t * q_stride, its k and v rows at k, v + t * kv_stride: views
 // into one buffer of fused projection rows, or packed rows. A lane holds its values of the row
 // and their RoPE partners, loaded in one round before any store (a store may alias the row).
@@ -49,49 +113,25 @@ STRATA_KERNEL(attn_prep)(const float* q, const float* k, const float* v, const f
   uint32_t t = r / heads, h = r % heads;
   uint64_t at = (uint64_t)ld_nc_u32((const uint8_t*)pos) + t;
   if (at >= n_ctx) return;  // the whole warp: no room in the cache (the host never asks for this)
-  uint32_t half = n_rot / 2;
   bool normed = h < n_q + n_kv;
   const float* src = h < n_q ? q + (uint64_t)t * q_stride + (uint64_t)h * hd
                              : (normed ? k + (uint64_t)t * kv_stride + (uint64_t)(h - n_q) * hd
                                        : v + (uint64_t)t * kv_stride + (uint64_t)(h - n_q - n_kv) * hd);
-  const float* norm = h < n_q ? q_norm : k_norm;
-  const float* pos_rope = rope + at * n_rot;
-  float x[ATTN_LANE_VALUES], x_partner[ATTN_LANE_VALUES], w[ATTN_LANE_VALUES], w_partner[ATTN_LANE_VALUES];
-  float c[ATTN_LANE_VALUES], s[ATTN_LANE_VALUES];
-#pragma unroll
-  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++) {
-    uint32_t d = lane() + 32 * i, pair;
-    uint32_t p = attn_rope_partner(d, half, n_rot, &pair);
-    bool own = d < hd, roped = normed && d < n_rot;
-    x[i] = own ? attn_ld_f32(src, d) : 0.0f;
-    w[i] = own && normed ? attn_ld_f32(norm, d) : 0.0f;
-    x_partner[i] = own && roped ? attn_ld_f32(src, p) : 0.0f;
-    w_partner[i] = own && roped ? attn_ld_f32(norm, p) : 0.0f;
-    c[i] = own && roped ? attn_ld_f32(pos_rope, 2 * pair) : 0.0f;
-    s[i] = own && roped ? attn_ld_f32(pos_rope, 2 * pair + 1) : 0.0f;
-  }
+  AttnRowConsts consts = normed ? attn_row_consts(h < n_q ? q_norm : k_norm, rope + at * n_rot, hd, n_rot) : attn_no_consts();
+  float x[ATTN_LANE_VALUES], x_partner[ATTN_LANE_VALUES], y[ATTN_LANE_VALUES];
+  attn_load_row(src, hd, n_rot, normed, x, x_partner);
   if (!normed) {
-    uint16_t* dst = v_cache + (at * n_kv + (h - n_q - n_kv)) * hd;
-#pragma unroll
-    for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++)
-      if (lane() + 32 * i < hd) dst[lane() + 32 * i] = f32_to_f16(x[i]);
+    attn_store_f16_row(v_cache + (at * n_kv + (h - n_q - n_kv)) * hd, hd, x);
     return;
   }
-  // The norm family's order: the lane's squares left to right, then the warp's.
-  float partial = 0.0f;
-#pragma unroll
-  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++)
-    if (lane() + 32 * i < hd) partial = partial + x[i] * x[i];
-  float scale = warp_rms_scale_from(partial, hd, eps);
+  attn_norm_rope_row(x, x_partner, consts, hd, n_rot, eps, y);
   // Query rows into q_out, key rows into the cache.
-  uint64_t dst = h < n_q ? ((uint64_t)t * n_q + h) * hd : (at * n_kv + (h - n_q)) * hd;
+  if (h < n_q) {
 #pragma unroll
-  for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++) {
-    uint32_t d = lane() + 32 * i;
-    if (d >= hd) continue;
-    float o = attn_roped(d, half, n_rot, (x[i] * scale) * w[i], (x_partner[i] * scale) * w_partner[i], c[i], s[i]);
-    if (h < n_q) q_out[dst + d] = o;
-    else k_cache[dst + d] = f32_to_f16(o);
+    for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++)
+      if (lane() + 32 * i < hd) q_out[((uint64_t)t * n_q + h) * hd + lane() + 32 * i] = y[i];
+  } else {
+    attn_store_f16_row(k_cache + (at * n_kv + (h - n_q)) * hd, hd, y);
   }
 }
 
@@ -475,6 +515,53 @@ ATTN_CHUNK_ENTRY(attn_chunk_128, 8, 4, 0)
 ATTN_CHUNK_ENTRY(attn_chunk_two, 2, 1, 0)
 ATTN_CHUNK_ENTRY(attn_chunk_two_128, 2, 1, 128)
 ATTN_CHUNK_ENTRY(attn_chunk_one, 1, 1, 0)
+
+// attn_prep and attn_chunk_band with out for one token at *pos whose context is one chunk, in
+// bands of W heads (the Rust twin's attn_prep_chunk_band): block b takes query heads W b .. of KV
+// group g; warp w < W norms and ropes query head W b + w straight into the band's shared query
+// words, warp W the group's key row (into k_cache at *pos as fp16), warp W + 1 its value row.
+// Every block of a group writes the same key and value rows (the same bits from every writer);
+// the block barrier before the chunk's first stage copy makes its own writes visible to its
+// copies. A position at or past n_ctx, or a context longer than one chunk, traps.
+template <uint32_t W, uint32_t HW, uint32_t HD>
+STRATA_FN void attn_prep_chunk_band(const float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const float* rope,
+                                    uint32_t n_q, uint32_t n_kv, uint32_t hd_arg, uint32_t n_rot, const uint32_t* pos, uint32_t n_ctx, float eps,
+                                    float scale, uint16_t* k_cache, uint16_t* v_cache, float* out, uint8_t* xq) {
+  static_assert(W >= 2 && W + 2 <= ATTN_WARPS && 2 * HW >= W, "a band's query words and its prep warps in the block");
+  if (HD != 0 && hd_arg != HD) trap_launch();
+  const uint32_t hd = HD != 0 ? HD : hd_arg;
+  uint32_t b = block_idx();
+  if (b >= n_q / W) return;  // the whole block
+  uint32_t h0 = b * W, at = ld_nc_u32((const uint8_t*)pos), len = attn_context_len(pos, 0, n_ctx);
+  if (at >= n_ctx || len > STRATA_ATTN_CHUNK || out == nullptr) trap_launch();
+  uint64_t g = h0 / (n_q / n_kv), cache_row = ((uint64_t)at * n_kv + g) * hd;
+  uint32_t w = warp_in_block();
+  float x[ATTN_LANE_VALUES], x_partner[ATTN_LANE_VALUES], y[ATTN_LANE_VALUES];
+  if (w < W) {
+    AttnRowConsts consts = attn_row_consts(q_norm, rope + (uint64_t)at * n_rot, hd, n_rot);
+    attn_load_row(q + (uint64_t)(h0 + w) * hd, hd, n_rot, true, x, x_partner);
+    attn_norm_rope_row(x, x_partner, consts, hd, n_rot, eps, y);
+#pragma unroll
+    for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++)
+      if (lane() + 32 * i < hd) strata_smem[attn_q_word(w, lane() + 32 * i, hd)] = __builtin_bit_cast(uint32_t, y[i]);
+  } else if (w == W) {
+    AttnRowConsts consts = attn_row_consts(k_norm, rope + (uint64_t)at * n_rot, hd, n_rot);
+    attn_load_row(k + g * hd, hd, n_rot, true, x, x_partner);
+    attn_norm_rope_row(x, x_partner, consts, hd, n_rot, eps, y);
+    attn_store_f16_row(k_cache + cache_row, hd, y);
+  } else if (w == W + 1) {
+    attn_load_row(v + g * hd, hd, n_rot, false, x, x_partner);
+    attn_store_f16_row(v_cache + cache_row, hd, x);
+  }
+  sync_threads();  // the queries and the block's cache rows are in
+  attn_one_chunk<W, HW>(k_cache, v_cache, 0, h0, W, n_q, n_kv, hd, g, len, 0, scale, nullptr, 1, out, xq);
+}
+
+STRATA_KERNEL(attn_prep_chunk_two_128)(const float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const float* rope,
+                                       uint32_t n_q, uint32_t n_kv, uint32_t hd, uint32_t n_rot, const uint32_t* pos, uint32_t n_ctx, float eps,
+                                       float scale, uint16_t* k_cache, uint16_t* v_cache, float* out, uint8_t* xq) {
+  attn_prep_chunk_band<2, 1, 128>(q, k, v, q_norm, k_norm, rope, n_q, n_kv, hd, n_rot, pos, n_ctx, eps, scale, k_cache, v_cache, out, xq);
+}
 
 // Block (t, h), thread d < hd: the token's ceil((*pos + t + 1) / STRATA_ATTN_CHUNK) parts
 // combined; every thread folds the maxima and L alike. With xq each warp also quantizes its 32

@@ -61,6 +61,91 @@ fn roped(d: u32, half: u32, n_rot: u32, y: f32, y_partner: f32, (c, s): (f32, f3
     }
 }
 
+/// `f(i, d)` for each value `d = lane + 32 i` of a head row of `hd` values that the lane holds
+/// (`i < LANE_VALUES`, `d < hd`), in order of `i`: the one place the lane's share is stated.
+#[inline(always)]
+fn lane_values(hd: u32, mut f: impl FnMut(usize, u32)) {
+    let lane = index::lane();
+    crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+        let d = lane + 32 * i as u32;
+        if d < hd {
+            f(i, d);
+        }
+    });
+}
+
+/// A lane's constants of one normed head row at one position: the norm weights of its values
+/// and of their RoPE partners, and their (cos, sin) pairs (zeros where unused). They depend on
+/// no launch before, so kernels load them before their grid wait.
+#[derive(Clone, Copy)]
+struct RowConsts {
+    w: [f32; LANE_VALUES],
+    w_partner: [f32; LANE_VALUES],
+    pair: [(f32, f32); LANE_VALUES],
+}
+
+impl RowConsts {
+    const NONE: RowConsts = RowConsts { w: [0.0; LANE_VALUES], w_partner: [0.0; LANE_VALUES], pair: [(0.0, 0.0); LANE_VALUES] };
+
+    /// The constants of a row normed by `norm` (`hd` f32) and roped at the position whose
+    /// `n_rot` table values start at `pos_rope`.
+    ///
+    /// # Safety
+    /// `norm` holds `hd` f32 and `pos_rope` `n_rot`; `n_rot` even and at most `hd`.
+    #[inline(always)]
+    unsafe fn load(norm: *const f32, pos_rope: *const f32, hd: u32, n_rot: u32) -> RowConsts {
+        let mut c = RowConsts::NONE;
+        lane_values(hd, |i, d| {
+            let (p, at) = rope_partner(d, n_rot / 2, n_rot);
+            c.w[i] = mem::ld_nc_f32(norm, d as usize);
+            if d < n_rot {
+                c.w_partner[i] = mem::ld_nc_f32(norm, p as usize);
+                c.pair[i] = (mem::ld_nc_f32(pos_rope, 2 * at as usize), mem::ld_nc_f32(pos_rope, 2 * at as usize + 1));
+            }
+        });
+        c
+    }
+}
+
+/// A lane's values of the head row at `src` and, where `normed`, their RoPE partners, in one
+/// round of loads (zeros where unused).
+///
+/// # Safety
+/// `src` holds `hd` f32; `n_rot` at most `hd`.
+#[inline(always)]
+unsafe fn load_row(src: *const f32, hd: u32, n_rot: u32, normed: bool) -> ([f32; LANE_VALUES], [f32; LANE_VALUES]) {
+    let (mut x, mut x_partner) = ([0.0f32; LANE_VALUES], [0.0f32; LANE_VALUES]);
+    lane_values(hd, |i, d| {
+        x[i] = mem::ld_nc_f32(src, d as usize);
+        if normed && d < n_rot {
+            x_partner[i] = mem::ld_nc_f32(src, rope_partner(d, n_rot / 2, n_rot).0 as usize);
+        }
+    });
+    (x, x_partner)
+}
+
+/// The lane's outputs of a head row ([`load_row`]) after the per-head RMSNorm (the norm
+/// family's order: the lane's squares left to right, then the warp's) and RoPE with the row's
+/// constants. The whole warp calls it, converged.
+#[inline(always)]
+fn norm_rope_row((x, x_partner): ([f32; LANE_VALUES], [f32; LANE_VALUES]), c: &RowConsts, hd: u32, n_rot: u32, eps: f32) -> [f32; LANE_VALUES] {
+    let mut partial = 0.0f32;
+    lane_values(hd, |i, _| partial += x[i] * x[i]);
+    let scale = super::norm::warp_rms_scale_from(partial, hd, eps);
+    let mut y = [0.0f32; LANE_VALUES];
+    lane_values(hd, |i, d| y[i] = roped(d, n_rot / 2, n_rot, (x[i] * scale) * c.w[i], (x_partner[i] * scale) * c.w_partner[i], c.pair[i]));
+    y
+}
+
+/// Stores the lane's values of a head row rounded to fp16 (a cache row at `dst`).
+///
+/// # Safety
+/// `dst` holds `hd` u16.
+#[inline(always)]
+unsafe fn store_f16_row(dst: *mut u16, hd: u32, y: &[f32; LANE_VALUES]) {
+    lane_values(hd, |i, d| mem::st_u16(dst.add(d as usize) as *mut u8, convert::f32_to_f16(y[i])));
+}
+
 crate::entry! {
     /// One warp per head row `r` of the window: `t = r / (n_q + 2 n_kv)`; of each token's rows the
     /// first `n_q` are query heads (`q[t * q_stride + h * hd ..]`: normed, roped, into `q_out`
@@ -101,29 +186,17 @@ crate::entry! {
         let r = index::block_idx() * ATTN_PREP_WARPS + index::warp_in_block();
         let warp_row = r < tokens * heads;
         let (t, h) = if warp_row { (r / heads, r % heads) } else { (0, 0) };
-        let (lane, half) = (index::lane(), n_rot / 2);
         let normed = h < n_q + n_kv;
         // Before the wait: the window's position, which a copy or the accept of a step before
         // wrote, launches before this one (read from L2: host/src/backends/launch.rs); then the
-        // row's constants into registers: the norm weights of the lane's values and their RoPE
-        // partners, and their (cos, sin) pairs.
+        // row's constants into registers.
         let at_pos = if warp_row { mem::ld_cg_u32(pos as *const u8) as u64 + t as u64 } else { u64::MAX };
-        let (mut w, mut w_partner, mut pair) = ([0.0f32; LANE_VALUES], [0.0f32; LANE_VALUES], [(0.0f32, 0.0f32); LANE_VALUES]);
-        if at_pos < n_ctx as u64 && normed {
+        let consts = if at_pos < n_ctx as u64 && normed {
             let norm = if h < n_q { q_norm } else { k_norm };
-            let pos_rope = rope.wrapping_add(at_pos as usize * n_rot as usize);
-            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-                let d = lane + 32 * i as u32;
-                if d < hd {
-                    let (p, c) = rope_partner(d, half, n_rot);
-                    w[i] = mem::ld_nc_f32(norm, d as usize);
-                    if d < n_rot {
-                        w_partner[i] = mem::ld_nc_f32(norm, p as usize);
-                        pair[i] = (mem::ld_nc_f32(pos_rope, 2 * c as usize), mem::ld_nc_f32(pos_rope, 2 * c as usize + 1));
-                    }
-                }
-            });
-        }
+            RowConsts::load(norm, rope.wrapping_add(at_pos as usize * n_rot as usize), hd, n_rot)
+        } else {
+            RowConsts::NONE
+        };
         crate::arch::sync::chain_grids();
         if !warp_row {
             return; // the whole warp (the kernel has no block barrier)
@@ -133,8 +206,8 @@ crate::entry! {
         }
         let pos = at_pos as usize;
         let hdu = hd as usize;
-        // The row's values (and their partners) in one round of loads, every store after them: a
-        // store may alias the row for all the compiler knows, so a load after it would wait.
+        // The row's values in one round of loads, every store after them: a store may alias the
+        // row for all the compiler knows, so a load after it would wait.
         let src = if h < n_q {
             q.add(t as usize * q_stride as usize + h as usize * hdu)
         } else if h < n_q + n_kv {
@@ -142,56 +215,134 @@ crate::entry! {
         } else {
             v.add(t as usize * kv_stride as usize + (h - n_q - n_kv) as usize * hdu)
         };
-        let (mut x, mut x_partner) = ([0.0f32; LANE_VALUES], [0.0f32; LANE_VALUES]);
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-            let d = lane + 32 * i as u32;
-            if d < hd {
-                x[i] = mem::ld_nc_f32(src, d as usize);
-                if normed && d < n_rot {
-                    x_partner[i] = mem::ld_nc_f32(src, rope_partner(d, half, n_rot).0 as usize);
-                }
-            }
-        });
+        let row = load_row(src, hd, n_rot, normed);
         if !normed {
-            let dst = v_cache.add((pos * n_kv as usize + (h - n_q - n_kv) as usize) * hdu);
-            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-                let d = lane as usize + 32 * i;
-                if d < hdu {
-                    mem::st_u16(dst.add(d) as *mut u8, convert::f32_to_f16(x[i]));
-                }
-            });
+            store_f16_row(v_cache.add((pos * n_kv as usize + (h - n_q - n_kv) as usize) * hdu), hd, &row.0);
             return;
         }
-        // The norm family's order: the lane's squares left to right, then the warp's.
-        let mut partial = 0.0f32;
-        crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-            if lane as usize + 32 * i < hdu {
-                partial += x[i] * x[i];
-            }
-        });
-        let scale = super::norm::warp_rms_scale_from(partial, hd, eps);
-        let out = |i: usize| {
-            let d = lane + 32 * i as u32;
-            roped(d, half, n_rot, (x[i] * scale) * w[i], (x_partner[i] * scale) * w_partner[i], pair[i])
-        };
+        let y = norm_rope_row(row, &consts, hd, n_rot, eps);
         if h < n_q {
             let dst = q_out.add((t as usize * n_q as usize + h as usize) * hdu);
-            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-                let d = lane as usize + 32 * i;
-                if d < hdu {
-                    mem::st_f32(dst.add(d), out(i));
-                }
-            });
+            lane_values(hd, |i, d| mem::st_f32(dst.add(d as usize), y[i]));
         } else {
-            let dst = k_cache.add((pos * n_kv as usize + (h - n_q) as usize) * hdu);
-            crate::unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-                let d = lane as usize + 32 * i;
-                if d < hdu {
-                    mem::st_u16(dst.add(d) as *mut u8, convert::f32_to_f16(out(i)));
-                }
-            });
+            store_f16_row(k_cache.add((pos * n_kv as usize + (h - n_q) as usize) * hdu), hd, &y);
         }
     }
+}
+
+crate::entry! {
+    /// `attn_prep` and `attn_chunk_two_128` of a one-token window whose context is one chunk, in
+    /// one launch (the host's choice where the step would launch `attn_chunk_two_128` without a
+    /// merge: [`attn_prep_chunk_band`]).
+    ///
+    /// # Safety
+    /// As [`attn_prep_chunk_band`] with `W = 2`, `HD = 128`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn attn_prep_chunk_two_128(
+        q: *const f32,
+        k: *const f32,
+        v: *const f32,
+        q_norm: *const f32,
+        k_norm: *const f32,
+        rope: *const f32,
+        n_q: u32,
+        n_kv: u32,
+        hd: u32,
+        n_rot: u32,
+        pos: *const u32,
+        n_ctx: u32,
+        eps: f32,
+        scale: f32,
+        k_cache: *mut u16,
+        v_cache: *mut u16,
+        out: *mut f32,
+        xq: *mut u8,
+    ) {
+        attn_prep_chunk_band::<2, 1, 128>(q, k, v, q_norm, k_norm, rope, n_q, n_kv, hd, n_rot, pos, n_ctx, eps, scale, k_cache, v_cache, out, xq)
+    }
+}
+
+/// `attn_prep` then `attn_chunk_band` with `out` for one token at `pos0 = *pos` whose context
+/// (`pos0 + 1` keys) is one chunk, in bands of `W` heads: block `b` takes query heads `W b ..`
+/// of KV group `g`. Before the grid wait, as `attn_chunk`, it asks L2 for the chunk's cache rows,
+/// and its prep warps load their rows' norm weights and (cos, sin) pairs; after it, warp `w < W`
+/// norms and ropes query head `W b + w` (`q[h * hd ..]`) straight into the band's shared query
+/// words, warp `W` the group's key row (`k[g * hd ..]`, into `k_cache` at `pos0` as fp16) and
+/// warp `W + 1` its value row (`v[g * hd ..]`, into `v_cache`): each value `attn_prep`'s bits.
+/// Every block of a group writes the same key and value rows (the same bits from every writer),
+/// and the block barrier before the chunk's first stage copy makes its own writes visible to
+/// its copies. Then the chunk as `attn_chunk_band` computes it, into `out` (and `xq`). A
+/// position at or past `n_ctx`, or a context longer than one chunk, traps.
+///
+/// # Safety
+/// `q`: `n_q * hd` f32, `k`, `v`: `n_kv * hd` f32 (they may overlap each other: only read),
+/// `q_norm`, `k_norm`: `hd` f32, `rope`: `n_ctx * n_rot` f32; the caches hold `n_ctx` positions
+/// (`n_kv * hd` u16 each), those before `*pos` written, 16-byte aligned; `pos`: one u32; `out`:
+/// `n_q * hd` f32; `xq`: null or `n_q * hd / 32` q8_1 blocks; `hd` a multiple of 32, at most
+/// `ATTN_MAX_HD` (and `HD` where that is not 0), `n_rot` even and at most `hd`; `n_q` a multiple
+/// of `n_kv`, `W` dividing `n_q / n_kv` and at most `attn_max_band(hd)`; outputs do not overlap
+/// inputs; `ATTN_CHUNK_SMEM_WORDS` words of shared memory.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attn_prep_chunk_band<const W: usize, const HW: usize, const HD: u32>(
+    q: *const f32,
+    k: *const f32,
+    v: *const f32,
+    q_norm: *const f32,
+    k_norm: *const f32,
+    rope: *const f32,
+    n_q: u32,
+    n_kv: u32,
+    hd: u32,
+    n_rot: u32,
+    pos: *const u32,
+    n_ctx: u32,
+    eps: f32,
+    scale: f32,
+    k_cache: *mut u16,
+    v_cache: *mut u16,
+    out: *mut f32,
+    xq: *mut u8,
+) {
+    // The band's query words are `q_word`'s (a band above one head), and its prep warps fit the block.
+    const { assert!(W >= 2 && W + 2 <= WARPS as usize && 2 * HW >= W) };
+    if HD != 0 && hd != HD {
+        sync::trap();
+    }
+    let hd = if HD != 0 { HD } else { hd };
+    let heads = W as u32;
+    if index::block_idx() >= n_q / heads {
+        return; // the whole block
+    }
+    ask_l2_one_chunk(k_cache as *const u16, v_cache as *const u16, 1, n_q, n_kv, hd, pos, n_ctx, 1, heads);
+    let (band, _) = Band::of_block(1, n_q, n_kv, hd, heads, false);
+    // The warp's row: query head `h0 + w` (`w < W`), the group's key (`W`) or value (`W + 1`).
+    let w = index::warp_in_block();
+    let at_pos = mem::ld_cg_u32(pos as *const u8);
+    let consts = if at_pos < n_ctx && w <= heads {
+        let norm = if w < heads { q_norm } else { k_norm };
+        RowConsts::load(norm, rope.wrapping_add(at_pos as usize * n_rot as usize), hd, n_rot)
+    } else {
+        RowConsts::NONE
+    };
+    crate::arch::sync::chain_grids();
+    let len = context_len(at_pos, 0, n_ctx);
+    if at_pos >= n_ctx || len > ATTN_CHUNK as u32 || out.is_null() {
+        sync::trap(); // the host launches this for one-token windows of one-chunk contexts
+    }
+    let smem = Smem::dynamic();
+    let (hdu, cache_row) = (hd as usize, (at_pos as usize * n_kv as usize + band.g) * hd as usize);
+    if w < heads {
+        let y = norm_rope_row(load_row(q.add((band.h0 + w) as usize * hdu), hd, n_rot, true), &consts, hd, n_rot, eps);
+        lane_values(hd, |i, d| smem.st_u32(q_word(w, d, hd), y[i].to_bits()));
+    } else if w == heads {
+        let y = norm_rope_row(load_row(k.add(band.g * hdu), hd, n_rot, true), &consts, hd, n_rot, eps);
+        store_f16_row(k_cache.add(cache_row), hd, &y);
+    } else if w == heads + 1 {
+        store_f16_row(v_cache.add(cache_row), hd, &load_row(v.add(band.g * hdu), hd, n_rot, false).0);
+    }
+    let dest = Dest { part: core::ptr::null_mut(), n_chunks: 1, out, xq };
+    band.walk::<W, HW>(smem, k_cache as *const u16, v_cache as *const u16, len, 0, 1, scale, dest);
 }
 
 /// `split` blocks per (token `t`, band of `heads` consecutive query heads of one KV group),
@@ -273,18 +424,7 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32, const 
         smem.st_u32(word, mem::ld_nc_u32(rows.add(i as usize) as *const u8));
         i += ATTN_THREADS;
     }
-    let mut c = first;
-    while c * (ATTN_CHUNK as u32) < len {
-        sync::sync_threads(); // the queries are in; the previous chunk's readers are done
-        crate::trace_mark!(1, "queries");
-        let dest = Dest { part, n_chunks, out, xq };
-        if W == 1 {
-            band.chunk_one_head(smem, k_cache, v_cache, len, c, scale, dest);
-        } else {
-            band.chunk::<W, HW>(smem, k_cache, v_cache, len, c, scale, dest);
-        }
-        c += split;
-    }
+    band.walk::<W, HW>(smem, k_cache, v_cache, len, first, split, scale, Dest { part, n_chunks, out, xq });
 }
 
 /// Declares the `attn_chunk` entries: one per widest band `W` it takes and head size `HD` it
@@ -479,6 +619,24 @@ impl Band {
         let (tb, first) = (index::block_idx() % (tokens * bands), index::block_idx() / (tokens * bands));
         let (t, h0) = (tb / bands, tb % bands * heads);
         (Band { t, h0, heads, g: (h0 / (n_q / n_kv)) as usize, n_q, n_kv, hd, lean }, first)
+    }
+
+    /// Chunks `first, first + split, ...` of the token's `len` keys into `dest`, the band's
+    /// queries in shared memory (written by the block before the call). The whole block calls it.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn walk<const W: usize, const HW: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, first: u32, split: u32, scale: f32, dest: Dest) {
+        let mut c = first;
+        while c * (ATTN_CHUNK as u32) < len {
+            sync::sync_threads(); // the queries are in; the previous chunk's readers are done
+            crate::trace_mark!(1, "queries");
+            if W == 1 {
+                self.chunk_one_head(smem, k_cache, v_cache, len, c, scale, dest);
+            } else {
+                self.chunk::<W, HW>(smem, k_cache, v_cache, len, c, scale, dest);
+            }
+            c += split;
+        }
     }
 
     /// 0, which in the lean entry the optimizer cannot see is the same for every chunk `c`: an

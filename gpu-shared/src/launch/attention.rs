@@ -51,6 +51,16 @@ pub const fn attn_chunk_kernel(band: usize, hd: usize, lean: bool) -> &'static s
     }
 }
 
+/// The entry that runs `attn_prep` and the chunk kernel of a one-token window in one launch, for
+/// a band of `band` heads of `hd` values, where there is one: `attn_prep_chunk_two_128`. The host
+/// launches it where the context bound is one chunk (no merge) and [`attn_band`] gives that band.
+pub const fn attn_prep_chunk_kernel(band: usize, hd: usize) -> Option<&'static str> {
+    match (band, hd) {
+        (2, 128) => Some("attn_prep_chunk_two_128"),
+        _ => None,
+    }
+}
+
 /// Whether a band of `band` heads of `hd` values has a lean twin (`attn_chunk_128`'s bands: above
 /// two heads, 128 values).
 pub const fn attn_chunk_has_lean(band: usize, hd: usize) -> bool {
@@ -185,7 +195,7 @@ const fn staged_chunk(kernel: &'static str) -> Bounds {
 pub const LEAN_BOUNDS: [Bounds; 1] = [Bounds { kernel: "attn_chunk_128_m4", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_SMEM_WORDS }];
 
 /// This family's kernels (joined into [`super::BOUNDS`]).
-pub const BOUNDS: [Bounds; 7] = [
+pub const BOUNDS: [Bounds; 8] = [
     // attn_prep holds its row, its RoPE partners and their constants in registers: 71 of them at
     // 4 blocks a SM, where 8 would cap a thread at 64 (its grid is a few blocks a token anyway).
     Bounds { kernel: "attn_prep", threads: 32 * ATTN_PREP_WARPS, min_blocks: 4, smem_bytes: 0 },
@@ -193,6 +203,8 @@ pub const BOUNDS: [Bounds; 7] = [
     staged_chunk("attn_chunk_128"),
     staged_chunk("attn_chunk_two"),
     staged_chunk("attn_chunk_two_128"),
+    // attn_prep's rows in the prep warps of attn_chunk_two_128's body.
+    staged_chunk("attn_prep_chunk_two_128"),
     // One head a block (warps scoring keys): 4 blocks per SM.
     Bounds { kernel: "attn_chunk_one", threads: ATTN_THREADS, min_blocks: 4, smem_bytes: 4 * ATTN_CHUNK_ONE_SMEM_WORDS },
     Bounds { kernel: "attn_merge", threads: ATTN_THREADS, min_blocks: 2, smem_bytes: 0 },

@@ -69,11 +69,16 @@ pub struct KernelKnobs {
     /// (`launch::attention::attn_lean_wanted`: 4 where more than two blocks a SM work, on a
     /// backend with the twin).
     pub attn_minb: u32,
+    /// `STRATA_ATTN_FUSE`: a one-token step whose context is one chunk launches `attn_prep` and
+    /// the attention chunk as one kernel where the band and head size have the fused entry
+    /// (`attn_prep_chunk_two_128`; `GpuBackend::prep_attention_kernel`), else as two (on by
+    /// default; 0, the two launches everywhere, for comparing them in one process).
+    pub attn_fuse: bool,
 }
 
 impl Default for KernelKnobs {
     fn default() -> Self {
-        KernelKnobs { expdec: true, r: 0, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: true, attn_minb: 0 }
+        KernelKnobs { expdec: true, r: 0, rb: 0, down: false, d20: true, dr: 2, drb: 0, minb: 2, dminb: 4, minblk: 4096, warps: 0, pairs: 1, warp_rows: true, attn_minb: 0, attn_fuse: true }
     }
 }
 
@@ -85,7 +90,7 @@ pub struct Knob {
     pub what: &'static str,
 }
 
-pub const KNOBS: [Knob; 14] = [
+pub const KNOBS: [Knob; 15] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
     Knob { name: "EXPDEC_R", values: "0|1|2", what: "gate/up weight rows per lane (0: 1 for a one-token window, 2 for larger windows)" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
@@ -100,6 +105,7 @@ pub const KNOBS: [Knob; 14] = [
     Knob { name: "EXPDEC_PAIRS", values: "0|1|2", what: "EXPDEC gate/up chunks split over a cluster's two blocks (cuda on sm_90+, R=1, an IQ format): 0 never, 1 where the rule picks 16 warps, 2 always" },
     Knob { name: "EXPDEC_WARP_ROWS", values: "0|1", what: "IQ3_ST gate/up in 8-warp blocks at R=1 MINB=2: each warp copies its rows to shared memory two ahead and decodes a row once it lands" },
     Knob { name: "ATTN_MINB", values: "0|2|4", what: "attention chunk blocks a SM for bands above two heads of 128 values (4: the lean entry, cuda on sm_90; 0: 4 where more than two blocks a SM work)" },
+    Knob { name: "ATTN_FUSE", values: "0|1", what: "one-token steps of one-chunk contexts run attn_prep inside the attention launch (bands of two heads of 128 values)" },
 ];
 
 impl KernelKnobs {
@@ -135,6 +141,7 @@ impl KernelKnobs {
             "EXPDEC_PAIRS" => self.pairs = one_of(&[0, 1, 2])?,
             "EXPDEC_WARP_ROWS" => self.warp_rows = flag()?,
             "ATTN_MINB" => self.attn_minb = one_of(&[0, 2, 4])?,
+            "ATTN_FUSE" => self.attn_fuse = flag()?,
             _ => unreachable!("every name of KNOBS is matched"),
         }
         Ok(())
@@ -204,8 +211,8 @@ impl KernelKnobs {
     /// One line naming every knob and its value.
     pub fn describe(&self) -> String {
         format!(
-            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={} ATTN_MINB={}",
-            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk, self.attn_minb
+            "EXPDEC={} R={} RB={} MINB={} WARPS={} PAIRS={} EXPDEC_WARP_ROWS={} DOWN={} D20={} DR={} DRB={} DMINB={} MINBLK={} ATTN_MINB={} ATTN_FUSE={}",
+            self.expdec as u8, self.r, self.rb, self.minb, self.warps, self.pairs, self.warp_rows as u8, self.down as u8, self.d20 as u8, self.dr, self.drb, self.dminb, self.minblk, self.attn_minb, self.attn_fuse as u8
         )
     }
 
@@ -381,7 +388,7 @@ mod tests {
 
     #[test]
     fn plan_follows_the_knobs() {
-        let on = KernelKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, attn_minb: 2 };
+        let on = KernelKnobs { expdec: true, r: 1, rb: 64, down: true, d20: true, dr: 4, drb: 128, minb: 2, dminb: 2, minblk: 1, warps: 8, pairs: 1, warp_rows: false, attn_minb: 2, attn_fuse: true };
         let p = on.plan((Iq3S, Q2_0), 2560, 640, 40, H200_SMS, false).unwrap();
         assert_eq!(p.gu, Launch { kernel: "expdec_gu_iq3_s_r1_m2", blocks: 40 * 10, smem: expdec_gu_smem(2560, 64, 512), rows_per_block: 64 });
         // 20 groups: 12 row slots x 4 rows a step; 128 rows asked is two whole steps.

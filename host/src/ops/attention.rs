@@ -15,12 +15,14 @@ use crate::parity::{compare_bits, note_unwritten, Mismatch, Outcome, NMSE_MAX, P
 use crate::reference::nmse;
 use strata_gpu_shared::f16::{f16_to_f32, f32_to_f16};
 use strata_gpu_shared::formats::q8_1;
-use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunks, attn_lean_wanted, attn_split, attn_max_band, attn_band_min_blocks, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
+use strata_gpu_shared::launch::attention::{attn_band, attn_band_fits, attn_chunks, attn_lean_wanted, attn_prep_chunk_kernel, attn_split, attn_max_band, attn_band_min_blocks, ATTN_CHUNK, ATTN_MAX_HD, ATTN_PREP_WARPS};
 use strata_gpu_shared::replica::attention::{attend, norm_rope, prep_key, prep_value, rope_at, KvHead};
 
 const PREP: &str = "attn_prep";
 const CHUNK: &str = "attn_chunk";
 const MERGE: &str = "attn_merge";
+/// The fused `attn_prep` and one-chunk attention (`attn_prep_chunk_*`).
+const FUSED: &str = "attn_prep_chunk";
 /// Grid blocks one launch may take.
 const MAX_BLOCKS: usize = i32::MAX as usize / 2;
 
@@ -173,6 +175,33 @@ fn check_prep(s: AttnShape, strides: QkvStrides, pos0: usize, lens: [usize; 9], 
     check_lens(PREP, &bufs, exact)
 }
 
+/// The fused prep and attention's shape and buffer lengths: `q, k, v, q_norm, k_norm, rope,
+/// k_cache, v_cache, out` for one token (its rows packed, or views whose first row is the
+/// token's).
+fn check_prep_attention(s: AttnShape, pos0: usize, lens: [usize; 9], exact: bool) -> Result<()> {
+    s.check(FUSED, pos0)?;
+    let names = ["q", "k", "v", "q_norm", "k_norm", "rope", "k_cache", "v_cache", "out"];
+    let want = [s.q_len(), s.kv_len(), s.kv_len(), s.hd, s.hd, s.rope_len(), s.cache_len(), s.cache_len(), s.q_len()];
+    let bufs: Vec<_> = names.iter().zip(lens).zip(want).map(|((&n, h), w)| (n, h, w)).collect();
+    check_lens(FUSED, &bufs, exact)
+}
+
+/// The fused entry for a window of `shape` whose contexts are at most `ctx_bound` keys, in
+/// bands of `band` heads ([`attn_prep_chunk_kernel`]); an error where it takes no such launch:
+/// more than one token, a context past one chunk, a band or head size without an entry.
+fn prep_chunk_entry(s: AttnShape, ctx_bound: usize, band: usize) -> Result<&'static str> {
+    match attn_prep_chunk_kernel(band, s.hd) {
+        Some(kernel) if s.tokens == 1 && ctx_bound <= ATTN_CHUNK => Ok(kernel),
+        _ => Err(Error::Shape {
+            kernel: FUSED,
+            detail: format!(
+                "a window of {} tokens with contexts up to {ctx_bound} keys in bands of {band} heads of {} values: the fused launch takes one token, one chunk ({ATTN_CHUNK} keys) and bands of 2 heads of 128 values",
+                s.tokens, s.hd
+            ),
+        }),
+    }
+}
+
 /// The attention's shape and buffer lengths: `q, k_cache, v_cache, out`.
 fn check_attention(s: AttnShape, pos0: usize, lens: [usize; 4], exact: bool) -> Result<()> {
     s.check(CHUNK, pos0)?;
@@ -214,6 +243,35 @@ pub trait AttentionOps {
     /// `out` (`tokens x n_q x hd`).
     #[allow(clippy::too_many_arguments)]
     fn attention(&self, q: &[f32], k_cache: &[u16], v_cache: &[u16], shape: AttnShape, pos0: usize, scale: f32, out: &mut [f32]) -> Result<()>;
+
+    /// [`Self::attn_prep`] then [`Self::attention`] of a one-token window at `pos0` whose
+    /// context is one chunk (`q`, `k`, `v`: the token's rows): the caches' rows at `pos0` and the
+    /// attention output (the prepared queries are not kept). The CPU runs the two; the GPU
+    /// backends launch them as one kernel ([`attn_prep_chunk_kernel`] for the band the step
+    /// would launch), an error where there is none for the shape.
+    #[allow(clippy::too_many_arguments)]
+    fn prep_attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        q_norm: &[f32],
+        k_norm: &[f32],
+        rope: &[f32],
+        shape: AttnShape,
+        pos0: usize,
+        eps: f32,
+        scale: f32,
+        k_cache: &mut [u16],
+        v_cache: &mut [u16],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), k_cache.len(), v_cache.len(), out.len()];
+        check_prep_attention(shape, pos0, lens, true)?;
+        let mut q_out = vec![0.0f32; shape.q_len()];
+        self.attn_prep(q, k, v, shape.dense(), q_norm, k_norm, rope, shape, pos0, eps, &mut q_out, k_cache, v_cache)?;
+        self.attention(&q_out, k_cache, v_cache, shape, pos0, scale, out)
+    }
 }
 
 impl AttentionOps for CpuBackend {
@@ -402,6 +460,73 @@ impl GpuBackend {
     }
 }
 
+impl GpuBackend {
+    /// The fused `attn_prep` + attention entry the step launches for `shape` and `ctx_bound` (a
+    /// bound that holds: the window's end), or `None` where it launches the two: a one-token
+    /// window whose context is one chunk, in a band ([`Self::attn_band`]) and head size with an
+    /// entry ([`attn_prep_chunk_kernel`]), unless the `ATTN_FUSE` knob is off.
+    pub fn prep_attention_kernel(&self, shape: AttnShape, ctx_bound: usize) -> Option<&'static str> {
+        if !self.kernel_knobs().attn_fuse {
+            return None;
+        }
+        prep_chunk_entry(shape, ctx_bound, self.attn_band(shape, ctx_bound)).ok()
+    }
+
+    /// Queues `attn_prep` and the attention of a one-token window in one launch (see
+    /// [`AttentionOps::prep_attention`]) at the position `pos[0]` holds when it runs, whose
+    /// context the caller promises is at most `ctx_bound` keys, one chunk; an error where
+    /// [`Self::prep_attention_kernel`]'s entry does not exist for the shape. `q`, `k` and `v` are
+    /// views whose first row is the token's (into one fused projection row, or whole buffers);
+    /// with `xq` the output's q8_1 blocks too. Buffers may be longer than the shape needs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prep_attention_queue(
+        &self,
+        q: &CudaView<f32>,
+        k: &CudaView<f32>,
+        v: &CudaView<f32>,
+        q_norm: &CudaSlice<f32>,
+        k_norm: &CudaSlice<f32>,
+        rope: &CudaSlice<f32>,
+        shape: AttnShape,
+        pos: &CudaSlice<u32>,
+        ctx_bound: usize,
+        eps: f32,
+        scale: f32,
+        k_cache: &mut CudaSlice<u16>,
+        v_cache: &mut CudaSlice<u16>,
+        out: &mut CudaSlice<f32>,
+        xq: Option<&mut CudaSlice<u8>>,
+    ) -> Result<()> {
+        let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), k_cache.len(), v_cache.len(), out.len()];
+        check_prep_attention(shape, 0, lens, false)?;
+        check_lens(FUSED, &[("pos", pos.len(), 1)], false)?;
+        if let Some(xq) = &xq {
+            check_lens(FUSED, &[("q8_1 output", xq.len(), q8_1::bytes_of(shape.q_len()))], false)?;
+        }
+        let band = self.attn_band(shape, ctx_bound);
+        let kernel = prep_chunk_entry(shape, ctx_bound, band)?;
+        let s = shape;
+        let (n_q, n_kv, hd, n_rot, n_ctx) = (s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_rot as u32, s.n_ctx as u32);
+        let null = 0u64;
+        let mut a = self.builder(kernel);
+        a.arg(q).arg(k).arg(v).arg(q_norm).arg(k_norm).arg(rope);
+        a.arg(&n_q).arg(&n_kv).arg(&hd).arg(&n_rot).arg(pos).arg(&n_ctx).arg(&eps).arg(&scale);
+        a.arg(k_cache).arg(v_cache).arg(out);
+        match xq {
+            Some(xq) => a.arg(xq),
+            None => a.arg(&null),
+        };
+        // SAFETY: the entry's parameters in order over the buffers checked above (the views
+        // hold the token's rows, the rope table and caches `n_ctx` positions), its shared memory
+        // from BOUNDS, bands of the entry's width dividing the group (`prep_chunk_entry` took
+        // the band and head size the entry is compiled for); the caller's bound keeps the
+        // context to one chunk (the kernel traps on a longer one, or a position past the cache,
+        // rather than write a wrong result); blocks past the bands return, so a padded grid is
+        // covered. The inputs may be views of one buffer: the kernel only reads them.
+        unsafe { self.launch_async(kernel, self.padded_grid(kernel, (s.n_q / band) as u32), a) }
+    }
+}
+
 impl AttentionOps for GpuBackend {
     fn name(&self) -> &'static str {
         self.name_static()
@@ -447,6 +572,36 @@ impl AttentionOps for GpuBackend {
         self.attention_queue(&dq, &dkc, &dvc, shape, &dpos, pos0 + shape.tokens, true, scale, None, &mut part, &mut dout, None)?;
         self.synchronize(MERGE)?;
         self.download_out(MERGE, &dout, out)
+    }
+
+    fn prep_attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        q_norm: &[f32],
+        k_norm: &[f32],
+        rope: &[f32],
+        shape: AttnShape,
+        pos0: usize,
+        eps: f32,
+        scale: f32,
+        k_cache: &mut [u16],
+        v_cache: &mut [u16],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), k_cache.len(), v_cache.len(), out.len()];
+        check_prep_attention(shape, pos0, lens, true)?;
+        prep_chunk_entry(shape, pos0 + 1, self.attn_band(shape, pos0 + 1))?;
+        let up = |x: &[f32]| self.upload(FUSED, x);
+        let (dq, dk, dv, dqn, dkn, drope) = (up(q)?, up(k)?, up(v)?, up(q_norm)?, up(k_norm)?, up(rope)?);
+        let (mut dkc, mut dvc, mut dout) = (self.upload_out(FUSED, k_cache)?, self.upload_out(FUSED, v_cache)?, self.upload_out(FUSED, out)?);
+        let dpos = self.upload(FUSED, &[pos0 as u32])?;
+        self.prep_attention_queue(&dq.as_view(), &dk.as_view(), &dv.as_view(), &dqn, &dkn, &drope, shape, &dpos, pos0 + 1, eps, scale, &mut dkc, &mut dvc, &mut dout, None)?;
+        self.synchronize(FUSED)?;
+        self.download_out(FUSED, &dkc, k_cache)?;
+        self.download_out(FUSED, &dvc, v_cache)?;
+        self.download_out(FUSED, &dout, out)
     }
 }
 
@@ -515,6 +670,35 @@ impl AttentionOps for SimBackend {
         let mut a = SimArgs::new();
         a.input(&part).u32(tokens).u32(n_q).u32(hd).input(&pos).u32(n_ctx).output(out).null();
         self.run(MERGE, tokens * n_q, None, &a)
+    }
+
+    fn prep_attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        q_norm: &[f32],
+        k_norm: &[f32],
+        rope: &[f32],
+        shape: AttnShape,
+        pos0: usize,
+        eps: f32,
+        scale: f32,
+        k_cache: &mut [u16],
+        v_cache: &mut [u16],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), k_cache.len(), v_cache.len(), out.len()];
+        check_prep_attention(shape, pos0, lens, true)?;
+        let s = shape;
+        let band = self.attn_band.unwrap_or_else(|| attn_band(s.n_q, s.n_kv, s.hd, 1, 1, attn_band_min_blocks(self.sms)));
+        let kernel = prep_chunk_entry(s, pos0 + 1, band)?;
+        let pos = [pos0 as u32];
+        let mut a = SimArgs::new();
+        a.input(q).input(k).input(v).input(q_norm).input(k_norm).input(rope);
+        a.u32(s.n_q as u32).u32(s.n_kv as u32).u32(s.hd as u32).u32(s.n_rot as u32).input(&pos).u32(s.n_ctx as u32).f32(eps).f32(scale);
+        a.output(k_cache).output(v_cache).output(out).null();
+        self.run(kernel, (s.n_q / band) as u32, None, &a)
     }
 }
 
@@ -775,6 +959,63 @@ pub fn attention_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed: u64
         nmse: Some(nmse(&first, &case.attention_f64())),
         nmse_max: NMSE_MAX,
     })
+}
+
+/// `prep_attention` (the fused prep and one-chunk attention of one token) of `case` on every
+/// backend: the attention output and both whole caches identical, the output and the token's
+/// cache rows all written, the other cache positions untouched. (The first backend, the CPU,
+/// runs `attn_prep` and the attention, which [`prep_case`] and [`attention_case`] hold to
+/// float64.)
+pub fn prep_attention_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed: u64) -> Result<Outcome> {
+    let window = case.window_range();
+    let (s, nq) = (case.shape, case.shape.q_len());
+    let (before_k, before_v) = case.prep_caches();
+    let (mut outs, mut unwritten, mut stray) = (Vec::new(), Vec::new(), None);
+    for &b in backends {
+        let mut out = vec![f32::from_bits(POISON_F32); nq];
+        let (mut kc, mut vc) = case.prep_caches();
+        b.prep_attention(&case.q, &case.k, &case.v, &case.q_norm, &case.k_norm, &case.rope, s, case.pos0, case.eps, case.scale, &mut kc, &mut vc, &mut out)?;
+        let left = out.iter().map(|v| v.to_bits() == POISON_F32).chain(kc[window.clone()].iter().chain(&vc[window.clone()]).map(|&h| h == POISON_F16));
+        note_unwritten(&mut unwritten, b.name(), left);
+        let outside = |c: &[u16], before: &[u16]| (0..c.len()).find(|i| !window.contains(i) && c[*i] != before[*i]);
+        if let Some((i, c, before)) = outside(&kc, &before_k).map(|i| (i, &kc, &before_k)).or(outside(&vc, &before_v).map(|i| (i, &vc, &before_v))) {
+            let got = format!("{:#06x} at cache index {i} outside the window", c[i]);
+            stray.get_or_insert(Mismatch { backend: b.name().into(), index: i, got, want: format!("{:#06x} (untouched)", before[i]) });
+        }
+        let words = out.iter().map(|v| v.to_bits()).chain(kc.iter().chain(&vc).map(|&h| h as u32)).collect();
+        outs.push((b.name().to_string(), words));
+    }
+    let nc = s.cache_len();
+    let mismatch = compare_bits(&outs, |i, v| match i {
+        i if i < nq => format!("output {:e} ({v:#010x}) at {i} (head {}, value {})", f32::from_bits(v), i / s.hd, i % s.hd),
+        i if i < nq + nc => format!("k_cache {v:#06x} at {}", i - nq),
+        i => format!("v_cache {v:#06x} at {}", i - nq - nc),
+    });
+    Ok(Outcome {
+        kernel: FUSED.into(),
+        shape: case.describe(),
+        seed,
+        backends: outs.into_iter().map(|o| o.0).collect(),
+        mismatch: mismatch.or(stray),
+        unwritten,
+        nmse: None,
+        nmse_max: NMSE_MAX,
+    })
+}
+
+/// [`prep_attention_case`] from `seed` for the shapes the fused launch takes (one token, one
+/// chunk, heads of 128 values in groups the band of two divides: 4/2, 16/1 and 32/4, the
+/// qwen3moe 30B-A3B's), at the chunk's first and last positions and random ones.
+pub fn prep_attention_cases(backends: &[&dyn AttentionOps], seed: u64) -> Result<Vec<Outcome>> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for (i, heads) in [(4, 2, 128), (16, 1, 128), (32, 4, 128), (4, 2, 128), (32, 4, 128)].into_iter().enumerate() {
+        let pos0 = [0, ATTN_CHUNK - 1].get(i).copied().unwrap_or_else(|| rng.random_range(0..ATTN_CHUNK));
+        let case_seed = rng.random();
+        let case = AttnCase::random_heads(&mut SmallRng::seed_from_u64(case_seed), 1, pos0, heads);
+        out.push(prep_attention_case(backends, &case, case_seed)?);
+    }
+    Ok(out)
 }
 
 /// WINDOW INVARIANCE on `b` for a random window of 2..=8 tokens: each token's `q_out` row, its

@@ -247,6 +247,10 @@ impl Executor for CpuExecutor {
                     (r, _) => r,
                 }
             }
+            Op::PrepAttention { .. } => {
+                let [prep, attention] = op.unfused().expect("a joined op");
+                self.op(&prep, w).and_then(|()| self.op(&attention, w))
+            }
             Op::SigmoidMul { acc, gate } => {
                 let mut a = self.take(acc);
                 let n = t * act_len(c, acc);

@@ -606,6 +606,24 @@ impl Executor for GpuExecutor {
                 self.act.insert(Act::Attn, o);
                 r
             }
+            Op::PrepAttention { layer, layout, q_norm, k_norm, q } => {
+                let shape = attn_shape(&model, t, self.n_ctx);
+                // The window's end bounds its context, as for `Op::Attention`.
+                let bound = w.pos0 + t;
+                if self.gpu.prep_attention_kernel(shape, bound).is_none() {
+                    let [prep, attention] = op.unfused().expect("a joined op");
+                    return self.op(&prep, w).and_then(|()| self.op(&attention, w));
+                }
+                let mut o = self.take(Act::Attn);
+                let (kc, vc) = self.cache[layer].as_mut().expect("attention layers have a KV cache");
+                let ([qv, kv, vv], _) = layout.views(c);
+                let xq = q.map(|q| q8_1_buffer(&mut self.qx, &mut self.moe, q));
+                let view = |(a, first): (Act, usize)| self.act[&a].slice(first..);
+                let (qn, kn) = (prepared(&self.weights, &model, q_norm), prepared(&self.weights, &model, k_norm));
+                let r = self.gpu.prep_attention_queue(&view(qv), &view(kv), &view(vv), qn, kn, &self.rope, shape, &self.pos, bound, c.rms_eps, attn_scale(c.head_dim), kc, vc, &mut o, xq);
+                self.act.insert(Act::Attn, o);
+                r
+            }
             Op::SigmoidMul { acc, gate } => {
                 let mut a = self.take(acc);
                 let r = self.gpu.sigmoid_mul_queue(&mut a, &self.act[&gate], t * act_len(c, acc));

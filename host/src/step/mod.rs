@@ -228,6 +228,11 @@ pub enum Op {
     /// with `q` the q8_1 rows of `Attn` as well (what a following [`Op::Quantize`] of `Attn`
     /// would write: [`fuse`] makes it so, and the kernel that writes `Attn` writes them).
     Attention { layer: usize, q: Option<Qx> },
+    /// [`Op::AttnPrep`] then [`Op::Attention`] of its layer, which [`fuse`] joins: the CPU runs
+    /// the two; the GPU launches them as one kernel where the window is one token and its
+    /// context one chunk (`GpuBackend::prep_attention_kernel`), else as the two. The prepared
+    /// queries (`Qr`) are written only by the two.
+    PrepAttention { layer: usize, layout: QkvLayout, q_norm: WeightId, k_norm: WeightId, q: Option<Qx> },
     /// `acc = acc * sigmoid(gate)` (the gated attention's output gate).
     SigmoidMul { acc: Act, gate: Act },
     /// Gated DeltaNet conv step over the window (`Mixed` to `Conv`), the layer's conv ring kept.
@@ -293,10 +298,18 @@ impl Op {
             | Op::AddWeight { w, .. }
             | Op::GdnConv { w, .. }
             | Op::RmsNormGated { w, .. } => vec![w],
-            Op::AttnPrep { q_norm, k_norm, .. } => vec![q_norm, k_norm],
+            Op::AttnPrep { q_norm, k_norm, .. } | Op::PrepAttention { q_norm, k_norm, .. } => vec![q_norm, k_norm],
             Op::GdnRecur { dt_bias, a, .. } => vec![dt_bias, a],
             Op::Experts { gate, up, down, .. } => vec![gate, up, down],
             _ => vec![],
+        }
+    }
+
+    /// The two ops an [`Op::PrepAttention`] joins (`None` for every other op).
+    pub fn unfused(&self) -> Option<[Op; 2]> {
+        match *self {
+            Op::PrepAttention { layer, layout, q_norm, k_norm, q } => Some([Op::AttnPrep { layer, layout, q_norm, k_norm }, Op::Attention { layer, q }]),
+            _ => None,
         }
     }
 }
@@ -307,7 +320,9 @@ impl Op {
 ///   [`Op::NormQuant`], where the row (`act_len(c, x)` values) fits `rms_norm_q8_1`'s shared
 ///   memory (`NQ_MAX_N`);
 /// - an [`Op::Attention`] immediately followed by the quantization of `Attn` quantizes its own
-///   output.
+///   output;
+/// - an [`Op::AttnPrep`] immediately followed by the [`Op::Attention`] of its layer becomes one
+///   [`Op::PrepAttention`] (which the quantization of `Attn` after it then joins as well).
 ///
 /// Other ops, and pairs with longer rows, stay as they are.
 pub fn fuse(ops: Vec<Op>, c: &ModelConfig) -> Vec<Op> {
@@ -319,6 +334,12 @@ pub fn fuse(ops: Vec<Op>, c: &ModelConfig) -> Vec<Op> {
             }
             (Some(&Op::Attention { layer, q: None }), Op::Quantize { x: Act::Attn, out: q }) => {
                 *out.last_mut().expect("matched above") = Op::Attention { layer, q: Some(q) };
+            }
+            (Some(&Op::PrepAttention { layer, layout, q_norm, k_norm, q: None }), Op::Quantize { x: Act::Attn, out: q }) => {
+                *out.last_mut().expect("matched above") = Op::PrepAttention { layer, layout, q_norm, k_norm, q: Some(q) };
+            }
+            (Some(&Op::AttnPrep { layer, layout, q_norm, k_norm }), Op::Attention { layer: a, q }) if a == layer => {
+                *out.last_mut().expect("matched above") = Op::PrepAttention { layer, layout, q_norm, k_norm, q };
             }
             (_, op) => out.push(op),
         }
@@ -459,7 +480,7 @@ pub fn phase_of(op: &Op, weights: &Weights) -> &'static str {
     };
     let shared = |w: WeightId| weights.all_layers().filter_map(|l| l.shared.as_ref()).any(|s| [s.gate_inp, s.gate, s.up, s.down].contains(&w));
     match op {
-        Op::AttnPrep { .. } | Op::Attention { .. } | Op::SigmoidMul { .. } => "attention",
+        Op::AttnPrep { .. } | Op::Attention { .. } | Op::PrepAttention { .. } | Op::SigmoidMul { .. } => "attention",
         Op::GdnConv { .. } | Op::GdnRecur { .. } | Op::RmsNormGated { .. } => "deltanet",
         Op::RouterTopK { .. } => "router",
         Op::Experts { .. } => "experts",
