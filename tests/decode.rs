@@ -935,13 +935,13 @@ fn fused_ops_give_the_unfused_bits_cpu() {
     fused_ops_give_the_unfused_bits("cpu");
 }
 
-/// One-token steps whose context is one chunk run `attn_prep` inside the attention launch
+/// Steps whose contexts are one chunk run `attn_prep` inside the attention launch
 /// (`attn_prep_chunk_two_128`: bands of two heads of 128 values) on a GPU, and give the CPU's
-/// bits: a qwen3moe of such heads (a group of two) decodes 40 positions in windows of 1 with
-/// the fused launch, on every executor (graphs and eager), against the CPU's logits of the
+/// bits: a qwen3moe of such heads (a group of two) decodes 40 positions in windows of 1 and of 3
+/// with the fused launch, on every executor (graphs and eager), against the CPU's logits of the
 /// unfused list in windows of 4. The step launches the fused entry once a layer in place of
-/// `attn_prep` and the chunk kernel at one token of a one-chunk context, and the two launches for
-/// windows of several tokens, contexts past one chunk, or with the `ATTN_FUSE` knob off.
+/// `attn_prep` and the chunk kernel for one token and for windows of one-chunk contexts, and the
+/// two launches for contexts past one chunk or with the `ATTN_FUSE` knob off.
 fn prep_inside_attention(backend: &str) {
     let Some(gpu) = common::open_gpu(backend) else { return };
     let seed = common::seed(&format!("prep_inside_attention_{backend}"));
@@ -953,9 +953,11 @@ fn prep_inside_attention(backend: &str) {
     let mut e = GpuExecutor::new(gpu, m.clone(), 320, false).expect("the model fits the GPU");
     let count = |k: &[&str], name: &str| k.iter().filter(|&&x| x == name).count();
     let n_layer = m.config.n_layer;
-    let k = e.step_kernels(&ops, &[3], 5).unwrap();
-    assert_eq!((count(&k, fused_entry), count(&k, "attn_prep"), count(&k, "attn_chunk_two_128")), (n_layer, 0, 0), "one token at 5: {k:?}");
-    for (tokens, pos0) in [(&[3u32][..], 290), (&[3, 4][..], 5)] {
+    for (tokens, pos0) in [(&[3u32][..], 5), (&[3, 4, 5, 6, 7, 8, 9, 10][..], 248)] {
+        let k = e.step_kernels(&ops, tokens, pos0).unwrap();
+        assert_eq!((count(&k, fused_entry), count(&k, "attn_prep"), count(&k, "attn_chunk_two_128")), (n_layer, 0, 0), "{} tokens at {pos0}: {k:?}", tokens.len());
+    }
+    for (tokens, pos0) in [(&[3u32][..], 290), (&[3, 4][..], 255)] {
         let k = e.step_kernels(&ops, tokens, pos0).unwrap();
         assert_eq!((count(&k, fused_entry), count(&k, "attn_prep")), (0, n_layer), "{} tokens at {pos0}: {k:?}", tokens.len());
     }
@@ -964,9 +966,11 @@ fn prep_inside_attention(backend: &str) {
     assert_eq!((count(&k, fused_entry), count(&k, "attn_prep"), count(&k, "attn_chunk_two_128")), (0, n_layer, n_layer), "ATTN_FUSE=0: {k:?}");
     let seq: Vec<u32> = (0..40).map(|_| rng.random_range(0..m.config.n_vocab as u32)).collect();
     let want = trunk_and_mtp_logits("cpu", &m, &unfused, None, &seq, 4, 64).remove(0).1;
-    for (label, got) in trunk_and_mtp_logits(backend, &m, &ops, None, &seq, 1, 64) {
-        if let Some(d) = first_difference(&want, &got, m.config.n_vocab) {
-            panic!("seed {seed}, {label}: one-token windows with attn_prep inside the attention differ from the CPU at {d}");
+    for window in [1, 3] {
+        for (label, got) in trunk_and_mtp_logits(backend, &m, &ops, None, &seq, window, 64) {
+            if let Some(d) = first_difference(&want, &got, m.config.n_vocab) {
+                panic!("seed {seed}, {label}: windows of {window} with attn_prep inside the attention differ from the CPU at {d}");
+            }
         }
     }
 }

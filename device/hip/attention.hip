@@ -516,51 +516,63 @@ ATTN_CHUNK_ENTRY(attn_chunk_two, 2, 1, 0)
 ATTN_CHUNK_ENTRY(attn_chunk_two_128, 2, 1, 128)
 ATTN_CHUNK_ENTRY(attn_chunk_one, 1, 1, 0)
 
-// attn_prep and attn_chunk_band with out for one token at *pos whose context is one chunk, in
-// bands of W heads (the Rust twin's attn_prep_chunk_band): block b takes query heads W b .. of KV
-// group g; warp w < W norms and ropes query head W b + w straight into the band's shared query
-// words, warp W the group's key row (into k_cache at *pos as fp16), warp W + 1 its value row.
-// Every block of a group writes the same key and value rows (the same bits from every writer);
-// the block barrier before the chunk's first stage copy makes its own writes visible to its
-// copies. A position at or past n_ctx, or a context longer than one chunk, traps.
+// attn_prep and attn_chunk_band with out for a window of tokens at *pos whose contexts are one
+// chunk, in bands of W heads (the Rust twin's attn_prep_chunk_band): block b takes token t and
+// query heads h0 .. of KV group g as attn_chunk_band's blocks; warp w < W norms and ropes token
+// t's query head h0 + w straight into the band's shared query words, the other warps write the
+// group's 2 tokens new cache rows (warp W + i rows i, i + ATTN_WARPS - W, ...: the tokens' keys,
+// normed and roped, then their values, as fp16 at *pos + r). Every block of a group writes all
+// of the window's new rows of the group (the same bits from every writer); the block barrier
+// before the chunk's first stage copy makes its own writes visible to its copies. A window past
+// n_ctx, or a context longer than one chunk, traps.
 template <uint32_t W, uint32_t HW, uint32_t HD>
 STRATA_FN void attn_prep_chunk_band(const float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const float* rope,
-                                    uint32_t n_q, uint32_t n_kv, uint32_t hd_arg, uint32_t n_rot, const uint32_t* pos, uint32_t n_ctx, float eps,
-                                    float scale, uint16_t* k_cache, uint16_t* v_cache, float* out, uint8_t* xq) {
-  static_assert(W >= 2 && W + 2 <= ATTN_WARPS && 2 * HW >= W, "a band's query words and its prep warps in the block");
+                                    uint32_t tokens, uint32_t n_q, uint32_t n_kv, uint32_t hd_arg, uint32_t n_rot, uint32_t q_stride,
+                                    uint32_t kv_stride, const uint32_t* pos, uint32_t n_ctx, float eps, float scale, uint16_t* k_cache,
+                                    uint16_t* v_cache, float* out, uint8_t* xq) {
+  static_assert(W >= 2 && W < ATTN_WARPS && 2 * HW >= W, "a band's query words, and warps left for the cache rows");
   if (HD != 0 && hd_arg != HD) trap_launch();
   const uint32_t hd = HD != 0 ? HD : hd_arg;
-  uint32_t b = block_idx();
-  if (b >= n_q / W) return;  // the whole block
-  uint32_t h0 = b * W, at = ld_nc_u32((const uint8_t*)pos), len = attn_context_len(pos, 0, n_ctx);
-  if (at >= n_ctx || len > STRATA_ATTN_CHUNK || out == nullptr) trap_launch();
-  uint64_t g = h0 / (n_q / n_kv), cache_row = ((uint64_t)at * n_kv + g) * hd;
+  uint32_t bands = n_q / W, b = block_idx();
+  if (b >= tokens * bands) return;  // the whole block
+  uint32_t t = b / bands, h0 = b % bands * W, pos0 = ld_nc_u32((const uint8_t*)pos);
+  uint64_t end = (uint64_t)pos0 + tokens;
+  if (end > n_ctx || end > STRATA_ATTN_CHUNK || out == nullptr) trap_launch();
+  uint64_t g = h0 / (n_q / n_kv);
   uint32_t w = warp_in_block();
   float x[ATTN_LANE_VALUES], x_partner[ATTN_LANE_VALUES], y[ATTN_LANE_VALUES];
   if (w < W) {
-    AttnRowConsts consts = attn_row_consts(q_norm, rope + (uint64_t)at * n_rot, hd, n_rot);
-    attn_load_row(q + (uint64_t)(h0 + w) * hd, hd, n_rot, true, x, x_partner);
+    AttnRowConsts consts = attn_row_consts(q_norm, rope + (uint64_t)(pos0 + t) * n_rot, hd, n_rot);
+    attn_load_row(q + (uint64_t)t * q_stride + (uint64_t)(h0 + w) * hd, hd, n_rot, true, x, x_partner);
     attn_norm_rope_row(x, x_partner, consts, hd, n_rot, eps, y);
 #pragma unroll
     for (uint32_t i = 0; i < ATTN_LANE_VALUES; i++)
       if (lane() + 32 * i < hd) strata_smem[attn_q_word(w, lane() + 32 * i, hd)] = __builtin_bit_cast(uint32_t, y[i]);
-  } else if (w == W) {
-    AttnRowConsts consts = attn_row_consts(k_norm, rope + (uint64_t)at * n_rot, hd, n_rot);
-    attn_load_row(k + g * hd, hd, n_rot, true, x, x_partner);
-    attn_norm_rope_row(x, x_partner, consts, hd, n_rot, eps, y);
-    attn_store_f16_row(k_cache + cache_row, hd, y);
-  } else if (w == W + 1) {
-    attn_load_row(v + g * hd, hd, n_rot, false, x, x_partner);
-    attn_store_f16_row(v_cache + cache_row, hd, x);
+  } else {
+    for (uint32_t r = w - W; r < 2 * tokens; r += ATTN_WARPS - W) {
+      bool key = r < tokens;
+      uint32_t tr = key ? r : r - tokens;
+      uint64_t at = ((uint64_t)(pos0 + tr) * n_kv + g) * hd;
+      attn_load_row((key ? k : v) + (uint64_t)tr * kv_stride + g * hd, hd, n_rot, key, x, x_partner);
+      if (key) {
+        AttnRowConsts consts = attn_row_consts(k_norm, rope + (uint64_t)(pos0 + tr) * n_rot, hd, n_rot);
+        attn_norm_rope_row(x, x_partner, consts, hd, n_rot, eps, y);
+        attn_store_f16_row(k_cache + at, hd, y);
+      } else {
+        attn_store_f16_row(v_cache + at, hd, x);
+      }
+    }
   }
   sync_threads();  // the queries and the block's cache rows are in
-  attn_one_chunk<W, HW>(k_cache, v_cache, 0, h0, W, n_q, n_kv, hd, g, len, 0, scale, nullptr, 1, out, xq);
+  attn_one_chunk<W, HW>(k_cache, v_cache, t, h0, W, n_q, n_kv, hd, g, pos0 + t + 1, 0, scale, nullptr, 1, out, xq);
 }
 
 STRATA_KERNEL(attn_prep_chunk_two_128)(const float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const float* rope,
-                                       uint32_t n_q, uint32_t n_kv, uint32_t hd, uint32_t n_rot, const uint32_t* pos, uint32_t n_ctx, float eps,
-                                       float scale, uint16_t* k_cache, uint16_t* v_cache, float* out, uint8_t* xq) {
-  attn_prep_chunk_band<2, 1, 128>(q, k, v, q_norm, k_norm, rope, n_q, n_kv, hd, n_rot, pos, n_ctx, eps, scale, k_cache, v_cache, out, xq);
+                                       uint32_t tokens, uint32_t n_q, uint32_t n_kv, uint32_t hd, uint32_t n_rot, uint32_t q_stride,
+                                       uint32_t kv_stride, const uint32_t* pos, uint32_t n_ctx, float eps, float scale, uint16_t* k_cache,
+                                       uint16_t* v_cache, float* out, uint8_t* xq) {
+  attn_prep_chunk_band<2, 1, 128>(q, k, v, q_norm, k_norm, rope, tokens, n_q, n_kv, hd, n_rot, q_stride, kv_stride, pos, n_ctx, eps, scale,
+                                  k_cache, v_cache, out, xq);
 }
 
 // Block (t, h), thread d < hd: the token's ceil((*pos + t + 1) / STRATA_ATTN_CHUNK) parts

@@ -231,8 +231,8 @@ crate::entry! {
 }
 
 crate::entry! {
-    /// `attn_prep` and `attn_chunk_two_128` of a one-token window whose context is one chunk, in
-    /// one launch (the host's choice where the step would launch `attn_chunk_two_128` without a
+    /// `attn_prep` and `attn_chunk_two_128` of a window whose contexts are one chunk, in one
+    /// launch (the host's choice where the step would launch `attn_chunk_two_128` without a
     /// merge: [`attn_prep_chunk_band`]).
     ///
     /// # Safety
@@ -245,10 +245,13 @@ crate::entry! {
         q_norm: *const f32,
         k_norm: *const f32,
         rope: *const f32,
+        tokens: u32,
         n_q: u32,
         n_kv: u32,
         hd: u32,
         n_rot: u32,
+        q_stride: u32,
+        kv_stride: u32,
         pos: *const u32,
         n_ctx: u32,
         eps: f32,
@@ -258,30 +261,34 @@ crate::entry! {
         out: *mut f32,
         xq: *mut u8,
     ) {
-        attn_prep_chunk_band::<2, 1, 128>(q, k, v, q_norm, k_norm, rope, n_q, n_kv, hd, n_rot, pos, n_ctx, eps, scale, k_cache, v_cache, out, xq)
+        attn_prep_chunk_band::<2, 1, 128>(q, k, v, q_norm, k_norm, rope, tokens, n_q, n_kv, hd, n_rot, q_stride, kv_stride, pos, n_ctx, eps, scale, k_cache, v_cache, out, xq)
     }
 }
 
-/// `attn_prep` then `attn_chunk_band` with `out` for one token at `pos0 = *pos` whose context
-/// (`pos0 + 1` keys) is one chunk, in bands of `W` heads: block `b` takes query heads `W b ..`
-/// of KV group `g`. Before the grid wait, as `attn_chunk`, it asks L2 for the chunk's cache rows,
-/// and its prep warps load their rows' norm weights and (cos, sin) pairs; after it, warp `w < W`
-/// norms and ropes query head `W b + w` (`q[h * hd ..]`) straight into the band's shared query
-/// words, warp `W` the group's key row (`k[g * hd ..]`, into `k_cache` at `pos0` as fp16) and
-/// warp `W + 1` its value row (`v[g * hd ..]`, into `v_cache`): each value `attn_prep`'s bits.
-/// Every block of a group writes the same key and value rows (the same bits from every writer),
-/// and the block barrier before the chunk's first stage copy makes its own writes visible to
-/// its copies. Then the chunk as `attn_chunk_band` computes it, into `out` (and `xq`). A
-/// position at or past `n_ctx`, or a context longer than one chunk, traps.
+/// `attn_prep` then `attn_chunk_band` with `out` for a window of `tokens` tokens at `pos0 = *pos`
+/// whose contexts (up to `pos0 + tokens` keys) are one chunk, in bands of `W` heads: block `b`
+/// takes token `t` and query heads `h0 ..` of KV group `g` as `attn_chunk_band`'s blocks (one
+/// chunk each). Before the grid wait, as `attn_chunk`, it asks L2 for the chunk's cache rows, and
+/// its prep warps load their first rows' norm weights and (cos, sin) pairs. After it, warp
+/// `w < W` norms and ropes token `t`'s query head `h0 + w` (`q[t * q_stride + h * hd ..]`)
+/// straight into the band's shared query words; the other warps write the group's `2 * tokens`
+/// new cache rows, warp `W + i` rows `i, i + WARPS - W, ...` of them (row `r < tokens`: token
+/// `r`'s key, `k[r * kv_stride + g * hd ..]`, normed and roped into `k_cache` at `pos0 + r`; then
+/// the values, into `v_cache`): each value `attn_prep`'s bits. Every block of a group writes all
+/// of the window's new rows of that group (the same bits from every writer), so no block waits
+/// for another; its first barrier, before the chunk's first stage copy, makes its own writes
+/// visible to its copies. Then the chunk as `attn_chunk_band` computes it, into `out` (and
+/// `xq`). A window past `n_ctx`, or a context longer than one chunk, traps.
 ///
 /// # Safety
-/// `q`: `n_q * hd` f32, `k`, `v`: `n_kv * hd` f32 (they may overlap each other: only read),
-/// `q_norm`, `k_norm`: `hd` f32, `rope`: `n_ctx * n_rot` f32; the caches hold `n_ctx` positions
-/// (`n_kv * hd` u16 each), those before `*pos` written, 16-byte aligned; `pos`: one u32; `out`:
-/// `n_q * hd` f32; `xq`: null or `n_q * hd / 32` q8_1 blocks; `hd` a multiple of 32, at most
-/// `ATTN_MAX_HD` (and `HD` where that is not 0), `n_rot` even and at most `hd`; `n_q` a multiple
-/// of `n_kv`, `W` dividing `n_q / n_kv` and at most `attn_max_band(hd)`; outputs do not overlap
-/// inputs; `ATTN_CHUNK_SMEM_WORDS` words of shared memory.
+/// `q`: `(tokens - 1) * q_stride + n_q * hd` f32, `k`, `v`: `(tokens - 1) * kv_stride + n_kv *
+/// hd` f32 (they may overlap each other: only read), `q_norm`, `k_norm`: `hd` f32, `rope`: `n_ctx
+/// * n_rot` f32; the caches hold `n_ctx` positions (`n_kv * hd` u16 each), those before `*pos`
+/// written, 16-byte aligned; `pos`: one u32; `out`: `tokens * n_q * hd` f32; `xq`: null or
+/// `tokens * n_q * hd / 32` q8_1 blocks; `hd` a multiple of 32, at most `ATTN_MAX_HD` (and `HD`
+/// where that is not 0), `n_rot` even and at most `hd`; `n_q` a multiple of `n_kv`, `W` dividing
+/// `n_q / n_kv` and at most `attn_max_band(hd)`; outputs do not overlap inputs;
+/// `ATTN_CHUNK_SMEM_WORDS` words of shared memory.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attn_prep_chunk_band<const W: usize, const HW: usize, const HD: u32>(
@@ -291,10 +298,13 @@ unsafe fn attn_prep_chunk_band<const W: usize, const HW: usize, const HD: u32>(
     q_norm: *const f32,
     k_norm: *const f32,
     rope: *const f32,
+    tokens: u32,
     n_q: u32,
     n_kv: u32,
     hd: u32,
     n_rot: u32,
+    q_stride: u32,
+    kv_stride: u32,
     pos: *const u32,
     n_ctx: u32,
     eps: f32,
@@ -304,45 +314,69 @@ unsafe fn attn_prep_chunk_band<const W: usize, const HW: usize, const HD: u32>(
     out: *mut f32,
     xq: *mut u8,
 ) {
-    // The band's query words are `q_word`'s (a band above one head), and its prep warps fit the block.
-    const { assert!(W >= 2 && W + 2 <= WARPS as usize && 2 * HW >= W) };
+    // The band's query words are `q_word`'s (a band above one head), and warps are left for the
+    // cache rows.
+    const { assert!(W >= 2 && W < WARPS as usize && 2 * HW >= W) };
     if HD != 0 && hd != HD {
         sync::trap();
     }
     let hd = if HD != 0 { HD } else { hd };
     let heads = W as u32;
-    if index::block_idx() >= n_q / heads {
+    if index::block_idx() >= tokens * (n_q / heads) {
         return; // the whole block
     }
-    ask_l2_one_chunk(k_cache as *const u16, v_cache as *const u16, 1, n_q, n_kv, hd, pos, n_ctx, 1, heads);
-    let (band, _) = Band::of_block(1, n_q, n_kv, hd, heads, false);
-    // The warp's row: query head `h0 + w` (`w < W`), the group's key (`W`) or value (`W + 1`).
-    let w = index::warp_in_block();
-    let at_pos = mem::ld_cg_u32(pos as *const u8);
-    let consts = if at_pos < n_ctx && w <= heads {
-        let norm = if w < heads { q_norm } else { k_norm };
-        RowConsts::load(norm, rope.wrapping_add(at_pos as usize * n_rot as usize), hd, n_rot)
+    ask_l2_one_chunk(k_cache as *const u16, v_cache as *const u16, tokens, n_q, n_kv, hd, pos, n_ctx, 1, heads);
+    let (band, _) = Band::of_block(tokens, n_q, n_kv, hd, heads, false);
+    let (w, t) = (index::warp_in_block(), band.t);
+    let pos0 = mem::ld_cg_u32(pos as *const u8);
+    let end = pos0 as u64 + tokens as u64;
+    let fits = end <= n_ctx as u64 && end <= ATTN_CHUNK as u64;
+    // The warp's rows: query head `h0 + w` (`w < W`), else cache rows `w - W, w - W + step, ...`
+    // of the `2 * tokens` (keys first). The first row's constants before the wait.
+    let (step, new_rows) = (WARPS - heads, 2 * tokens);
+    let rope_at = |p: u32| rope.wrapping_add(p as usize * n_rot as usize);
+    let consts = if !fits {
+        RowConsts::NONE
+    } else if w < heads {
+        RowConsts::load(q_norm, rope_at(pos0 + t), hd, n_rot)
+    } else if w - heads < tokens {
+        RowConsts::load(k_norm, rope_at(pos0 + w - heads), hd, n_rot)
     } else {
         RowConsts::NONE
     };
     crate::arch::sync::chain_grids();
-    let len = context_len(at_pos, 0, n_ctx);
-    if at_pos >= n_ctx || len > ATTN_CHUNK as u32 || out.is_null() {
-        sync::trap(); // the host launches this for one-token windows of one-chunk contexts
+    if !fits || out.is_null() {
+        sync::trap(); // the host launches this for windows whose contexts are one chunk
     }
     let smem = Smem::dynamic();
-    let (hdu, cache_row) = (hd as usize, (at_pos as usize * n_kv as usize + band.g) * hd as usize);
+    let hdu = hd as usize;
     if w < heads {
-        let y = norm_rope_row(load_row(q.add((band.h0 + w) as usize * hdu), hd, n_rot, true), &consts, hd, n_rot, eps);
+        let row = load_row(q.add(t as usize * q_stride as usize + (band.h0 + w) as usize * hdu), hd, n_rot, true);
+        let y = norm_rope_row(row, &consts, hd, n_rot, eps);
         lane_values(hd, |i, d| smem.st_u32(q_word(w, d, hd), y[i].to_bits()));
-    } else if w == heads {
-        let y = norm_rope_row(load_row(k.add(band.g * hdu), hd, n_rot, true), &consts, hd, n_rot, eps);
-        store_f16_row(k_cache.add(cache_row), hd, &y);
-    } else if w == heads + 1 {
-        store_f16_row(v_cache.add(cache_row), hd, &load_row(v.add(band.g * hdu), hd, n_rot, false).0);
+    } else {
+        let mut r = w - heads;
+        let mut consts = consts;
+        while r < new_rows {
+            let key = r < tokens;
+            let tr = if key { r } else { r - tokens };
+            let src = if key { k } else { v }.add(tr as usize * kv_stride as usize + band.g * hdu);
+            // A later row's constants in the same round of loads as the row.
+            if r >= step && key {
+                consts = RowConsts::load(k_norm, rope_at(pos0 + tr), hd, n_rot);
+            }
+            let row = load_row(src, hd, n_rot, key);
+            let at = ((pos0 + tr) as usize * n_kv as usize + band.g) * hdu;
+            if key {
+                store_f16_row(k_cache.add(at), hd, &norm_rope_row(row, &consts, hd, n_rot, eps));
+            } else {
+                store_f16_row(v_cache.add(at), hd, &row.0);
+            }
+            r += step;
+        }
     }
     let dest = Dest { part: core::ptr::null_mut(), n_chunks: 1, out, xq };
-    band.walk::<W, HW>(smem, k_cache as *const u16, v_cache as *const u16, len, 0, 1, scale, dest);
+    band.walk::<W, HW>(smem, k_cache as *const u16, v_cache as *const u16, context_len(pos0, t, n_ctx), 0, 1, scale, dest);
 }
 
 /// `split` blocks per (token `t`, band of `heads` consecutive query heads of one KV group),

@@ -51,9 +51,9 @@ pub const fn attn_chunk_kernel(band: usize, hd: usize, lean: bool) -> &'static s
     }
 }
 
-/// The entry that runs `attn_prep` and the chunk kernel of a one-token window in one launch, for
-/// a band of `band` heads of `hd` values, where there is one: `attn_prep_chunk_two_128`. The host
-/// launches it where the context bound is one chunk (no merge) and [`attn_band`] gives that band.
+/// The entry that runs `attn_prep` and the chunk kernel of a window in one launch, for a band of
+/// `band` heads of `hd` values, where there is one: `attn_prep_chunk_two_128`. The host launches
+/// it where the context bound is one chunk (no merge) and [`attn_band`] gives that band.
 pub const fn attn_prep_chunk_kernel(band: usize, hd: usize) -> Option<&'static str> {
     match (band, hd) {
         (2, 128) => Some("attn_prep_chunk_two_128"),

@@ -69,8 +69,8 @@ pub struct KernelKnobs {
     /// (`launch::attention::attn_lean_wanted`: 4 where more than two blocks a SM work, on a
     /// backend with the twin).
     pub attn_minb: u32,
-    /// `STRATA_ATTN_FUSE`: a one-token step whose context is one chunk launches `attn_prep` and
-    /// the attention chunk as one kernel where the band and head size have the fused entry
+    /// `STRATA_ATTN_FUSE`: a step whose contexts are one chunk launches `attn_prep` and the
+    /// attention chunk as one kernel where the band and head size have the fused entry
     /// (`attn_prep_chunk_two_128`; `GpuBackend::prep_attention_kernel`), else as two (on by
     /// default; 0, the two launches everywhere, for comparing them in one process).
     pub attn_fuse: bool,
@@ -105,7 +105,7 @@ pub const KNOBS: [Knob; 15] = [
     Knob { name: "EXPDEC_PAIRS", values: "0|1|2", what: "EXPDEC gate/up chunks split over a cluster's two blocks (cuda on sm_90+, R=1, an IQ format): 0 never, 1 where the rule picks 16 warps, 2 always" },
     Knob { name: "EXPDEC_WARP_ROWS", values: "0|1", what: "IQ3_ST gate/up in 8-warp blocks at R=1 MINB=2: each warp copies its rows to shared memory two ahead and decodes a row once it lands" },
     Knob { name: "ATTN_MINB", values: "0|2|4", what: "attention chunk blocks a SM for bands above two heads of 128 values (4: the lean entry, cuda on sm_90; 0: 4 where more than two blocks a SM work)" },
-    Knob { name: "ATTN_FUSE", values: "0|1", what: "one-token steps of one-chunk contexts run attn_prep inside the attention launch (bands of two heads of 128 values)" },
+    Knob { name: "ATTN_FUSE", values: "0|1", what: "steps whose contexts are one chunk run attn_prep inside the attention launch (bands of two heads of 128 values)" },
 ];
 
 impl KernelKnobs {

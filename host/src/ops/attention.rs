@@ -158,16 +158,23 @@ fn check_lens(kernel: &'static str, bufs: &[(&str, usize, usize)], exact: bool) 
     Ok(())
 }
 
+/// The strides between tokens' q rows and k and v rows: at least a row, within the kernels' u32.
+fn check_strides(kernel: &'static str, s: AttnShape, strides: QkvStrides) -> Result<()> {
+    let (q_row, kv_row) = (s.n_q * s.hd, s.n_kv * s.hd);
+    for (what, stride, row) in [("q", strides.q, q_row), ("k and v", strides.kv, kv_row)] {
+        if stride < row || stride > u32::MAX as usize {
+            return Err(Error::Shape { kernel, detail: format!("{what} rows {stride} values apart: rows of {row} values need {row}..={}", u32::MAX) });
+        }
+    }
+    Ok(())
+}
+
 /// `attn_prep`'s shape, strides (at least a row, within the kernel's u32) and buffer lengths:
 /// `q, k, v, q_norm, k_norm, rope, q_out, k_cache, v_cache` (the inputs span their strided rows).
 fn check_prep(s: AttnShape, strides: QkvStrides, pos0: usize, lens: [usize; 9], exact: bool) -> Result<()> {
     s.check(PREP, pos0)?;
+    check_strides(PREP, s, strides)?;
     let (q_row, kv_row) = (s.n_q * s.hd, s.n_kv * s.hd);
-    for (what, stride, row) in [("q", strides.q, q_row), ("k and v", strides.kv, kv_row)] {
-        if stride < row || stride > u32::MAX as usize {
-            return Err(Error::Shape { kernel: PREP, detail: format!("{what} rows {stride} values apart: rows of {row} values need {row}..={}", u32::MAX) });
-        }
-    }
     let names = ["q", "k", "v", "q_norm", "k_norm", "rope", "q_out", "k_cache", "v_cache"];
     let (q_span, kv_span) = (s.span(strides.q, q_row), s.span(strides.kv, kv_row));
     let want = [q_span, kv_span, kv_span, s.hd, s.hd, s.rope_len(), s.q_len(), s.cache_len(), s.cache_len()];
@@ -175,28 +182,29 @@ fn check_prep(s: AttnShape, strides: QkvStrides, pos0: usize, lens: [usize; 9], 
     check_lens(PREP, &bufs, exact)
 }
 
-/// The fused prep and attention's shape and buffer lengths: `q, k, v, q_norm, k_norm, rope,
-/// k_cache, v_cache, out` for one token (its rows packed, or views whose first row is the
-/// token's).
-fn check_prep_attention(s: AttnShape, pos0: usize, lens: [usize; 9], exact: bool) -> Result<()> {
+/// The fused prep and attention's shape, strides and buffer lengths: `q, k, v, q_norm, k_norm,
+/// rope, k_cache, v_cache, out` (the inputs span their strided rows, as `attn_prep`'s).
+fn check_prep_attention(s: AttnShape, strides: QkvStrides, pos0: usize, lens: [usize; 9], exact: bool) -> Result<()> {
+    check_strides(FUSED, s, strides)?;
     s.check(FUSED, pos0)?;
     let names = ["q", "k", "v", "q_norm", "k_norm", "rope", "k_cache", "v_cache", "out"];
-    let want = [s.q_len(), s.kv_len(), s.kv_len(), s.hd, s.hd, s.rope_len(), s.cache_len(), s.cache_len(), s.q_len()];
+    let (q_span, kv_span) = (s.span(strides.q, s.n_q * s.hd), s.span(strides.kv, s.n_kv * s.hd));
+    let want = [q_span, kv_span, kv_span, s.hd, s.hd, s.rope_len(), s.cache_len(), s.cache_len(), s.q_len()];
     let bufs: Vec<_> = names.iter().zip(lens).zip(want).map(|((&n, h), w)| (n, h, w)).collect();
     check_lens(FUSED, &bufs, exact)
 }
 
 /// The fused entry for a window of `shape` whose contexts are at most `ctx_bound` keys, in
 /// bands of `band` heads ([`attn_prep_chunk_kernel`]); an error where it takes no such launch:
-/// more than one token, a context past one chunk, a band or head size without an entry.
+/// a context past one chunk, a band or head size without an entry.
 fn prep_chunk_entry(s: AttnShape, ctx_bound: usize, band: usize) -> Result<&'static str> {
     match attn_prep_chunk_kernel(band, s.hd) {
-        Some(kernel) if s.tokens == 1 && ctx_bound <= ATTN_CHUNK => Ok(kernel),
+        Some(kernel) if ctx_bound <= ATTN_CHUNK => Ok(kernel),
         _ => Err(Error::Shape {
             kernel: FUSED,
             detail: format!(
-                "a window of {} tokens with contexts up to {ctx_bound} keys in bands of {band} heads of {} values: the fused launch takes one token, one chunk ({ATTN_CHUNK} keys) and bands of 2 heads of 128 values",
-                s.tokens, s.hd
+                "contexts up to {ctx_bound} keys in bands of {band} heads of {} values: the fused launch takes contexts of one chunk ({ATTN_CHUNK} keys) and bands of 2 heads of 128 values",
+                s.hd
             ),
         }),
     }
@@ -244,8 +252,8 @@ pub trait AttentionOps {
     #[allow(clippy::too_many_arguments)]
     fn attention(&self, q: &[f32], k_cache: &[u16], v_cache: &[u16], shape: AttnShape, pos0: usize, scale: f32, out: &mut [f32]) -> Result<()>;
 
-    /// [`Self::attn_prep`] then [`Self::attention`] of a one-token window at `pos0` whose
-    /// context is one chunk (`q`, `k`, `v`: the token's rows): the caches' rows at `pos0` and the
+    /// [`Self::attn_prep`] then [`Self::attention`] of a window at `pos0` whose contexts are one
+    /// chunk (`q`, `k`, `v`: the tokens' rows, packed): the caches' rows at `pos0 ..` and the
     /// attention output (the prepared queries are not kept). The CPU runs the two; the GPU
     /// backends launch them as one kernel ([`attn_prep_chunk_kernel`] for the band the step
     /// would launch), an error where there is none for the shape.
@@ -267,7 +275,7 @@ pub trait AttentionOps {
         out: &mut [f32],
     ) -> Result<()> {
         let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), k_cache.len(), v_cache.len(), out.len()];
-        check_prep_attention(shape, pos0, lens, true)?;
+        check_prep_attention(shape, shape.dense(), pos0, lens, true)?;
         let mut q_out = vec![0.0f32; shape.q_len()];
         self.attn_prep(q, k, v, shape.dense(), q_norm, k_norm, rope, shape, pos0, eps, &mut q_out, k_cache, v_cache)?;
         self.attention(&q_out, k_cache, v_cache, shape, pos0, scale, out)
@@ -462,9 +470,9 @@ impl GpuBackend {
 
 impl GpuBackend {
     /// The fused `attn_prep` + attention entry the step launches for `shape` and `ctx_bound` (a
-    /// bound that holds: the window's end), or `None` where it launches the two: a one-token
-    /// window whose context is one chunk, in a band ([`Self::attn_band`]) and head size with an
-    /// entry ([`attn_prep_chunk_kernel`]), unless the `ATTN_FUSE` knob is off.
+    /// bound that holds: the window's end), or `None` where it launches the two: a window whose
+    /// contexts are one chunk, in a band ([`Self::attn_band`]) and head size with an entry
+    /// ([`attn_prep_chunk_kernel`]), unless the `ATTN_FUSE` knob is off.
     pub fn prep_attention_kernel(&self, shape: AttnShape, ctx_bound: usize) -> Option<&'static str> {
         if !self.kernel_knobs().attn_fuse {
             return None;
@@ -472,18 +480,20 @@ impl GpuBackend {
         prep_chunk_entry(shape, ctx_bound, self.attn_band(shape, ctx_bound)).ok()
     }
 
-    /// Queues `attn_prep` and the attention of a one-token window in one launch (see
+    /// Queues `attn_prep` and the attention of a window in one launch (see
     /// [`AttentionOps::prep_attention`]) at the position `pos[0]` holds when it runs, whose
-    /// context the caller promises is at most `ctx_bound` keys, one chunk; an error where
+    /// contexts the caller promises are at most `ctx_bound` keys, one chunk; an error where
     /// [`Self::prep_attention_kernel`]'s entry does not exist for the shape. `q`, `k` and `v` are
-    /// views whose first row is the token's (into one fused projection row, or whole buffers);
-    /// with `xq` the output's q8_1 blocks too. Buffers may be longer than the shape needs.
+    /// views as `attn_prep_queue`'s (`strides` apart: into the fused projection's rows, or
+    /// packed); with `xq` the output's q8_1 blocks too. Buffers may be longer than the shape
+    /// needs.
     #[allow(clippy::too_many_arguments)]
     pub fn prep_attention_queue(
         &self,
         q: &CudaView<f32>,
         k: &CudaView<f32>,
         v: &CudaView<f32>,
+        strides: QkvStrides,
         q_norm: &CudaSlice<f32>,
         k_norm: &CudaSlice<f32>,
         rope: &CudaSlice<f32>,
@@ -498,7 +508,7 @@ impl GpuBackend {
         xq: Option<&mut CudaSlice<u8>>,
     ) -> Result<()> {
         let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), k_cache.len(), v_cache.len(), out.len()];
-        check_prep_attention(shape, 0, lens, false)?;
+        check_prep_attention(shape, strides, 0, lens, false)?;
         check_lens(FUSED, &[("pos", pos.len(), 1)], false)?;
         if let Some(xq) = &xq {
             check_lens(FUSED, &[("q8_1 output", xq.len(), q8_1::bytes_of(shape.q_len()))], false)?;
@@ -506,24 +516,27 @@ impl GpuBackend {
         let band = self.attn_band(shape, ctx_bound);
         let kernel = prep_chunk_entry(shape, ctx_bound, band)?;
         let s = shape;
-        let (n_q, n_kv, hd, n_rot, n_ctx) = (s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_rot as u32, s.n_ctx as u32);
+        let (tokens, n_q, n_kv, hd, n_rot, n_ctx) = (s.tokens as u32, s.n_q as u32, s.n_kv as u32, s.hd as u32, s.n_rot as u32, s.n_ctx as u32);
+        let (q_stride, kv_stride) = (strides.q as u32, strides.kv as u32);
         let null = 0u64;
         let mut a = self.builder(kernel);
         a.arg(q).arg(k).arg(v).arg(q_norm).arg(k_norm).arg(rope);
-        a.arg(&n_q).arg(&n_kv).arg(&hd).arg(&n_rot).arg(pos).arg(&n_ctx).arg(&eps).arg(&scale);
+        a.arg(&tokens).arg(&n_q).arg(&n_kv).arg(&hd).arg(&n_rot).arg(&q_stride).arg(&kv_stride).arg(pos).arg(&n_ctx).arg(&eps).arg(&scale);
         a.arg(k_cache).arg(v_cache).arg(out);
         match xq {
             Some(xq) => a.arg(xq),
             None => a.arg(&null),
         };
         // SAFETY: the entry's parameters in order over the buffers checked above (the views
-        // hold the token's rows, the rope table and caches `n_ctx` positions), its shared memory
+        // span the tokens' strided rows, the strides fit u32, the rope table and caches hold
+        // `n_ctx` positions), its shared memory
         // from BOUNDS, bands of the entry's width dividing the group (`prep_chunk_entry` took
         // the band and head size the entry is compiled for); the caller's bound keeps the
-        // context to one chunk (the kernel traps on a longer one, or a position past the cache,
-        // rather than write a wrong result); blocks past the bands return, so a padded grid is
-        // covered. The inputs may be views of one buffer: the kernel only reads them.
-        unsafe { self.launch_async(kernel, self.padded_grid(kernel, (s.n_q / band) as u32), a) }
+        // contexts to one chunk (the kernel traps on a longer one, or a window past the cache,
+        // rather than write a wrong result); blocks past the (token, band) pairs return, so a
+        // padded grid is covered. The inputs may be views of one buffer: the kernel only reads
+        // them.
+        unsafe { self.launch_async(kernel, self.padded_grid(kernel, (s.tokens * (s.n_q / band)) as u32), a) }
     }
 }
 
@@ -591,13 +604,14 @@ impl AttentionOps for GpuBackend {
         out: &mut [f32],
     ) -> Result<()> {
         let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), k_cache.len(), v_cache.len(), out.len()];
-        check_prep_attention(shape, pos0, lens, true)?;
-        prep_chunk_entry(shape, pos0 + 1, self.attn_band(shape, pos0 + 1))?;
+        check_prep_attention(shape, shape.dense(), pos0, lens, true)?;
+        let bound = pos0 + shape.tokens;
+        prep_chunk_entry(shape, bound, self.attn_band(shape, bound))?;
         let up = |x: &[f32]| self.upload(FUSED, x);
         let (dq, dk, dv, dqn, dkn, drope) = (up(q)?, up(k)?, up(v)?, up(q_norm)?, up(k_norm)?, up(rope)?);
         let (mut dkc, mut dvc, mut dout) = (self.upload_out(FUSED, k_cache)?, self.upload_out(FUSED, v_cache)?, self.upload_out(FUSED, out)?);
         let dpos = self.upload(FUSED, &[pos0 as u32])?;
-        self.prep_attention_queue(&dq.as_view(), &dk.as_view(), &dv.as_view(), &dqn, &dkn, &drope, shape, &dpos, pos0 + 1, eps, scale, &mut dkc, &mut dvc, &mut dout, None)?;
+        self.prep_attention_queue(&dq.as_view(), &dk.as_view(), &dv.as_view(), shape.dense(), &dqn, &dkn, &drope, shape, &dpos, bound, eps, scale, &mut dkc, &mut dvc, &mut dout, None)?;
         self.synchronize(FUSED)?;
         self.download_out(FUSED, &dkc, k_cache)?;
         self.download_out(FUSED, &dvc, v_cache)?;
@@ -689,16 +703,18 @@ impl AttentionOps for SimBackend {
         out: &mut [f32],
     ) -> Result<()> {
         let lens = [q.len(), k.len(), v.len(), q_norm.len(), k_norm.len(), rope.len(), k_cache.len(), v_cache.len(), out.len()];
-        check_prep_attention(shape, pos0, lens, true)?;
-        let s = shape;
-        let band = self.attn_band.unwrap_or_else(|| attn_band(s.n_q, s.n_kv, s.hd, 1, 1, attn_band_min_blocks(self.sms)));
-        let kernel = prep_chunk_entry(s, pos0 + 1, band)?;
+        let (s, strides) = (shape, shape.dense());
+        check_prep_attention(s, strides, pos0, lens, true)?;
+        // The band the step would launch: the rule's for a one-chunk context (split 1).
+        let band = self.attn_band.unwrap_or_else(|| attn_band(s.n_q, s.n_kv, s.hd, s.tokens, 1, attn_band_min_blocks(self.sms)));
+        let kernel = prep_chunk_entry(s, pos0 + s.tokens, band)?;
         let pos = [pos0 as u32];
         let mut a = SimArgs::new();
         a.input(q).input(k).input(v).input(q_norm).input(k_norm).input(rope);
-        a.u32(s.n_q as u32).u32(s.n_kv as u32).u32(s.hd as u32).u32(s.n_rot as u32).input(&pos).u32(s.n_ctx as u32).f32(eps).f32(scale);
+        a.u32(s.tokens as u32).u32(s.n_q as u32).u32(s.n_kv as u32).u32(s.hd as u32).u32(s.n_rot as u32).u32(strides.q as u32).u32(strides.kv as u32);
+        a.input(&pos).u32(s.n_ctx as u32).f32(eps).f32(scale);
         a.output(k_cache).output(v_cache).output(out).null();
-        self.run(kernel, (s.n_q / band) as u32, None, &a)
+        self.run(kernel, (s.tokens * (s.n_q / band)) as u32, None, &a)
     }
 }
 
@@ -961,8 +977,8 @@ pub fn attention_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed: u64
     })
 }
 
-/// `prep_attention` (the fused prep and one-chunk attention of one token) of `case` on every
-/// backend: the attention output and both whole caches identical, the output and the token's
+/// `prep_attention` (the fused prep and one-chunk attention of a window) of `case` on every
+/// backend: the attention output and both whole caches identical, the output and the window's
 /// cache rows all written, the other cache positions untouched. (The first backend, the CPU,
 /// runs `attn_prep` and the attention, which [`prep_case`] and [`attention_case`] hold to
 /// float64.)
@@ -1003,16 +1019,22 @@ pub fn prep_attention_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed
     })
 }
 
-/// [`prep_attention_case`] from `seed` for the shapes the fused launch takes (one token, one
+/// [`prep_attention_case`] from `seed` for the shapes the fused launch takes (contexts of one
 /// chunk, heads of 128 values in groups the band of two divides: 4/2, 16/1 and 32/4, the
-/// qwen3moe 30B-A3B's), at the chunk's first and last positions and random ones.
+/// qwen3moe 30B-A3B's): one token at the chunk's first and last positions, windows of 8 from
+/// the first position and ending on the last, and random windows of 1..=8 tokens.
 pub fn prep_attention_cases(backends: &[&dyn AttentionOps], seed: u64) -> Result<Vec<Outcome>> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut out = Vec::new();
-    for (i, heads) in [(4, 2, 128), (16, 1, 128), (32, 4, 128), (4, 2, 128), (32, 4, 128)].into_iter().enumerate() {
-        let pos0 = [0, ATTN_CHUNK - 1].get(i).copied().unwrap_or_else(|| rng.random_range(0..ATTN_CHUNK));
+    let heads = [(4, 2, 128), (16, 1, 128), (32, 4, 128)];
+    let mut windows = vec![(1, 0), (1, ATTN_CHUNK - 1), (8, 0), (8, ATTN_CHUNK - 8)];
+    windows.extend((0..4).map(|_| {
+        let tokens = rng.random_range(1..=8);
+        (tokens, rng.random_range(0..=ATTN_CHUNK - tokens))
+    }));
+    for (i, (tokens, pos0)) in windows.into_iter().enumerate() {
         let case_seed = rng.random();
-        let case = AttnCase::random_heads(&mut SmallRng::seed_from_u64(case_seed), 1, pos0, heads);
+        let case = AttnCase::random_heads(&mut SmallRng::seed_from_u64(case_seed), tokens, pos0, heads[i % heads.len()]);
         out.push(prep_attention_case(backends, &case, case_seed)?);
     }
     Ok(out)

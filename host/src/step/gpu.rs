@@ -616,11 +616,11 @@ impl Executor for GpuExecutor {
                 }
                 let mut o = self.take(Act::Attn);
                 let (kc, vc) = self.cache[layer].as_mut().expect("attention layers have a KV cache");
-                let ([qv, kv, vv], _) = layout.views(c);
+                let ([qv, kv, vv], strides) = layout.views(c);
                 let xq = q.map(|q| q8_1_buffer(&mut self.qx, &mut self.moe, q));
                 let view = |(a, first): (Act, usize)| self.act[&a].slice(first..);
                 let (qn, kn) = (prepared(&self.weights, &model, q_norm), prepared(&self.weights, &model, k_norm));
-                let r = self.gpu.prep_attention_queue(&view(qv), &view(kv), &view(vv), qn, kn, &self.rope, shape, &self.pos, bound, c.rms_eps, attn_scale(c.head_dim), kc, vc, &mut o, xq);
+                let r = self.gpu.prep_attention_queue(&view(qv), &view(kv), &view(vv), strides, qn, kn, &self.rope, shape, &self.pos, bound, c.rms_eps, attn_scale(c.head_dim), kc, vc, &mut o, xq);
                 self.act.insert(Act::Attn, o);
                 r
             }

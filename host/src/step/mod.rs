@@ -229,9 +229,9 @@ pub enum Op {
     /// would write: [`fuse`] makes it so, and the kernel that writes `Attn` writes them).
     Attention { layer: usize, q: Option<Qx> },
     /// [`Op::AttnPrep`] then [`Op::Attention`] of its layer, which [`fuse`] joins: the CPU runs
-    /// the two; the GPU launches them as one kernel where the window is one token and its
-    /// context one chunk (`GpuBackend::prep_attention_kernel`), else as the two. The prepared
-    /// queries (`Qr`) are written only by the two.
+    /// the two; the GPU launches them as one kernel where the window's contexts are one chunk
+    /// (`GpuBackend::prep_attention_kernel`), else as the two. The prepared queries (`Qr`) are
+    /// written only by the two.
     PrepAttention { layer: usize, layout: QkvLayout, q_norm: WeightId, k_norm: WeightId, q: Option<Qx> },
     /// `acc = acc * sigmoid(gate)` (the gated attention's output gate).
     SigmoidMul { acc: Act, gate: Act },
