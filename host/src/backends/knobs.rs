@@ -24,10 +24,11 @@ pub const EXPDEC_SMEM_MAX: u32 = 96 * 1024;
 pub struct KernelKnobs {
     /// `STRATA_EXPDEC`: EXPDEC gate/up (`expdec_gu_*`) instead of `moe_gu_*`.
     pub expdec: bool,
-    /// `STRATA_EXPDEC_R`: gate/up weight rows per lane, 1 or 2; 0 picks by the rule: one where
-    /// 8-warp blocks of one row a lane would leave the SMs under two each (a one-token window,
-    /// which the pair and 16-warp entries take) or where `EXPDEC_MINB=4`, `EXPDEC_WARPS=16` or
-    /// `EXPDEC_PAIRS=2` ask for one-row entries, two elsewhere ([`Self::plan`]).
+    /// `STRATA_EXPDEC_R`: gate/up weight rows per lane, 1 or 2; 0 picks by the rule: two where
+    /// they replace the warps' row slots (`EXPDEC_WARP_ROWS`: IQ3_ST at 2 blocks a SM) in a
+    /// launch whose 8-warp blocks give every SM two or more (windows), one elsewhere: a
+    /// one-token window (which the pair and 16-warp entries take), `EXPDEC_WARPS=16` or
+    /// `EXPDEC_PAIRS=2`, and the formats without row slots ([`Self::plan`]).
     pub r: u32,
     /// `STRATA_EXPDEC_RB`: gate/up rows per block, 32, 64 or 128; 0 picks by the minimum-blocks
     /// rule.
@@ -92,7 +93,7 @@ pub struct Knob {
 
 pub const KNOBS: [Knob; 15] = [
     Knob { name: "EXPDEC", values: "0|1", what: "EXPDEC gate/up kernels" },
-    Knob { name: "EXPDEC_R", values: "0|1|2", what: "gate/up weight rows per lane (0: 1 for a one-token window, 2 for larger windows)" },
+    Knob { name: "EXPDEC_R", values: "0|1|2", what: "gate/up weight rows per lane (0: 2 for windows of a format with row slots, IQ3_ST; 1 elsewhere)" },
     Knob { name: "EXPDEC_RB", values: "0|32|64|128", what: "gate/up rows per block (0: minimum-blocks rule)" },
     Knob { name: "EXPDEC_DOWN", values: "0|1", what: "EXPDEC down for IQ4_NL (and its tiles, IQ4_NLT)" },
     Knob { name: "EXPDEC_D20", values: "0|1", what: "EXPDEC down for Q2_0" },
@@ -240,12 +241,16 @@ impl KernelKnobs {
         // cluster's pair of blocks gives the busiest SM fewer rows than that (a pair block is
         // 16 rows, 4 fit a SM), the pairs, if the backend has them.
         let one_row_few = blocks < 2 * sms;
-        // `EXPDEC_R=0`: one row a lane where its 8-warp blocks would be few (the pair and
-        // 16-warp entries take those) or the other knobs ask for one-row entries, two elsewhere
-        // (windows of 2 to 8 tokens 0.8 to 1.7 % faster in the step on an H100:
-        // docs/kernels/moe.md).
+        // `EXPDEC_R=0`: two rows a lane where they replace the warps' row slots (`_m2w`: a format
+        // with them, the knob on, 2 blocks a SM) in a launch of many blocks (windows of 2 to 8
+        // tokens 0.8 to 1.7 % faster in the step on an H100); one elsewhere: where its 8-warp
+        // blocks would be few (the pair and 16-warp entries take those), where the other knobs
+        // ask for one-row entries, and for the formats without row slots, whose two-row entries
+        // took 25 to 45 % longer than their one-row ones (IQ3_S and IQ3_XXS gate/up, windows of
+        // 2 to 8, docs/kernels/moe.md).
+        let row_slots = expdec_gu_warp_rows_kernel(gf).is_some() && self.warp_rows && self.minb == 2;
         let r = match self.r {
-            0 if one_row_few || self.minb == 4 || self.warps == 16 || self.pairs == 2 => 1,
+            0 if one_row_few || !row_slots || self.warps == 16 || self.pairs == 2 => 1,
             0 => 2,
             r => r,
         };
@@ -423,7 +428,7 @@ mod tests {
     }
 
     #[test]
-    fn zero_rows_a_lane_take_one_for_a_token_and_two_for_windows() {
+    fn zero_rows_a_lane_take_two_only_for_windows_of_row_slot_formats() {
         let rule = KernelKnobs::default();
         assert_eq!(rule.r, 0);
         // One token of 8 experts at n_ff 768: 192 blocks of 32 rows, under 2 x 132: one row a
@@ -431,12 +436,18 @@ mod tests {
         assert_eq!(rule.plan((Iq3ST, Iq4NlT), 2048, 768, 8, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_p2");
         assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
         assert_eq!(rule.plan((Q8_0, Iq4Nl), 2048, 768, 8, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_q8_0_r1_m2");
-        // Windows of 2 and 8 tokens: two rows a lane (so no `_m2w`, which takes one).
+        // Windows of 2 and 8 tokens of IQ3_ST (row slots): two rows a lane (so no `_m2w`,
+        // which takes one).
         assert_eq!(rule.plan((Iq3ST, Iq4NlT), 2048, 768, 16, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r2_m2");
         assert_eq!(rule.plan((Iq3ST, Iq4NlT), 2048, 768, 64, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r2_m2");
-        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r2_m2");
+        // Windows of formats without row slots, or with the slots' knob off: one row a lane.
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2560, 640, 40, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
+        assert_eq!(rule.plan((Iq3Xxs, Q2_0), 2560, 640, 80, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_xxs_r1_m2");
+        assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 64, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m2");
+        assert_eq!(KernelKnobs { warp_rows: false, ..rule }.plan((Iq3ST, Iq4NlT), 2048, 768, 64, H200_SMS, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_m2");
         // A device with more SMs than the window fills two blocks each: one row a lane.
         assert_eq!(rule.plan((Iq3S, Iq4Nl), 2048, 768, 16, 256, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
+        assert_eq!(rule.plan((Iq3ST, Iq4NlT), 2048, 768, 16, 256, true).unwrap().gu.kernel, "expdec_gu_iq3_st_r1_p2");
         // Knobs that ask for one-row entries get them; an explicit R wins over the rule.
         assert_eq!(KernelKnobs { minb: 4, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_m4");
         assert_eq!(KernelKnobs { warps: 16, ..rule }.plan((Iq3S, Iq4Nl), 2048, 768, 16, H200_SMS, false).unwrap().gu.kernel, "expdec_gu_iq3_s_r1_w16");
