@@ -349,6 +349,17 @@ impl Smem {
         r
     }
 
+    /// Stores the half-word `v` at shared address `addr` (from [`Smem::addr`]), 2-byte aligned.
+    ///
+    /// # Safety
+    /// `addr` is [`Smem::addr`] of a word (plus an even byte offset) inside the shared memory the
+    /// launch asked for.
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    pub unsafe fn st_u16_at(addr: u32, v: u16) {
+        asm!("st.shared.u16 [{p}], {v};", p = in(reg32) addr, v = in(reg16) v, options(nostack));
+    }
+
     /// The word at shared address `addr` (from [`Smem::addr`]).
     ///
     /// # Safety
@@ -535,6 +546,10 @@ impl Smem {
 
     pub unsafe fn ld_u32_at(addr: u32) -> u32 {
         Self::ld_shared(addr as u64)
+    }
+
+    pub unsafe fn st_u16_at(addr: u32, v: u16) {
+        Self::st_shared(addr as u64, v)
     }
 
     pub unsafe fn ld_v2_at(addr: u32) -> [u32; 2] {

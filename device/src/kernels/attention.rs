@@ -344,11 +344,19 @@ unsafe fn attn_prep_chunk_band<const W: usize, const HW: usize, const HD: u32>(
     } else {
         RowConsts::NONE
     };
+    // The chunk's first key stage but the window's keys: keys a launch long before wrote (the
+    // rule of host/src/backends/launch.rs), copied while the grid before drains; the window's keys
+    // in the stage are stored there by the warps that compute them, below.
+    let smem = Smem::dynamic();
+    let (len, kps) = (context_len(pos0, t, n_ctx), attn_key_stage(hd as usize));
+    if fits {
+        let ChunkRows { keys, values, n, stride } = band.rows(k_cache as *const u16, v_cache as *const u16, len, 0, false, 0);
+        Stages::new(smem, keys, values, stride, n, hd).copy_rows(0, pos0.min(kps));
+    }
     crate::arch::sync::chain_grids();
     if !fits || out.is_null() {
         sync::trap(); // the host launches this for windows whose contexts are one chunk
     }
-    let smem = Smem::dynamic();
     let hdu = hd as usize;
     if w < heads {
         let row = load_row(q.add(t as usize * q_stride as usize + (band.h0 + w) as usize * hdu), hd, n_rot, true);
@@ -368,7 +376,15 @@ unsafe fn attn_prep_chunk_band<const W: usize, const HW: usize, const HD: u32>(
             let row = load_row(src, hd, n_rot, key);
             let at = ((pos0 + tr) as usize * n_kv as usize + band.g) * hdu;
             if key {
-                store_f16_row(k_cache.add(at), hd, &norm_rope_row(row, &consts, hd, n_rot, eps));
+                let h = norm_rope_row(row, &consts, hd, n_rot, eps).map(convert::f32_to_f16);
+                lane_values(hd, |i, d| mem::st_u16(k_cache.add(at + d as usize) as *mut u8, h[i]));
+                // A key of this block's context in its first stage: there too (the copy left it
+                // out), in the stage's padded rows.
+                let p = pos0 + tr;
+                if p < kps && tr <= t {
+                    let row_at = smem.addr(K_WORD) + p * (2 * hd + 8);
+                    lane_values(hd, |i, d| Smem::st_u16_at(row_at + 2 * d, h[i]));
+                }
             } else {
                 store_f16_row(v_cache.add(at), hd, &row.0);
             }
@@ -376,7 +392,7 @@ unsafe fn attn_prep_chunk_band<const W: usize, const HW: usize, const HD: u32>(
         }
     }
     let dest = Dest { part: core::ptr::null_mut(), n_chunks: 1, out, xq };
-    band.walk::<W, HW>(smem, k_cache as *const u16, v_cache as *const u16, context_len(pos0, t, n_ctx), 0, 1, scale, dest);
+    band.walk::<W, HW>(smem, k_cache as *const u16, v_cache as *const u16, len, 0, 1, scale, dest, true);
 }
 
 /// `split` blocks per (token `t`, band of `heads` consecutive query heads of one KV group),
@@ -458,7 +474,7 @@ unsafe fn attn_chunk_band<const W: usize, const HW: usize, const HD: u32, const 
         smem.st_u32(word, mem::ld_nc_u32(rows.add(i as usize) as *const u8));
         i += ATTN_THREADS;
     }
-    band.walk::<W, HW>(smem, k_cache, v_cache, len, first, split, scale, Dest { part, n_chunks, out, xq });
+    band.walk::<W, HW>(smem, k_cache, v_cache, len, first, split, scale, Dest { part, n_chunks, out, xq }, false);
 }
 
 /// Declares the `attn_chunk` entries: one per widest band `W` it takes and head size `HD` it
@@ -656,10 +672,12 @@ impl Band {
     }
 
     /// Chunks `first, first + split, ...` of the token's `len` keys into `dest`, the band's
-    /// queries in shared memory (written by the block before the call). The whole block calls it.
+    /// queries in shared memory (written by the block before the call). With `staged` (bands
+    /// above one head), chunk `first`'s first key stage is in its buffer already: copied by the
+    /// block's threads and stored by them before the call. The whole block calls it.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn walk<const W: usize, const HW: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, first: u32, split: u32, scale: f32, dest: Dest) {
+    unsafe fn walk<const W: usize, const HW: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, first: u32, split: u32, scale: f32, dest: Dest, staged: bool) {
         let mut c = first;
         while c * (ATTN_CHUNK as u32) < len {
             sync::sync_threads(); // the queries are in; the previous chunk's readers are done
@@ -667,7 +685,7 @@ impl Band {
             if W == 1 {
                 self.chunk_one_head(smem, k_cache, v_cache, len, c, scale, dest);
             } else {
-                self.chunk::<W, HW>(smem, k_cache, v_cache, len, c, scale, dest);
+                self.chunk::<W, HW>(smem, k_cache, v_cache, len, c, scale, dest, staged && c == first);
             }
             c += split;
         }
@@ -694,14 +712,16 @@ impl Band {
     /// asynchronously while the block works on stage `s - 1` in the other ([`Stages`]).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn chunk<const W: usize, const HW: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, dest: Dest) {
+    unsafe fn chunk<const W: usize, const HW: usize>(&self, smem: Smem, k_cache: *const u16, v_cache: *const u16, len: u32, c: u32, scale: f32, dest: Dest, staged: bool) {
         // L2 is asked for the first `STAGES_ASKED` stages' keys here, each later stage's rows as
         // the stage `STAGES_ASKED` before it starts (`Stages::next`).
         let ChunkRows { keys, values, n, stride } = self.rows(k_cache, v_cache, len, c, false, STAGES_ASKED * attn_key_stage(self.hd as usize));
         let (hd, heads, tid) = (self.hd, self.heads, index::thread_idx());
         let stages = Stages::new(smem, keys, values, stride, n, hd);
         let key_stages = stages.key_stages;
-        stages.copy(0);
+        if !staged {
+            stages.copy(0);
+        }
         for s in 0..key_stages {
             stages.next(s);
             // The scores, with the lane count a constant for the common head sizes. Heads of
@@ -1026,11 +1046,18 @@ impl Stages {
     /// it; nothing reads the stage's buffer until [`Stages::next`] for it.
     #[inline(always)]
     unsafe fn copy(&self, s: u32) {
+        self.copy_rows(s, u32::MAX);
+    }
+
+    /// [`Stages::copy`] of stage `s`'s first `limit` rows only.
+    #[inline(always)]
+    unsafe fn copy_rows(&self, s: u32, limit: u32) {
         if s >= 2 * self.key_stages {
             return;
         }
         let values = s >= self.key_stages;
         let (base, rows) = self.span(s);
+        let rows = rows.min(limit);
         let src = if values { self.values } else { self.keys }.add((base * self.stride as u32) as usize);
         let dst = self.smem.addr(self.buffer(s));
         // 8-byte pieces of the keys' padded rows, 16-byte pieces of the values'.
