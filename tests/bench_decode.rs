@@ -131,6 +131,18 @@ fn the_measurements_on_the_cpu_executor_time_every_run() {
     assert!(bd::windows(&mut exec, &ops, &seq[..1], 2, 1).is_err());
 }
 
+/// The test column fits the longest row the run will print: 20 characters at least, a
+/// variant's last round of the widest window or deepest one-token row, a `--drop` group's row.
+#[test]
+fn the_test_column_fits_the_longest_row() {
+    let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(bd::test_column_width(128, &[0, 32768], &[2, 4, 8], &[], 3, &[]), 20);
+    // `tg128 win8 [ATTN_FUSE=0 #3]` and `tg128 @ d32768 [ATTN_FUSE=0 #3]`.
+    assert_eq!(bd::test_column_width(128, &[0], &[4, 8], &v(&["knobs", "ATTN_FUSE=0"]), 3, &[]), "tg128 win8 [ATTN_FUSE=0 #3]".len());
+    assert_eq!(bd::test_column_width(128, &[0, 32768], &[], &v(&["ATTN_FUSE=0"]), 3, &[]), "tg128 @ d32768 [ATTN_FUSE=0 #3]".len());
+    assert_eq!(bd::test_column_width(128, &[0], &[], &[], 2, &v(&["moe_down + moe_combine"])), "tg128 w/o moe_down+moe_combine".len());
+}
+
 #[test]
 fn spreads_and_contexts() {
     assert_eq!(Spread::of([3.0, 1.0, 2.0]), Spread { median: 2.0, min: 1.0, max: 3.0 });

@@ -304,6 +304,8 @@ struct Setting {
     /// What the full windows verify (`--window-input`, `--window-seed`).
     window_input: WindowInput,
     window_seed: u64,
+    /// Characters of the test column (`bd::test_column_width`).
+    test_width: usize,
 }
 
 fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
@@ -346,7 +348,18 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
         Opened::Cpu(_) => (None, None),
     };
     let chained = matches!(&opened, Opened::Gpu(g) if g.backend().chained());
-    let set = Setting { model: model.weights.file.path.display().to_string(), backend: opened.executor().name(), gpu, copy, bytes: model.step_weight_bytes(), window_input: a.window_input, window_seed: a.window_seed };
+    let labels: Vec<String> = variants.iter().map(|(label, _)| label.clone()).collect();
+    let test_width = bd::test_column_width(a.n, &depths, &windows, &labels, a.variant_rounds, &drops);
+    let set = Setting {
+        model: model.weights.file.path.display().to_string(),
+        backend: opened.executor().name(),
+        gpu,
+        copy,
+        bytes: model.step_weight_bytes(),
+        window_input: a.window_input,
+        window_seed: a.window_seed,
+        test_width,
+    };
     let header = [
         format!(
             "strata bench decode: {}: {}; weights {:.3} GB, a one-token step reads {:.4} GB",
@@ -388,11 +401,12 @@ fn decode(a: &DecodeArgs) -> anyhow::Result<()> {
     spinner.enable_steady_tick(Duration::from_millis(200));
     let show = |row: &Row| spinner.suspend(|| println!("{}", if a.json { row_json(&set, row) } else { row_line(&set, row) }));
     if !a.json {
+        let w = set.test_width;
         println!(
-            "| {:<20} | {:>12} | {:>21} | {:>14} | {:>13} | {:>6} | {:>11} | {:>8} |",
+            "| {:<w$} | {:>12} | {:>21} | {:>14} | {:>13} | {:>6} | {:>11} | {:>8} |",
             "test", "tok/s median", "tok/s spread", "ms/step median", "weights GB/s", "% copy", "accept rate", "tok/step"
         );
-        println!("|{:-<22}|{:->14}|{:->23}|{:->16}|{:->15}|{:->8}|{:->13}|{:->10}|", "", ":", ":", ":", ":", ":", ":", ":");
+        println!("|{:-<w2$}|{:->14}|{:->23}|{:->16}|{:->15}|{:->8}|{:->13}|{:->10}|", "", ":", ":", ":", ":", ":", ":", ":", w2 = w + 2);
     }
     let ops = model.step_ops(Op::Pick(Pick::Greedy));
     let first = bd::PATTERN[0];
@@ -557,7 +571,7 @@ fn row_line(set: &Setting, r: &Row) -> String {
         (true, copy) => (format!("{bound}{:.1}", gbps.median), copy.map_or("n/a".into(), |c| format!("{:.1}", 100.0 * gbps.median / c))),
     };
     format!(
-        "| {:<20} | {:>12.2} | {:>21} | {:>14.3} | {:>13} | {:>6} | {:>11} | {:>8.2} |",
+        "| {:<w$} | {:>12.2} | {:>21} | {:>14.3} | {:>13} | {:>6} | {:>11} | {:>8.2} |",
         r.name(),
         tok.median,
         format!("{:.2}..{:.2}", tok.min, tok.max),
@@ -565,7 +579,8 @@ fn row_line(set: &Setting, r: &Row) -> String {
         gbps,
         pct,
         r.acceptance().map_or("-".into(), |s| format!("{:.2}", s.median)),
-        r.tokens_per_step().median
+        r.tokens_per_step().median,
+        w = set.test_width
     )
 }
 

@@ -223,6 +223,23 @@ pub struct VariantFigure {
     pub ratio: f64,
 }
 
+/// Characters of the table's test column: 20, or more where a row of the run will have a longer
+/// name: the one-token rows at `depths` and the full windows of `windows` tokens under each of
+/// `variants` (its last round, `rounds`), and the one-token rows without each `--drop` group of
+/// `drops` (as given: prefixes joined by `+`). The rows then line up with the header they stream
+/// under.
+pub fn test_column_width(n: usize, depths: &[usize], windows: &[usize], variants: &[String], rounds: usize, drops: &[String]) -> usize {
+    let name = |kind, depth, window, dropped: Option<String>, variant: Option<(String, usize)>| {
+        Row { launch: Launch::Default, kind, n, depth, window, dropped, variant, runs: Vec::new() }.name().chars().count()
+    };
+    let variant_rows = variants.iter().flat_map(|v| {
+        let tg = depths.iter().map(move |&d| name(Kind::Tg, d, 1, None, Some((v.clone(), rounds))));
+        tg.chain(windows.iter().map(move |&t| name(Kind::Window, 0, t, None, Some((v.clone(), rounds)))))
+    });
+    let drop_rows = drops.iter().map(|g| name(Kind::Tg, 0, 1, Some(g.split('+').map(str::trim).collect::<Vec<_>>().join("+")), None));
+    variant_rows.chain(drop_rows).fold(20, usize::max)
+}
+
 /// The `--variants` summary of `rows` (those with a variant): per test in the order first met,
 /// per variant in the order first met, the runs of all its rounds pooled.
 pub fn variant_figures(rows: &[Row]) -> Vec<VariantFigure> {
