@@ -813,6 +813,25 @@ impl AttnCase {
         (k, v)
     }
 
+    /// One backend's results of a run that writes an f32 output (`out`: `attn_prep`'s queries
+    /// or the attention's output) and the window's cache rows into [`Self::prep_caches`]: notes
+    /// in `unwritten` the output values and the window's cache values left poisoned, in `stray`
+    /// (the first backend to do so) a cache value changed outside the window, and returns the
+    /// words the backends are compared on (the output's, then both whole caches'; described by
+    /// [`describe_cache_run_word`]).
+    fn cache_run_words(&self, backend: &str, out: &[f32], kc: &[u16], vc: &[u16], unwritten: &mut Vec<(String, usize, usize)>, stray: &mut Option<Mismatch>) -> Vec<u32> {
+        let window = self.window_range();
+        let (before_k, before_v) = self.prep_caches();
+        let left = out.iter().map(|v| v.to_bits() == POISON_F32).chain(kc[window.clone()].iter().chain(&vc[window.clone()]).map(|&h| h == POISON_F16));
+        note_unwritten(unwritten, backend, left);
+        let outside = |c: &[u16], before: &[u16]| (0..c.len()).find(|i| !window.contains(i) && c[*i] != before[*i]);
+        if let Some((i, c, before)) = outside(kc, &before_k).map(|i| (i, kc, &before_k)).or(outside(vc, &before_v).map(|i| (i, vc, &before_v))) {
+            let got = format!("{:#06x} at cache index {i} outside the window", c[i]);
+            stray.get_or_insert(Mismatch { backend: backend.into(), index: i, got, want: format!("{:#06x} (untouched)", before[i]) });
+        }
+        out.iter().map(|v| v.to_bits()).chain(kc.iter().chain(vc).map(|&h| h as u32)).collect()
+    }
+
     /// `attn_prep` on `b` for tokens `first .. first + tokens` of the window alone (at their
     /// own positions), into poisoned outputs: `q_out` and both caches.
     fn run_prep(&self, b: &dyn AttentionOps, first: usize, tokens: usize) -> Result<(Vec<f32>, Vec<u16>, Vec<u16>)> {
@@ -914,29 +933,15 @@ impl AttnCase {
 /// `q_out`, keys and values against float64.
 pub fn prep_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed: u64) -> Result<Outcome> {
     let window = case.window_range();
-    let (nq, nc) = (case.shape.q_len(), case.shape.cache_len());
-    let (before_k, before_v) = case.prep_caches();
     let (mut outs, mut unwritten, mut stray, mut first) = (Vec::new(), Vec::new(), None, Vec::new());
     for &b in backends {
         let (q_out, kc, vc) = case.run_prep(b, 0, case.shape.tokens)?;
-        let left = q_out.iter().map(|v| v.to_bits() == POISON_F32).chain(kc[window.clone()].iter().chain(&vc[window.clone()]).map(|&h| h == POISON_F16));
-        note_unwritten(&mut unwritten, b.name(), left);
-        let outside = |c: &[u16], before: &[u16]| (0..nc).find(|i| !window.contains(i) && c[*i] != before[*i]);
-        if let Some((i, c, before)) = outside(&kc, &before_k).map(|i| (i, &kc, &before_k)).or(outside(&vc, &before_v).map(|i| (i, &vc, &before_v))) {
-            let got = format!("{:#06x} at cache index {i} outside the window", c[i]);
-            stray.get_or_insert(Mismatch { backend: b.name().into(), index: i, got, want: format!("{:#06x} (untouched)", before[i]) });
-        }
         if first.is_empty() {
             first = q_out.iter().copied().chain(kc[window.clone()].iter().chain(&vc[window.clone()]).map(|&h| f16_to_f32(h))).collect();
         }
-        let words = q_out.iter().map(|v| v.to_bits()).chain(kc.iter().chain(&vc).map(|&h| h as u32)).collect();
-        outs.push((b.name().to_string(), words));
+        outs.push((b.name().to_string(), case.cache_run_words(b.name(), &q_out, &kc, &vc, &mut unwritten, &mut stray)));
     }
-    let mismatch = compare_bits(&outs, |i, v| match i {
-        i if i < nq => format!("q_out {:e} ({v:#010x}) at {i}", f32::from_bits(v)),
-        i if i < nq + nc => format!("k_cache {v:#06x} at {}", i - nq),
-        i => format!("v_cache {v:#06x} at {}", i - nq - nc),
-    });
+    let mismatch = compare_bits(&outs, |i, v| describe_cache_run_word(case.shape, i, v, |i, v| format!("q_out {:e} ({v:#010x}) at {i}", f32::from_bits(v))));
     Ok(Outcome {
         kernel: PREP.into(),
         shape: case.describe(),
@@ -947,6 +952,17 @@ pub fn prep_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed: u64) -> 
         nmse: Some(nmse(&first, &case.prep_f64())),
         nmse_max: NMSE_MAX,
     })
+}
+
+/// Word `i` (`v`) of the words [`AttnCase::cache_run_words`] returns for `shape`: `output`
+/// describes the f32 output's; the caches' are named with their index.
+fn describe_cache_run_word(shape: AttnShape, i: usize, v: u32, output: impl Fn(usize, u32) -> String) -> String {
+    let (nq, nc) = (shape.q_len(), shape.cache_len());
+    match i {
+        i if i < nq => output(i, v),
+        i if i < nq + nc => format!("k_cache {v:#06x} at {}", i - nq),
+        i => format!("v_cache {v:#06x} at {}", i - nq - nc),
+    }
 }
 
 /// The attention of `case` on every backend: outputs identical and all written, the first
@@ -983,30 +999,16 @@ pub fn attention_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed: u64
 /// runs `attn_prep` and the attention, which [`prep_case`] and [`attention_case`] hold to
 /// float64.)
 pub fn prep_attention_case(backends: &[&dyn AttentionOps], case: &AttnCase, seed: u64) -> Result<Outcome> {
-    let window = case.window_range();
-    let (s, nq) = (case.shape, case.shape.q_len());
-    let (before_k, before_v) = case.prep_caches();
+    let s = case.shape;
     let (mut outs, mut unwritten, mut stray) = (Vec::new(), Vec::new(), None);
     for &b in backends {
-        let mut out = vec![f32::from_bits(POISON_F32); nq];
+        let mut out = vec![f32::from_bits(POISON_F32); s.q_len()];
         let (mut kc, mut vc) = case.prep_caches();
         b.prep_attention(&case.q, &case.k, &case.v, &case.q_norm, &case.k_norm, &case.rope, s, case.pos0, case.eps, case.scale, &mut kc, &mut vc, &mut out)?;
-        let left = out.iter().map(|v| v.to_bits() == POISON_F32).chain(kc[window.clone()].iter().chain(&vc[window.clone()]).map(|&h| h == POISON_F16));
-        note_unwritten(&mut unwritten, b.name(), left);
-        let outside = |c: &[u16], before: &[u16]| (0..c.len()).find(|i| !window.contains(i) && c[*i] != before[*i]);
-        if let Some((i, c, before)) = outside(&kc, &before_k).map(|i| (i, &kc, &before_k)).or(outside(&vc, &before_v).map(|i| (i, &vc, &before_v))) {
-            let got = format!("{:#06x} at cache index {i} outside the window", c[i]);
-            stray.get_or_insert(Mismatch { backend: b.name().into(), index: i, got, want: format!("{:#06x} (untouched)", before[i]) });
-        }
-        let words = out.iter().map(|v| v.to_bits()).chain(kc.iter().chain(&vc).map(|&h| h as u32)).collect();
-        outs.push((b.name().to_string(), words));
+        outs.push((b.name().to_string(), case.cache_run_words(b.name(), &out, &kc, &vc, &mut unwritten, &mut stray)));
     }
-    let nc = s.cache_len();
-    let mismatch = compare_bits(&outs, |i, v| match i {
-        i if i < nq => format!("output {:e} ({v:#010x}) at {i} (head {}, value {})", f32::from_bits(v), i / s.hd, i % s.hd),
-        i if i < nq + nc => format!("k_cache {v:#06x} at {}", i - nq),
-        i => format!("v_cache {v:#06x} at {}", i - nq - nc),
-    });
+    let output = |i: usize, v: u32| format!("output {:e} ({v:#010x}) at {i} (head {}, value {})", f32::from_bits(v), i / s.hd, i % s.hd);
+    let mismatch = compare_bits(&outs, |i, v| describe_cache_run_word(s, i, v, output));
     Ok(Outcome {
         kernel: FUSED.into(),
         shape: case.describe(),
