@@ -248,6 +248,8 @@ impl KernelKnobs {
         // ask for one-row entries, and for the formats without row slots, whose two-row entries
         // took 25 to 45 % longer than their one-row ones (IQ3_S and IQ3_XXS gate/up, windows of
         // 2 to 8, docs/kernels/moe.md).
+        // The row-slot entry's own conditions (the format has one, its knob on, 2 blocks a SM),
+        // which also choose it below.
         let row_slots = expdec_gu_warp_rows_kernel(gf).is_some() && self.warp_rows && self.minb == 2;
         let r = match self.r {
             0 if one_row_few || !row_slots || self.warps == 16 || self.pairs == 2 => 1,
@@ -292,7 +294,7 @@ impl KernelKnobs {
             // The warps' row slots where asked for and compiled (R = 1, 2 blocks per SM), and
             // where they fit beside the stage and the codebook.
             let ring = gu_smem + expdec_gu_ring_bytes(n_embd, gf);
-            match expdec_gu_warp_rows_kernel(gf).filter(|_| self.warp_rows && sixteen.is_none() && r == 1 && self.minb == 2 && ring <= EXPDEC_SMEM_MAX) {
+            match expdec_gu_warp_rows_kernel(gf).filter(|_| row_slots && sixteen.is_none() && r == 1 && ring <= EXPDEC_SMEM_MAX) {
                 Some(kernel) => Launch { kernel, blocks, smem: ring, rows_per_block: rb },
                 None => Launch { kernel, blocks, smem: gu_smem, rows_per_block: rb },
             }
