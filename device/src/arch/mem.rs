@@ -95,12 +95,6 @@ pub fn prefetch_l2_warp(start: *const u8, bytes: usize) {
     prefetch_spread(start, bytes, crate::arch::index::lane(), 32, prefetch_l2);
 }
 
-/// [`prefetch_l2_warp`] into the SM's L1: for constants a warp reads soon after its grid wait.
-#[inline(always)]
-pub fn prefetch_l1_warp(start: *const u8, bytes: usize) {
-    prefetch_spread(start, bytes, crate::arch::index::lane(), 32, prefetch_l1);
-}
-
 /// [`prefetch_l2_warp`] over a block of `THREADS` threads (every thread calls it with the same
 /// range).
 #[inline(always)]
