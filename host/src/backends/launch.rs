@@ -16,7 +16,9 @@
 //! its own wait returned, a grid starts only once the grid two launches back has completed and
 //! its writes have reached L2: an entry may also read before its wait, from L2 (`mem::ld_cg_u32`,
 //! not the SM's L1, which may hold older lines), a buffer the launch just before it does not
-//! write. Two kinds of entry do: `attn_prep` and the `attn_chunk` entries read the window's
+//! write. (Such reads by every warp of a large grid all go to the L2 slice of the same few lines
+//! while the grid before streams through L2: down reading its group table so made gate/up 2.9 us
+//! a launch slower, docs/kernels/moe.md.) Two kinds of entry do: `attn_prep` and the `attn_chunk` entries read the window's
 //! position, which only a copy before the step or the accept op at a step's end writes, several
 //! launches before any of them (and `attn_chunk` then only asks L2 for cache rows, a hint).
 //! build.rs refuses an `sm_90` image with
