@@ -1,5 +1,5 @@
 //! Attention of the decode step (`attn_prep`, `attn_chunk` + `attn_merge`, and the two in one
-//! launch for a token of a one-chunk context): the CPU replica against float64, window
+//! launch for a window of one-chunk contexts): the CPU replica against float64, window
 //! invariance, the chunk boundaries, partial RoPE and shape errors; then `cuda` and `hip`
 //! against the replica bit for bit and window invariance on each (skipped
 //! without a GPU unless `STRATA_REQUIRE_GPU=1`), and the same of the kernels' own code in the

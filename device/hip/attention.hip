@@ -520,7 +520,7 @@ ATTN_CHUNK_ENTRY(attn_chunk_one, 1, 1, 0)
 // chunk, in bands of W heads (the Rust twin's attn_prep_chunk_band): block b takes token t and
 // query heads h0 .. of KV group g as attn_chunk_band's blocks; warp w < W norms and ropes token
 // t's query head h0 + w straight into the band's shared query words, the other warps write the
-// group's 2 tokens new cache rows (warp W + i rows i, i + ATTN_WARPS - W, ...: the tokens' keys,
+// group's 2 * tokens new cache rows (warp W + i rows i, i + ATTN_WARPS - W, ...: the tokens' keys,
 // normed and roped, then their values, as fp16 at *pos + r). Every block of a group writes all
 // of the window's new rows of the group (the same bits from every writer); the block barrier
 // before the chunk's first stage copy makes its own writes visible to its copies. A window past
