@@ -31,10 +31,11 @@ fn check(out: Outcome) {
 /// Fixed edge shapes (one row, one block, M not a multiple of the warps per block, the largest
 /// K) followed by random ones.
 fn mmvq_shapes(rng: &mut SmallRng, format: WeightFormat) -> Vec<(usize, usize, usize)> {
-    // One-row shapes run `mmvq_*` under 16,384 rows and `mmvq1_*` from there
-    // (`launch::mmvq_launch`): rows of 1, 2 and 4+ weight groups a lane, and for 32 or 64 groups
-    // two rows a warp (`launch::mmvq1_pairs`), the last warp of an odd count with one.
-    let fixed = [(1, 32, 1), (5, 64, 8), (4097, 32, 3), (33, 8192, 8), (4096, 2048, 1), (77, 4256, 1), (9, 8192, 1), (16384, 2048, 1), (16385, 1024, 1), (16390, 4256, 1)];
+    // One-row shapes run, under 16,384 rows, `mmvq_*` to one weight group a lane and `mmvq1a_*`
+    // past it, and `mmvq1_*` from there (`launch::mmvq_launch`): rows of 1, 2, 2 and a part, and
+    // 4+ groups a lane, and for 32 or 64 groups two rows a warp (`launch::mmvq1_pairs`), the last
+    // warp of an odd count with one.
+    let fixed = [(1, 32, 1), (5, 64, 8), (4097, 32, 3), (33, 8192, 8), (300, 1024, 1), (4096, 2048, 1), (61, 2400, 1), (77, 4256, 1), (9, 8192, 1), (16384, 2048, 1), (16385, 1024, 1), (16390, 4256, 1)];
     let mut v: Vec<_> = fixed.into_iter().map(|(m, k, r)| (m, parity::fit_k(format, k), r)).collect();
     v.extend((0..8).map(|_| parity::random_mmvq_shape(rng, format, 4096, 8192)));
     v

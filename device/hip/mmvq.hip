@@ -96,6 +96,42 @@ static __device__ __forceinline__ void mmvq(const uint8_t* w, const uint8_t* x, 
   store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 
+// mmvq of one activation row, each step's weight group and activation block asked for before the
+// step before is added: the same contributions in the same order, so the same bits
+// (device/src/kernels/mmvq.rs mmvq1a, row_partial_ahead).
+template <typename F>
+static __device__ __forceinline__ void mmvq1a(const uint8_t* w, const uint8_t* x, float* y, uint32_t m,
+                                              uint32_t groups, uint32_t accumulate) {
+  uint32_t row = block_idx() * STRATA_MMVQ_WARPS + warp_in_block();
+  if (row >= m) return;
+  const uint8_t* wrow = w + (uint64_t)row * (groups / F::GROUPS) * F::BYTES;
+  float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
+  float acc[1] = {0.0f};
+  uint32_t b = lane();
+  if (b < groups) {
+    Group g = F::load(wrow + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS);
+    uint32_t q[8];
+    float dx = global_block(x + (uint64_t)b * STRATA_Q8_1_BYTES, q);
+    for (;;) {
+      uint32_t next = b + 32;
+      Group gn;
+      uint32_t qn[8];
+      float dxn = 0.0f;
+      if (next < groups) {
+        gn = F::load(wrow + (uint64_t)(next / F::GROUPS) * F::BYTES, next % F::GROUPS);
+        dxn = global_block(x + (uint64_t)next * STRATA_Q8_1_BYTES, qn);
+      }
+      acc[0] = acc[0] + contribution_words(g, q, dx, pow2);
+      if (next >= groups) break;
+      g = gn;
+      dx = dxn;
+      for (int i = 0; i < 8; i++) q[i] = qn[i];
+      b = next;
+    }
+  }
+  store_row_sums(acc, 1, accumulate != 0, [&](int) { return y + row; });
+}
+
 // Whether the one-row entries give a warp two adjacent weight rows (gpu-shared launch::mmvq1_pairs):
 // rows of 32 or 64 groups in matrices of at least STRATA_MMVQ1_MIN_ROWS rows.
 STRATA_FN bool mmvq1_pairs(uint32_t m, uint32_t groups) {
@@ -132,9 +168,10 @@ static __device__ __forceinline__ void mmvqs(const uint8_t* w, const uint8_t* x,
   store_row_sums(acc, rows, accumulate != 0, [&](int r) { return y + (uint64_t)r * m + row; });
 }
 
-// Per format: the entry for 1..8 activation rows, the one-row entry (mmvq1_*: the row count a
-// constant, STRATA_MMVQ1_AHEAD weight groups a lane in flight) and the staged one (mmvqs_*).
-#define MMVQ_ENTRY(name, one, staged, F)                                                                        \
+// Per format: the entry for 1..8 activation rows, the one-row entries (mmvq1_*: the row count a
+// constant, STRATA_MMVQ1_AHEAD weight groups a lane in flight; mmvq1a_*: each step's loads a step
+// ahead) and the staged one (mmvqs_*).
+#define MMVQ_ENTRY(name, one, ahead, staged, F)                                                                 \
   STRATA_KERNEL(name)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows, \
                       uint32_t accumulate) {                                                                    \
     mmvq<F, 1>(w, x, y, m, groups, rows, accumulate);                                                           \
@@ -146,22 +183,26 @@ static __device__ __forceinline__ void mmvqs(const uint8_t* w, const uint8_t* x,
     else                                                                                                        \
       mmvq<F, STRATA_MMVQ1_AHEAD>(w, x, y, m, groups, 1, accumulate);                                           \
   }                                                                                                             \
+  STRATA_KERNEL(ahead)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t,     \
+                       uint32_t accumulate) {                                                                   \
+    mmvq1a<F>(w, x, y, m, groups, accumulate);                                                                  \
+  }                                                                                                             \
   STRATA_KERNEL(staged)(const uint8_t* w, const uint8_t* x, float* y, uint32_t m, uint32_t groups, uint32_t rows, \
                         uint32_t accumulate) {                                                                  \
     mmvqs<F>(w, x, y, m, groups, rows, accumulate);                                                             \
   }
 
-MMVQ_ENTRY(mmvq_q8_0, mmvq1_q8_0, mmvqs_q8_0, Q8_0)
-MMVQ_ENTRY(mmvq_q8_0t, mmvq1_q8_0t, mmvqs_q8_0t, Q8_0T)
-MMVQ_ENTRY(mmvq_q6_k, mmvq1_q6_k, mmvqs_q6_k, Q6K)
-MMVQ_ENTRY(mmvq_q6_kt, mmvq1_q6_kt, mmvqs_q6_kt, Q6KT)
-MMVQ_ENTRY(mmvq_iq2_xxs, mmvq1_iq2_xxs, mmvqs_iq2_xxs, Iq2Xxs)
-MMVQ_ENTRY(mmvq_iq2_xs, mmvq1_iq2_xs, mmvqs_iq2_xs, Iq2Xs)
-MMVQ_ENTRY(mmvq_iq2_s, mmvq1_iq2_s, mmvqs_iq2_s, Iq2S)
-MMVQ_ENTRY(mmvq_iq3_xxs, mmvq1_iq3_xxs, mmvqs_iq3_xxs, Iq3Xxs)
-MMVQ_ENTRY(mmvq_iq3_s, mmvq1_iq3_s, mmvqs_iq3_s, Iq3S)
-MMVQ_ENTRY(mmvq_iq3_st, mmvq1_iq3_st, mmvqs_iq3_st, Iq3ST)
-MMVQ_ENTRY(mmvq_iq4_nl, mmvq1_iq4_nl, mmvqs_iq4_nl, Iq4Nl)
-MMVQ_ENTRY(mmvq_iq4_nlt, mmvq1_iq4_nlt, mmvqs_iq4_nlt, Iq4NlT)
-MMVQ_ENTRY(mmvq_iq4_xs, mmvq1_iq4_xs, mmvqs_iq4_xs, Iq4Xs)
-MMVQ_ENTRY(mmvq_q2_0, mmvq1_q2_0, mmvqs_q2_0, Q2_0)
+MMVQ_ENTRY(mmvq_q8_0, mmvq1_q8_0, mmvq1a_q8_0, mmvqs_q8_0, Q8_0)
+MMVQ_ENTRY(mmvq_q8_0t, mmvq1_q8_0t, mmvq1a_q8_0t, mmvqs_q8_0t, Q8_0T)
+MMVQ_ENTRY(mmvq_q6_k, mmvq1_q6_k, mmvq1a_q6_k, mmvqs_q6_k, Q6K)
+MMVQ_ENTRY(mmvq_q6_kt, mmvq1_q6_kt, mmvq1a_q6_kt, mmvqs_q6_kt, Q6KT)
+MMVQ_ENTRY(mmvq_iq2_xxs, mmvq1_iq2_xxs, mmvq1a_iq2_xxs, mmvqs_iq2_xxs, Iq2Xxs)
+MMVQ_ENTRY(mmvq_iq2_xs, mmvq1_iq2_xs, mmvq1a_iq2_xs, mmvqs_iq2_xs, Iq2Xs)
+MMVQ_ENTRY(mmvq_iq2_s, mmvq1_iq2_s, mmvq1a_iq2_s, mmvqs_iq2_s, Iq2S)
+MMVQ_ENTRY(mmvq_iq3_xxs, mmvq1_iq3_xxs, mmvq1a_iq3_xxs, mmvqs_iq3_xxs, Iq3Xxs)
+MMVQ_ENTRY(mmvq_iq3_s, mmvq1_iq3_s, mmvq1a_iq3_s, mmvqs_iq3_s, Iq3S)
+MMVQ_ENTRY(mmvq_iq3_st, mmvq1_iq3_st, mmvq1a_iq3_st, mmvqs_iq3_st, Iq3ST)
+MMVQ_ENTRY(mmvq_iq4_nl, mmvq1_iq4_nl, mmvq1a_iq4_nl, mmvqs_iq4_nl, Iq4Nl)
+MMVQ_ENTRY(mmvq_iq4_nlt, mmvq1_iq4_nlt, mmvq1a_iq4_nlt, mmvqs_iq4_nlt, Iq4NlT)
+MMVQ_ENTRY(mmvq_iq4_xs, mmvq1_iq4_xs, mmvq1a_iq4_xs, mmvqs_iq4_xs, Iq4Xs)
+MMVQ_ENTRY(mmvq_q2_0, mmvq1_q2_0, mmvq1a_q2_0, mmvqs_q2_0, Q2_0)

@@ -405,6 +405,29 @@ pub enum WeightFormat {
     Q6KT = 0x100e,
 }
 
+/// A per-format kernel entry's name: `prefix` and the format's lower-case tag (`mmvq_` and
+/// `q8_0t` make `mmvq_q8_0t`), the same in PTX, HIP and the replica.
+macro_rules! format_entry {
+    ($format:expr, $prefix:literal) => {
+        match $format {
+            WeightFormat::Q8_0 => concat!($prefix, "q8_0"),
+            WeightFormat::Q6K => concat!($prefix, "q6_k"),
+            WeightFormat::Iq2Xxs => concat!($prefix, "iq2_xxs"),
+            WeightFormat::Iq2Xs => concat!($prefix, "iq2_xs"),
+            WeightFormat::Iq2S => concat!($prefix, "iq2_s"),
+            WeightFormat::Iq3Xxs => concat!($prefix, "iq3_xxs"),
+            WeightFormat::Iq3S => concat!($prefix, "iq3_s"),
+            WeightFormat::Iq4Nl => concat!($prefix, "iq4_nl"),
+            WeightFormat::Iq4Xs => concat!($prefix, "iq4_xs"),
+            WeightFormat::Q2_0 => concat!($prefix, "q2_0"),
+            WeightFormat::Q8_0T => concat!($prefix, "q8_0t"),
+            WeightFormat::Iq4NlT => concat!($prefix, "iq4_nlt"),
+            WeightFormat::Iq3ST => concat!($prefix, "iq3_st"),
+            WeightFormat::Q6KT => concat!($prefix, "q6_kt"),
+        }
+    };
+}
+
 impl WeightFormat {
     pub const ALL: [WeightFormat; 10] = [
         WeightFormat::Q8_0,
@@ -581,83 +604,29 @@ impl WeightFormat {
 
     /// The lower-case tag of the format in kernel names (`q8_0`, `iq2_xxs`).
     pub const fn tag(self) -> &'static str {
-        match self {
-            WeightFormat::Q8_0 => "q8_0",
-            WeightFormat::Q6K => "q6_k",
-            WeightFormat::Iq2Xxs => "iq2_xxs",
-            WeightFormat::Iq2Xs => "iq2_xs",
-            WeightFormat::Iq2S => "iq2_s",
-            WeightFormat::Iq3Xxs => "iq3_xxs",
-            WeightFormat::Iq3S => "iq3_s",
-            WeightFormat::Iq4Nl => "iq4_nl",
-            WeightFormat::Iq4Xs => "iq4_xs",
-            WeightFormat::Q2_0 => "q2_0",
-            WeightFormat::Q8_0T => "q8_0t",
-            WeightFormat::Iq4NlT => "iq4_nlt",
-            WeightFormat::Iq3ST => "iq3_st",
-            WeightFormat::Q6KT => "q6_kt",
-        }
+        format_entry!(self, "")
     }
 
     /// Name of the `mmvq` kernel entry for this format (same in PTX, HIP and the replica).
     pub const fn mmvq_kernel(self) -> &'static str {
-        match self {
-            WeightFormat::Q8_0 => "mmvq_q8_0",
-            WeightFormat::Q6K => "mmvq_q6_k",
-            WeightFormat::Iq2Xxs => "mmvq_iq2_xxs",
-            WeightFormat::Iq2Xs => "mmvq_iq2_xs",
-            WeightFormat::Iq2S => "mmvq_iq2_s",
-            WeightFormat::Iq3Xxs => "mmvq_iq3_xxs",
-            WeightFormat::Iq3S => "mmvq_iq3_s",
-            WeightFormat::Iq4Nl => "mmvq_iq4_nl",
-            WeightFormat::Iq4Xs => "mmvq_iq4_xs",
-            WeightFormat::Q2_0 => "mmvq_q2_0",
-            WeightFormat::Q8_0T => "mmvq_q8_0t",
-            WeightFormat::Iq4NlT => "mmvq_iq4_nlt",
-            WeightFormat::Iq3ST => "mmvq_iq3_st",
-            WeightFormat::Q6KT => "mmvq_q6_kt",
-        }
+        format_entry!(self, "mmvq_")
     }
 
     /// The `mmvq` entry for one activation row (the 1..8-row entry's body with the row count a
     /// constant and more weight loads in flight).
     pub const fn mmvq1_kernel(self) -> &'static str {
-        match self {
-            WeightFormat::Q8_0 => "mmvq1_q8_0",
-            WeightFormat::Q6K => "mmvq1_q6_k",
-            WeightFormat::Iq2Xxs => "mmvq1_iq2_xxs",
-            WeightFormat::Iq2Xs => "mmvq1_iq2_xs",
-            WeightFormat::Iq2S => "mmvq1_iq2_s",
-            WeightFormat::Iq3Xxs => "mmvq1_iq3_xxs",
-            WeightFormat::Iq3S => "mmvq1_iq3_s",
-            WeightFormat::Iq4Nl => "mmvq1_iq4_nl",
-            WeightFormat::Iq4Xs => "mmvq1_iq4_xs",
-            WeightFormat::Q2_0 => "mmvq1_q2_0",
-            WeightFormat::Q8_0T => "mmvq1_q8_0t",
-            WeightFormat::Iq4NlT => "mmvq1_iq4_nlt",
-            WeightFormat::Iq3ST => "mmvq1_iq3_st",
-            WeightFormat::Q6KT => "mmvq1_q6_kt",
-        }
+        format_entry!(self, "mmvq1_")
+    }
+
+    /// The `mmvq` entry for one activation row whose lanes load each step's weight group and
+    /// activation block a step ahead.
+    pub const fn mmvq1a_kernel(self) -> &'static str {
+        format_entry!(self, "mmvq1a_")
     }
 
     /// The staged `mmvq` entry for 2..8 activation rows (the rows in shared memory first).
     pub const fn mmvqs_kernel(self) -> &'static str {
-        match self {
-            WeightFormat::Q8_0 => "mmvqs_q8_0",
-            WeightFormat::Q6K => "mmvqs_q6_k",
-            WeightFormat::Iq2Xxs => "mmvqs_iq2_xxs",
-            WeightFormat::Iq2Xs => "mmvqs_iq2_xs",
-            WeightFormat::Iq2S => "mmvqs_iq2_s",
-            WeightFormat::Iq3Xxs => "mmvqs_iq3_xxs",
-            WeightFormat::Iq3S => "mmvqs_iq3_s",
-            WeightFormat::Iq4Nl => "mmvqs_iq4_nl",
-            WeightFormat::Iq4Xs => "mmvqs_iq4_xs",
-            WeightFormat::Q2_0 => "mmvqs_q2_0",
-            WeightFormat::Q8_0T => "mmvqs_q8_0t",
-            WeightFormat::Iq4NlT => "mmvqs_iq4_nlt",
-            WeightFormat::Iq3ST => "mmvqs_iq3_st",
-            WeightFormat::Q6KT => "mmvqs_q6_kt",
-        }
+        format_entry!(self, "mmvqs_")
     }
 
     /// Byte offset of the fp16 scale `d` in a block (a tiled layout: of its first block's; it

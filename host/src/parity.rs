@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::reference::{float_matvec_f64, matvec_f64, nmse};
 use strata_gpu_shared::f16::f32_to_f16;
 use strata_gpu_shared::formats::{q8_1, FloatFormat, WeightFormat, GROUP};
+use strata_gpu_shared::launch::mmvq_launch;
 use strata_gpu_shared::replica;
 
 /// The NMSE bar against float64 (the one llama.cpp's backend tests use).
@@ -182,7 +183,8 @@ pub fn mmvq_case(
     let (outs, mismatch, unwritten) = run_f32(backends, rows * m, init.as_deref(), |b, acc, y| b.mmvq(&w, &xq, rows, acc, y))?;
     let nmse = (check_reference && rows * m >= NMSE_MIN_VALUES).then(|| nmse(&outs[0], &matvec_f64(&w, &x, rows)));
     Ok(Outcome {
-        kernel: format.mmvq_kernel().into(),
+        // The entry the backends' launch ran (`mmvq_launch` picks it by shape).
+        kernel: mmvq_launch(format, m, rows, k / GROUP).kernel.into(),
         shape: format!("{m}x{k} x{rows}{}", accumulating(accumulate)),
         seed,
         backends: backends.iter().map(|b| b.name().to_string()).collect(),

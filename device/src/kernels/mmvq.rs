@@ -121,6 +121,35 @@ pub unsafe fn row_partials_after<F: Block, const AHEAD: usize>(first: [blocks::G
     acc
 }
 
+/// [`row_partials_after`] of one activation row and one group a step, each step's weight group
+/// and activation block asked for before the step before is added (`first`: the lane's group
+/// `lane`, loaded before the grid wait; its activation block is asked for with the second
+/// group's). The same contributions in the same order (groups `lane, lane + 32, ...` from +0.0),
+/// so the same bits; after the wait the first two groups are one memory latency and the later
+/// ones overlap, where [`row_partials_after`] waits a latency a group.
+///
+/// # Safety
+/// As [`row_partials_from`] with one row: `xb(b)` is activation block `b`, safe for `b < groups`.
+#[inline(always)]
+unsafe fn row_partial_ahead<F: Block>(first: blocks::Group, wrow: *const u8, groups: u32, xb: impl Fn(u32) -> ([u32; 8], f32)) -> f32 {
+    let pow2 = f32::from_bits((127 - F::SHIFT) << 23);
+    let mut acc = 0.0f32;
+    let mut b = index::lane();
+    if b >= groups {
+        return acc;
+    }
+    let (mut g, mut a) = (first, xb(b));
+    loop {
+        let next = b + 32;
+        let ahead = (next < groups).then(|| (F::load(wrow.add(F::block_offset(next)), next % F::GROUPS), xb(next)));
+        acc += contribution_words::<F>(&g, &a.0, a.1, pow2);
+        match ahead {
+            Some((gn, an)) => (g, a, b) = (gn, an, next),
+            None => return acc,
+        }
+    }
+}
+
 /// The warp's first step of weight groups ([`lane_groups`] of `lane`; `WARPS` rows a block, one
 /// a warp; zero for a warp past `m`), for an entry to load before its grid wait.
 ///
@@ -215,6 +244,23 @@ unsafe fn mmvq<F: Block, const AHEAD: usize>(first: [blocks::Group; AHEAD], w: *
     warp::store_row_sums(&acc, rows, accumulate != 0, base, out);
 }
 
+/// The body of the `mmvq1a_*` entries: `mmvq` of one activation row, one group a lane in flight
+/// before the grid wait (`first`, [`warp_first_groups`]) and each later step's loads issued a
+/// step ahead ([`row_partial_ahead`]). Same partial, same butterfly, same bits as `mmvq`.
+///
+/// # Safety
+/// As `mmvq` with `rows == 1`.
+#[inline(always)]
+unsafe fn mmvq1a<F: Block>(first: blocks::Group, w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, accumulate: u32) {
+    let Some((row, wrow)) = warp_row::<F, MMVQ_WARPS>(w, m, groups) else {
+        return; // whole warp: the butterfly below needs every lane
+    };
+    let out = |_: usize| y.add(row as usize);
+    let base = warp::row_sums_base(1, accumulate != 0, out);
+    let acc = row_partial_ahead::<F>(first, wrow, groups, |b| global_block(x.add(b as usize * q8_1::BYTES)));
+    warp::store_row_sums(&[acc], 1, accumulate != 0, Some(base), out);
+}
+
 /// The body of the `mmvqs_*` entries: `mmvq` of 2..8 activation rows with the rows staged in
 /// shared memory first (`stage`'s layout, `rows` rows), so a lane reads a group's
 /// activation with two 16-byte shared loads a row instead of nine 4-byte global loads at a
@@ -287,12 +333,12 @@ unsafe fn pair_first_groups<F: Block>(w: *const u8, m: u32, groups: u32) -> [blo
     }
 }
 
-/// Declares, per format, the `extern "ptx-kernel"` entry for 1..8 activation rows, the one
+/// Declares, per format, the `extern "ptx-kernel"` entry for 1..8 activation rows, the two
 /// for a single row (`mmvq1_*`: the row count a constant, which frees the registers of seven
-/// row slots for `MMVQ1_AHEAD` weight groups in flight) and the staged one for 2..8 rows
-/// (`mmvqs_*`) over the shared bodies.
+/// row slots for `MMVQ1_AHEAD` weight groups in flight; `mmvq1a_*`: each step's loads a step
+/// ahead) and the staged one for 2..8 rows (`mmvqs_*`) over the shared bodies.
 macro_rules! mmvq_entries {
-    ($($name:ident, $one:ident, $staged:ident => $block:ty),* $(,)?) => {$(
+    ($($name:ident, $one:ident, $ahead:ident, $staged:ident => $block:ty),* $(,)?) => {$(
         $crate::entry! {
             /// `mmvq` for one weight format. Launch: `ceil(m / MMVQ_WARPS)` blocks of
             /// `32 * MMVQ_WARPS` threads.
@@ -328,6 +374,20 @@ macro_rules! mmvq_entries {
         }
 
         $crate::entry! {
+            /// `mmvq` of one activation row (`rows` must be 1), each step's weight group and
+            /// activation block loaded a step ahead ([`mmvq1a`]). Launch as the 1..8-row entry.
+            ///
+            /// # Safety
+            /// As `mmvq` with `rows == 1`.
+            pub unsafe fn $ahead(w: *const u8, x: *const u8, y: *mut f32, m: u32, groups: u32, _rows: u32, accumulate: u32) {
+                let [first] = warp_first_groups::<$block, MMVQ_WARPS, 1>(w, m, groups);
+                prefetch_row::<$block, MMVQ_WARPS>(w, m, groups);
+                crate::arch::sync::chain_grids();
+                mmvq1a::<$block>(first, w, x, y, m, groups, accumulate)
+            }
+        }
+
+        $crate::entry! {
             /// `mmvq` of 2..8 activation rows staged in shared memory. Launch: `ceil(m /
             /// MMVQS_WARPS)` blocks of `32 * MMVQS_WARPS` threads and `launch::mmvq_launch`'s shared
             /// memory.
@@ -345,18 +405,18 @@ macro_rules! mmvq_entries {
 }
 
 mmvq_entries! {
-    mmvq_q8_0, mmvq1_q8_0, mmvqs_q8_0 => blocks::Q8_0,
-    mmvq_q8_0t, mmvq1_q8_0t, mmvqs_q8_0t => blocks::Q8_0T,
-    mmvq_iq4_nlt, mmvq1_iq4_nlt, mmvqs_iq4_nlt => blocks::Iq4NlT,
-    mmvq_q6_k, mmvq1_q6_k, mmvqs_q6_k => blocks::Q6K,
-    mmvq_q6_kt, mmvq1_q6_kt, mmvqs_q6_kt => blocks::Q6KT,
-    mmvq_iq2_xxs, mmvq1_iq2_xxs, mmvqs_iq2_xxs => blocks::Iq2Xxs,
-    mmvq_iq2_xs, mmvq1_iq2_xs, mmvqs_iq2_xs => blocks::Iq2Xs,
-    mmvq_iq2_s, mmvq1_iq2_s, mmvqs_iq2_s => blocks::Iq2S,
-    mmvq_iq3_xxs, mmvq1_iq3_xxs, mmvqs_iq3_xxs => blocks::Iq3Xxs,
-    mmvq_iq3_s, mmvq1_iq3_s, mmvqs_iq3_s => blocks::Iq3S,
-    mmvq_iq3_st, mmvq1_iq3_st, mmvqs_iq3_st => blocks::Iq3ST,
-    mmvq_iq4_nl, mmvq1_iq4_nl, mmvqs_iq4_nl => blocks::Iq4Nl,
-    mmvq_iq4_xs, mmvq1_iq4_xs, mmvqs_iq4_xs => blocks::Iq4Xs,
-    mmvq_q2_0, mmvq1_q2_0, mmvqs_q2_0 => blocks::Q2_0,
+    mmvq_q8_0, mmvq1_q8_0, mmvq1a_q8_0, mmvqs_q8_0 => blocks::Q8_0,
+    mmvq_q8_0t, mmvq1_q8_0t, mmvq1a_q8_0t, mmvqs_q8_0t => blocks::Q8_0T,
+    mmvq_iq4_nlt, mmvq1_iq4_nlt, mmvq1a_iq4_nlt, mmvqs_iq4_nlt => blocks::Iq4NlT,
+    mmvq_q6_k, mmvq1_q6_k, mmvq1a_q6_k, mmvqs_q6_k => blocks::Q6K,
+    mmvq_q6_kt, mmvq1_q6_kt, mmvq1a_q6_kt, mmvqs_q6_kt => blocks::Q6KT,
+    mmvq_iq2_xxs, mmvq1_iq2_xxs, mmvq1a_iq2_xxs, mmvqs_iq2_xxs => blocks::Iq2Xxs,
+    mmvq_iq2_xs, mmvq1_iq2_xs, mmvq1a_iq2_xs, mmvqs_iq2_xs => blocks::Iq2Xs,
+    mmvq_iq2_s, mmvq1_iq2_s, mmvq1a_iq2_s, mmvqs_iq2_s => blocks::Iq2S,
+    mmvq_iq3_xxs, mmvq1_iq3_xxs, mmvq1a_iq3_xxs, mmvqs_iq3_xxs => blocks::Iq3Xxs,
+    mmvq_iq3_s, mmvq1_iq3_s, mmvq1a_iq3_s, mmvqs_iq3_s => blocks::Iq3S,
+    mmvq_iq3_st, mmvq1_iq3_st, mmvq1a_iq3_st, mmvqs_iq3_st => blocks::Iq3ST,
+    mmvq_iq4_nl, mmvq1_iq4_nl, mmvq1a_iq4_nl, mmvqs_iq4_nl => blocks::Iq4Nl,
+    mmvq_iq4_xs, mmvq1_iq4_xs, mmvq1a_iq4_xs, mmvqs_iq4_xs => blocks::Iq4Xs,
+    mmvq_q2_0, mmvq1_q2_0, mmvq1a_q2_0, mmvqs_q2_0 => blocks::Q2_0,
 }

@@ -204,14 +204,16 @@ pub struct MmvqLaunch {
 
 /// The `mmvq` launch for `m` weight rows times `rows` (1..=8) activation rows of `groups` q8_1
 /// blocks: for one row, `mmvq1_*` from [`MMVQ1_MIN_ROWS`] rows (two weight rows a warp where
-/// [`mmvq1_pairs`]) and `mmvq_*` below; for 2..8, `mmvqs_*` (the rows staged in shared memory)
-/// where their blocks fit [`MMVQS_SMEM_MAX`], else `mmvq_*`.
+/// [`mmvq1_pairs`]) and below that `mmvq1a_*` from [`MMVQ1A_MIN_GROUPS`] groups, else `mmvq_*`;
+/// for 2..8, `mmvqs_*` (the rows staged in shared memory) where their blocks fit
+/// [`MMVQS_SMEM_MAX`], else `mmvq_*`.
 pub fn mmvq_launch(format: WeightFormat, m: usize, rows: usize, groups: usize) -> MmvqLaunch {
     let bytes = rows.saturating_mul(groups).saturating_mul(crate::formats::q8_1::BYTES);
     let plain = |kernel| MmvqLaunch { kernel, rows_per_block: MMVQ_WARPS, smem: 0 };
     match rows {
         1 if mmvq1_pairs(m, groups) => MmvqLaunch { kernel: format.mmvq1_kernel(), rows_per_block: 2 * MMVQ_WARPS, smem: 0 },
         1 if m >= MMVQ1_MIN_ROWS => plain(format.mmvq1_kernel()),
+        1 if groups >= MMVQ1A_MIN_GROUPS => plain(format.mmvq1a_kernel()),
         1 => plain(format.mmvq_kernel()),
         _ if bytes <= MMVQS_SMEM_MAX as usize => MmvqLaunch { kernel: format.mmvqs_kernel(), rows_per_block: MMVQS_WARPS, smem: bytes as u32 },
         _ => plain(format.mmvq_kernel()),
@@ -236,6 +238,12 @@ pub const MMVQ1_AHEAD: u32 = 4;
 /// 77.2 against 81.0, Q6_KT 90.6 against 97.8); in the decode step one-row matrices under
 /// 16,384 rows on `mmvq_*` made tg128 1.1 % faster.
 pub const MMVQ1_MIN_ROWS: usize = 16384;
+
+/// Groups a row needs for a one-row matvec under [`MMVQ1_MIN_ROWS`] rows to run `mmvq1a_*`
+/// ([`mmvq_launch`]): more than one a lane, where loading each step ahead saves a memory
+/// latency or more after the grid wait. (From 65, the 30b-a3b's output projection alone: tg128
+/// +0.8 %; from 33, its fused q/k/v projection too: +3.4 %; fifty-third session, H100.)
+pub const MMVQ1A_MIN_GROUPS: usize = 33;
 
 /// Whether `mmvq1_*` gives a warp two adjacent weight rows of `m`, each of `groups` groups: rows
 /// of 1,024 or 2,048 values (one or two groups a lane, so a pair is at most the `MMVQ1_AHEAD`
@@ -277,7 +285,7 @@ const fn mmvq1_wide(kernel: &'static str) -> Bounds {
     Bounds { min_blocks: 6, ..mmvq1(kernel) }
 }
 
-const BASE: [Bounds; 82] = [
+const BASE: [Bounds; 96] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
     mmvq("mmvq_q8_0"),
     mmvq("mmvq_q8_0t"),
@@ -307,6 +315,20 @@ const BASE: [Bounds; 82] = [
     mmvq1("mmvq1_iq4_nlt"),
     mmvq1("mmvq1_iq4_xs"),
     mmvq1("mmvq1_q2_0"),
+    mmvq("mmvq1a_q8_0"),
+    mmvq("mmvq1a_q8_0t"),
+    mmvq("mmvq1a_q6_k"),
+    mmvq("mmvq1a_q6_kt"),
+    mmvq("mmvq1a_iq2_xxs"),
+    mmvq("mmvq1a_iq2_xs"),
+    mmvq("mmvq1a_iq2_s"),
+    mmvq("mmvq1a_iq3_xxs"),
+    mmvq("mmvq1a_iq3_s"),
+    mmvq("mmvq1a_iq3_st"),
+    mmvq("mmvq1a_iq4_nl"),
+    mmvq("mmvq1a_iq4_nlt"),
+    mmvq("mmvq1a_iq4_xs"),
+    mmvq("mmvq1a_q2_0"),
     mmvqs("mmvqs_q8_0"),
     mmvqs("mmvqs_q8_0t"),
     mmvqs("mmvqs_q6_k"),
@@ -658,12 +680,16 @@ mod tests {
         for f in crate::formats::WeightFormat::MATVEC {
             assert!(bounds(f.mmvq_kernel()).is_some(), "{}", f.mmvq_kernel());
             assert!(bounds(f.mmvq1_kernel()).is_some(), "{}", f.mmvq1_kernel());
+            assert!(bounds(f.mmvq1a_kernel()).is_some(), "{}", f.mmvq1a_kernel());
             assert!(bounds(f.mmvqs_kernel()).is_some(), "{}", f.mmvqs_kernel());
             // 2..8 rows staged up to 48 KiB: 8 rows of 170 groups (48,960 bytes), not 171.
             assert_eq!(mmvq_launch(f, 9000, 8, 170), MmvqLaunch { kernel: f.mmvqs_kernel(), rows_per_block: MMVQS_WARPS, smem: 48_960 });
             assert_eq!(mmvq_launch(f, 9000, 8, 171), MmvqLaunch { kernel: f.mmvq_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
-            // One row: the plain entry under 16,384 rows, then mmvq1_*, two rows a warp for 32 or 64 groups.
-            assert_eq!(mmvq_launch(f, 16383, 1, 64), MmvqLaunch { kernel: f.mmvq_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
+            // One row: under 16,384 rows the plain entry to 32 groups and mmvq1a_* from 33, then
+            // mmvq1_*, two rows a warp for 32 or 64 groups.
+            assert_eq!(mmvq_launch(f, 16383, 1, 32), MmvqLaunch { kernel: f.mmvq_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
+            assert_eq!(mmvq_launch(f, 16383, 1, 33), MmvqLaunch { kernel: f.mmvq1a_kernel(), rows_per_block: MMVQ_WARPS, smem: 0 });
+            assert_eq!(mmvq_launch(f, 2048, 2, 128).kernel, f.mmvqs_kernel());
             for (groups, per_warp) in [(64, 2), (32, 2), (65, 1), (48, 1), (128, 1)] {
                 assert_eq!(mmvq_launch(f, 16384, 1, groups), MmvqLaunch { kernel: f.mmvq1_kernel(), rows_per_block: per_warp * MMVQ_WARPS, smem: 0 });
             }
