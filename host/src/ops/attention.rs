@@ -174,12 +174,9 @@ fn check_strides(kernel: &'static str, s: AttnShape, strides: QkvStrides) -> Res
 fn check_prep(s: AttnShape, strides: QkvStrides, pos0: usize, lens: [usize; 9], exact: bool) -> Result<()> {
     s.check(PREP, pos0)?;
     check_strides(PREP, s, strides)?;
-    let (q_row, kv_row) = (s.n_q * s.hd, s.n_kv * s.hd);
-    let names = ["q", "k", "v", "q_norm", "k_norm", "rope", "q_out", "k_cache", "v_cache"];
-    let (q_span, kv_span) = (s.span(strides.q, q_row), s.span(strides.kv, kv_row));
-    let want = [q_span, kv_span, kv_span, s.hd, s.hd, s.rope_len(), s.q_len(), s.cache_len(), s.cache_len()];
-    let bufs: Vec<_> = names.iter().zip(lens).zip(want).map(|((&n, h), w)| (n, h, w)).collect();
-    check_lens(PREP, &bufs, exact)
+    let [q, k, v, q_norm, k_norm, rope] = prep_input_lens(s, strides);
+    let want = [q, k, v, q_norm, k_norm, rope, s.q_len(), s.cache_len(), s.cache_len()];
+    check_named_lens(PREP, ["q", "k", "v", "q_norm", "k_norm", "rope", "q_out", "k_cache", "v_cache"], lens, want, exact)
 }
 
 /// The fused prep and attention's shape, strides and buffer lengths: `q, k, v, q_norm, k_norm,
@@ -187,11 +184,22 @@ fn check_prep(s: AttnShape, strides: QkvStrides, pos0: usize, lens: [usize; 9], 
 fn check_prep_attention(s: AttnShape, strides: QkvStrides, pos0: usize, lens: [usize; 9], exact: bool) -> Result<()> {
     check_strides(FUSED, s, strides)?;
     s.check(FUSED, pos0)?;
-    let names = ["q", "k", "v", "q_norm", "k_norm", "rope", "k_cache", "v_cache", "out"];
-    let (q_span, kv_span) = (s.span(strides.q, s.n_q * s.hd), s.span(strides.kv, s.n_kv * s.hd));
-    let want = [q_span, kv_span, kv_span, s.hd, s.hd, s.rope_len(), s.cache_len(), s.cache_len(), s.q_len()];
-    let bufs: Vec<_> = names.iter().zip(lens).zip(want).map(|((&n, h), w)| (n, h, w)).collect();
-    check_lens(FUSED, &bufs, exact)
+    let [q, k, v, q_norm, k_norm, rope] = prep_input_lens(s, strides);
+    let want = [q, k, v, q_norm, k_norm, rope, s.cache_len(), s.cache_len(), s.q_len()];
+    check_named_lens(FUSED, ["q", "k", "v", "q_norm", "k_norm", "rope", "k_cache", "v_cache", "out"], lens, want, exact)
+}
+
+/// The lengths `attn_prep`'s six inputs need (the fused launch's too): `q, k, v` spanning their
+/// strided rows, `q_norm` and `k_norm` a head's values, the RoPE table.
+fn prep_input_lens(s: AttnShape, strides: QkvStrides) -> [usize; 6] {
+    let kv_span = s.span(strides.kv, s.n_kv * s.hd);
+    [s.span(strides.q, s.n_q * s.hd), kv_span, kv_span, s.hd, s.hd, s.rope_len()]
+}
+
+/// [`check_lens`] of buffers given as parallel arrays of names, lengths held and lengths needed.
+fn check_named_lens<const N: usize>(kernel: &'static str, names: [&str; N], have: [usize; N], want: [usize; N], exact: bool) -> Result<()> {
+    let bufs: Vec<_> = names.iter().zip(have).zip(want).map(|((&n, h), w)| (n, h, w)).collect();
+    check_lens(kernel, &bufs, exact)
 }
 
 /// The fused entry for a window of `shape` whose contexts are at most `ctx_bound` keys, in
@@ -214,8 +222,7 @@ fn prep_chunk_entry(s: AttnShape, ctx_bound: usize, band: usize) -> Result<&'sta
 fn check_attention(s: AttnShape, pos0: usize, lens: [usize; 4], exact: bool) -> Result<()> {
     s.check(CHUNK, pos0)?;
     let want = [s.q_len(), s.cache_len(), s.cache_len(), s.q_len()];
-    let bufs: Vec<_> = ["q", "k_cache", "v_cache", "out"].iter().zip(lens).zip(want).map(|((&n, h), w)| (n, h, w)).collect();
-    check_lens(CHUNK, &bufs, exact)
+    check_named_lens(CHUNK, ["q", "k_cache", "v_cache", "out"], lens, want, exact)
 }
 
 /// The attention kernels on host slices.
