@@ -125,8 +125,9 @@ pub unsafe fn row_partials_after<F: Block, const AHEAD: usize>(first: [blocks::G
 /// and activation block asked for before the step before is added (`first`: the lane's group
 /// `lane`, loaded before the grid wait; its activation block is asked for with the second
 /// group's). The same contributions in the same order (groups `lane, lane + 32, ...` from +0.0),
-/// so the same bits; after the wait the first two groups are one memory latency and the later
-/// ones overlap, where [`row_partials_after`] waits a latency a group.
+/// so the same bits. After the wait the first two groups are one memory latency and each later
+/// step one more (its loads go out as the step before begins): `n - 1` latencies for `n` groups
+/// a lane, where [`row_partials_after`] waits `n`.
 ///
 /// # Safety
 /// As [`row_partials_from`] with one row: `xb(b)` is activation block `b`, safe for `b < groups`.
