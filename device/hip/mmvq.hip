@@ -107,20 +107,22 @@ static __device__ __forceinline__ void mmvq1a(const uint8_t* w, const uint8_t* x
   const uint8_t* wrow = w + (uint64_t)row * (groups / F::GROUPS) * F::BYTES;
   float pow2 = __builtin_bit_cast(float, (127u - F::SHIFT) << 23);
   float acc[1] = {0.0f};
+  // Step `s`'s weight group and activation block (its scale returned, its words in `q`).
+  auto load_step = [&](uint32_t s, Group& g, uint32_t* q) {
+    g = F::load(wrow + (uint64_t)(s / F::GROUPS) * F::BYTES, s % F::GROUPS);
+    return global_block(x + (uint64_t)s * STRATA_Q8_1_BYTES, q);
+  };
   uint32_t b = lane();
   if (b < groups) {
-    Group g = F::load(wrow + (uint64_t)(b / F::GROUPS) * F::BYTES, b % F::GROUPS);
+    Group g;
     uint32_t q[8];
-    float dx = global_block(x + (uint64_t)b * STRATA_Q8_1_BYTES, q);
+    float dx = load_step(b, g, q);
     for (;;) {
       uint32_t next = b + 32;
       Group gn;
       uint32_t qn[8];
       float dxn = 0.0f;
-      if (next < groups) {
-        gn = F::load(wrow + (uint64_t)(next / F::GROUPS) * F::BYTES, next % F::GROUPS);
-        dxn = global_block(x + (uint64_t)next * STRATA_Q8_1_BYTES, qn);
-      }
+      if (next < groups) dxn = load_step(next, gn, qn);
       acc[0] = acc[0] + contribution_words(g, q, dx, pow2);
       if (next >= groups) break;
       g = gn;

@@ -297,6 +297,14 @@ pub trait Block {
     unsafe fn load(p: *const u8, g: u32) -> Group {
         Self::load_with(p, g, Global(Self::grid()))
     }
+    /// Group `g` of the row at `row` (device memory): [`Self::load`] of the block holding it.
+    ///
+    /// # Safety
+    /// `row` points at a row of more than `g` groups, 2-byte aligned.
+    #[inline(always)]
+    unsafe fn group_at(row: *const u8, g: u32) -> Group {
+        Self::load(row.add(Self::block_offset(g)), g % Self::GROUPS)
+    }
 }
 
 #[inline(always)]

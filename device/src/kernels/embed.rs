@@ -27,7 +27,7 @@ impl<B: Block> RowValue for Quant<B> {
     #[inline(always)]
     unsafe fn value(row: *const u8, j: u32) -> f32 {
         let (b, l) = (j / GROUP as u32, j % GROUP as u32);
-        let g = B::load(row.add(B::block_offset(b)), b % B::GROUPS);
+        let g = B::group_at(row, b);
         // Word l / 4 of the group, picked in registers (an indexed load would put the group in
         // local memory).
         let mut word = g.w[0];

@@ -65,7 +65,7 @@ unsafe fn expdec_down<F: Block, const DR: usize>(
             let row = |j: usize| step + j as u32 * slots + slot;
             let wg: [blocks::Group; DR] = core::array::from_fn(|j| {
                 let r = (step + j as u32 * slots + wslot).min(end_row - 1);
-                F::load(w.add(r as usize * row_bytes + F::block_offset(g)), g % F::GROUPS)
+                F::group_at(w.add(r as usize * row_bytes), g)
             });
             if step == first_row {
                 if pass > 0 {

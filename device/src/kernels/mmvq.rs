@@ -85,7 +85,7 @@ pub unsafe fn lane_groups<F: Block, const AHEAD: usize>(wrow: *const u8, groups:
     crate::unroll!(i in [0, 1, 2, 3] {
         let at = b + 32 * i as u32;
         if i < AHEAD && at < groups {
-            g[i] = F::load(wrow.add(F::block_offset(at)), at % F::GROUPS);
+            g[i] = F::group_at(wrow, at);
         }
     });
     g
@@ -142,7 +142,7 @@ unsafe fn row_partial_ahead<F: Block>(first: blocks::Group, wrow: *const u8, gro
     let (mut g, mut a) = (first, xb(b));
     loop {
         let next = b + 32;
-        let ahead = (next < groups).then(|| (F::load(wrow.add(F::block_offset(next)), next % F::GROUPS), xb(next)));
+        let ahead = (next < groups).then(|| (F::group_at(wrow, next), xb(next)));
         acc += contribution_words::<F>(&g, &a.0, a.1, pow2);
         match ahead {
             Some((gn, an)) => (g, a, b) = (gn, an, next),
@@ -206,7 +206,7 @@ pub unsafe fn rows_partials<F: Block, const N: usize>(wrow: impl Fn(usize) -> *c
         });
         crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
             if j < N {
-                let g = F::load(wrow(j + fresh).add(F::block_offset(b)), b % F::GROUPS);
+                let g = F::group_at(wrow(j + fresh), b);
                 acc[j] += contribution_words::<F>(&g, &q, dx, pow2);
             }
         });

@@ -285,64 +285,25 @@ const fn mmvq1_wide(kernel: &'static str) -> Bounds {
     Bounds { min_blocks: 6, ..mmvq1(kernel) }
 }
 
-const BASE: [Bounds; 96] = [
+/// The matvec families' entries, one a format of [`WeightFormat::MATVEC`] each: `mmvq_*`,
+/// `mmvq1_*` (`mmvq1_q6_k` at 6 blocks a SM), `mmvq1a_*` (the `mmvq_*` geometry) and `mmvqs_*`.
+const MATVEC_BOUNDS: [Bounds; 4 * WeightFormat::MATVEC.len()] = {
+    let n = WeightFormat::MATVEC.len();
+    let mut out = [mmvq(""); 4 * WeightFormat::MATVEC.len()];
+    let mut i = 0;
+    while i < n {
+        let f = WeightFormat::MATVEC[i];
+        out[i] = mmvq(f.mmvq_kernel());
+        out[n + i] = if matches!(f, WeightFormat::Q6K) { mmvq1_wide(f.mmvq1_kernel()) } else { mmvq1(f.mmvq1_kernel()) };
+        out[2 * n + i] = mmvq(f.mmvq1a_kernel());
+        out[3 * n + i] = mmvqs(f.mmvqs_kernel());
+        i += 1;
+    }
+    out
+};
+
+const BASE: [Bounds; 40] = [
     Bounds { kernel: "quantize_q8_1", threads: 32 * QUANTIZE_WARPS, min_blocks: 8, smem_bytes: 0 },
-    mmvq("mmvq_q8_0"),
-    mmvq("mmvq_q8_0t"),
-    mmvq("mmvq_q6_k"),
-    mmvq("mmvq_q6_kt"),
-    mmvq("mmvq_iq2_xxs"),
-    mmvq("mmvq_iq2_xs"),
-    mmvq("mmvq_iq2_s"),
-    mmvq("mmvq_iq3_xxs"),
-    mmvq("mmvq_iq3_s"),
-    mmvq("mmvq_iq3_st"),
-    mmvq("mmvq_iq4_nl"),
-    mmvq("mmvq_iq4_nlt"),
-    mmvq("mmvq_iq4_xs"),
-    mmvq("mmvq_q2_0"),
-    mmvq1("mmvq1_q8_0"),
-    mmvq1("mmvq1_q8_0t"),
-    mmvq1_wide("mmvq1_q6_k"),
-    mmvq1("mmvq1_q6_kt"),
-    mmvq1("mmvq1_iq2_xxs"),
-    mmvq1("mmvq1_iq2_xs"),
-    mmvq1("mmvq1_iq2_s"),
-    mmvq1("mmvq1_iq3_xxs"),
-    mmvq1("mmvq1_iq3_s"),
-    mmvq1("mmvq1_iq3_st"),
-    mmvq1("mmvq1_iq4_nl"),
-    mmvq1("mmvq1_iq4_nlt"),
-    mmvq1("mmvq1_iq4_xs"),
-    mmvq1("mmvq1_q2_0"),
-    mmvq("mmvq1a_q8_0"),
-    mmvq("mmvq1a_q8_0t"),
-    mmvq("mmvq1a_q6_k"),
-    mmvq("mmvq1a_q6_kt"),
-    mmvq("mmvq1a_iq2_xxs"),
-    mmvq("mmvq1a_iq2_xs"),
-    mmvq("mmvq1a_iq2_s"),
-    mmvq("mmvq1a_iq3_xxs"),
-    mmvq("mmvq1a_iq3_s"),
-    mmvq("mmvq1a_iq3_st"),
-    mmvq("mmvq1a_iq4_nl"),
-    mmvq("mmvq1a_iq4_nlt"),
-    mmvq("mmvq1a_iq4_xs"),
-    mmvq("mmvq1a_q2_0"),
-    mmvqs("mmvqs_q8_0"),
-    mmvqs("mmvqs_q8_0t"),
-    mmvqs("mmvqs_q6_k"),
-    mmvqs("mmvqs_q6_kt"),
-    mmvqs("mmvqs_iq2_xxs"),
-    mmvqs("mmvqs_iq2_xs"),
-    mmvqs("mmvqs_iq2_s"),
-    mmvqs("mmvqs_iq3_xxs"),
-    mmvqs("mmvqs_iq3_s"),
-    mmvqs("mmvqs_iq3_st"),
-    mmvqs("mmvqs_iq4_nl"),
-    mmvqs("mmvqs_iq4_nlt"),
-    mmvqs("mmvqs_iq4_xs"),
-    mmvqs("mmvqs_q2_0"),
     matvec("matvec_f32"),
     matvec("matvec_bf16"),
     matvec("matvec_f16"),
@@ -495,7 +456,8 @@ const fn join<const A: usize, const B: usize, const N: usize>(a: [Bounds; A], b:
     out
 }
 
-const KERNELS_BOUNDS: [Bounds; BASE.len() + EXPDEC_BOUNDS.len()] = join(BASE, EXPDEC_BOUNDS);
+const WITH_MATVEC: [Bounds; MATVEC_BOUNDS.len() + BASE.len()] = join(MATVEC_BOUNDS, BASE);
+const KERNELS_BOUNDS: [Bounds; WITH_MATVEC.len() + EXPDEC_BOUNDS.len()] = join(WITH_MATVEC, EXPDEC_BOUNDS);
 const WITH_NORM: [Bounds; KERNELS_BOUNDS.len() + norm::BOUNDS.len()] = join(KERNELS_BOUNDS, norm::BOUNDS);
 const WITH_ATTENTION: [Bounds; WITH_NORM.len() + attention::BOUNDS.len()] = join(WITH_NORM, attention::BOUNDS);
 const WITH_ROUTE: [Bounds; WITH_ATTENTION.len() + route::BOUNDS.len()] = join(WITH_ATTENTION, route::BOUNDS);
